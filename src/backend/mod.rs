@@ -1,0 +1,120 @@
+//! Backends: take a validated [`Case`], run the reducer's dataflow over W
+//! ranks, and return per-rank digests of every reduced arena plus timings.
+//! They move bytes and call the fold; they never decide what is compared.
+
+pub mod cpu;
+
+use crate::digest::NanPolicy;
+use crate::experiment::Case;
+use serde::Serialize;
+use std::fmt;
+
+/// Which backend a run asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendChoice {
+    /// CUDA when a driver and device are usable, else the CPU oracle.
+    Auto,
+    /// The CPU oracle: all W ranks emulated on the host.
+    Cpu,
+}
+
+impl fmt::Display for BackendChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendChoice::Auto => "auto",
+            BackendChoice::Cpu => "cpu",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("backend `{backend}` is not usable here: {reason}")]
+    Unavailable { backend: &'static str, reason: String },
+    #[error("case `{case}` needs {needed} bytes of {what} but only {available} are available")]
+    OutOfMemory {
+        case: String,
+        what: &'static str,
+        needed: u64,
+        available: u64,
+    },
+    #[error("case `{case}`: {message}")]
+    Failed { case: String, message: String },
+}
+
+/// What a caller wants besides digests.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    pub nan_policy: NanPolicy,
+    /// Return rank 0's reduced values (for `--dump`).
+    pub keep_values: bool,
+}
+
+/// One reduced arena as every rank ended up holding it.
+#[derive(Debug, Clone)]
+pub struct ReducedArena {
+    pub len: usize,
+    /// SHA-256 of each rank's copy, rank order.
+    pub rank_digests: Vec<String>,
+    /// Rank 0's values when `keep_values` was asked for.
+    pub values: Option<Vec<f32>>,
+}
+
+impl ReducedArena {
+    pub fn ranks_identical(&self) -> bool {
+        self.rank_digests.windows(2).all(|w| w[0] == w[1])
+    }
+
+    /// The arena's digest: rank 0's (every rank's, when they agree).
+    pub fn digest(&self) -> &str {
+        self.rank_digests.first().map_or("", String::as_str)
+    }
+}
+
+/// Wall-clock milliseconds of one round's phases.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize, PartialEq)]
+pub struct RoundTimings {
+    pub generate_ms: f64,
+    pub reduce_ms: f64,
+    pub digest_ms: f64,
+    pub total_ms: f64,
+}
+
+/// The result of running one case.
+#[derive(Debug, Clone)]
+pub struct CaseRun {
+    /// Arenas of the last round, in the case's order.
+    pub arenas: Vec<ReducedArena>,
+    pub rounds: Vec<RoundTimings>,
+    /// Every round produced the same digests.
+    pub rounds_identical: bool,
+}
+
+pub trait Backend {
+    /// Short name written into reports (`cpu`, `cuda` ...).
+    fn name(&self) -> &'static str;
+    /// What this backend runs on, for the report's environment block.
+    fn environment(&self) -> serde_json::Value;
+    fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError>;
+}
+
+/// Pick a backend for `choice`; the note says why when `auto` fell back.
+pub fn select(choice: BackendChoice) -> Result<(Box<dyn Backend>, Option<String>), BackendError> {
+    match choice {
+        BackendChoice::Cpu => Ok((Box::new(cpu::CpuBackend::new()), None)),
+        BackendChoice::Auto => Ok((
+            Box::new(cpu::CpuBackend::new()),
+            Some("auto: no GPU backend is built into this version; using the CPU oracle".into()),
+        )),
+    }
+}
+
+/// Compare the digests of successive rounds.
+pub(crate) fn same_digests(a: &[ReducedArena], b: &[ReducedArena]) -> bool {
+    a.len() == b.len()
+        && a
+            .iter()
+            .zip(b)
+            .all(|(x, y)| x.rank_digests == y.rank_digests)
+}

@@ -1,0 +1,95 @@
+//! A validated case: everything a backend needs, nothing about the machine.
+
+use super::order::DeliveryOrder;
+use crate::data::Distribution;
+use crate::fold::Contract;
+use serde::Serialize;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Case {
+    /// Name of the experiment that declared it.
+    pub experiment: String,
+    /// Human id, unique within the experiment.
+    pub id: String,
+    pub world: usize,
+    /// One length per arena (e.g. a gradient lane and a small head lane).
+    pub arenas: Vec<usize>,
+    pub order: DeliveryOrder,
+    pub seed: u64,
+    pub distribution: Distribution,
+    pub contract: Contract,
+    /// Multiply the sum by the rounded reciprocal 1/W.
+    pub mean: bool,
+    /// Independent repetitions; every round must give the same bits.
+    pub rounds: u32,
+}
+
+impl Case {
+    fn key_with_order(&self, order: Option<&DeliveryOrder>) -> String {
+        let lens: Vec<String> = self.arenas.iter().map(|n| n.to_string()).collect();
+        let mut key = format!(
+            "{}/{}/W{}/n{}/{}/s{}",
+            self.contract,
+            if self.mean { "mean" } else { "sum" },
+            self.world,
+            lens.join("+"),
+            self.distribution,
+            self.seed
+        );
+        if let Some(o) = order {
+            key.push('/');
+            key.push_str(&o.canonical());
+        }
+        key
+    }
+
+    /// Stable identifier derived from the numeric parameters only (never the
+    /// experiment name, rounds or environment), so reports from different
+    /// machines and files line up.
+    pub fn key(&self) -> String {
+        self.key_with_order(Some(&self.order))
+    }
+
+    /// The key with delivery order left out: cases sharing it form an
+    /// invariance group.
+    pub fn group_key(&self) -> String {
+        self.key_with_order(None)
+    }
+
+    pub fn total_len(&self) -> u64 {
+        self.arenas.iter().map(|&n| n as u64).sum()
+    }
+
+    /// Bytes of addends across all ranks and arenas.
+    pub fn addend_bytes(&self) -> u64 {
+        self.world as u64 * self.total_len() * 4
+    }
+
+    pub fn params(&self) -> CaseParams {
+        CaseParams {
+            world: self.world,
+            arenas: self.arenas.clone(),
+            order: self.order.canonical(),
+            order_sequence: self.order.sequence(self.world),
+            seed: self.seed,
+            distribution: self.distribution.name().into(),
+            contract: self.contract.name().into(),
+            mean: self.mean,
+            rounds: self.rounds,
+        }
+    }
+}
+
+/// The parameter block written into reports.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct CaseParams {
+    pub world: usize,
+    pub arenas: Vec<usize>,
+    pub order: String,
+    pub order_sequence: Vec<usize>,
+    pub seed: u64,
+    pub distribution: String,
+    pub contract: String,
+    pub mean: bool,
+    pub rounds: u32,
+}

@@ -1,0 +1,431 @@
+//! Experiments: TOML files of defaults, explicit cases and sweeps, parsed
+//! strictly (unknown keys rejected) and expanded into validated [`Case`]s.
+//! Every error names the file, the line and column, and the field.
+
+mod case;
+mod order;
+mod schema;
+
+pub use case::{Case, CaseParams};
+pub use order::DeliveryOrder;
+
+use crate::data::Distribution;
+use crate::fold::Contract;
+use schema::{RawExperiment, RawOrder, RawParams, RawSweep};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use toml::Spanned;
+
+/// Most cases one file may expand to.
+pub const MAX_CASES: usize = 4096;
+/// Largest W accepted.
+pub const MAX_WORLD: usize = 65_536;
+/// Largest addend volume of one case (W x total length x 4 bytes): 1 TiB.
+pub const MAX_CASE_BYTES: u64 = 1 << 40;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExperimentError {
+    #[error("{path}: cannot read: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}:{column}: {message}")]
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("{path}: {message}")]
+    File { path: PathBuf, message: String },
+}
+
+/// A parsed, expanded, validated experiment file.
+#[derive(Debug, Clone)]
+pub struct Experiment {
+    pub name: String,
+    pub description: String,
+    pub path: PathBuf,
+    /// SHA-256 of the file's bytes: ties a report to the exact text.
+    pub sha256: String,
+    pub cases: Vec<Case>,
+}
+
+/// Resolved parameter values before they become a case.
+#[derive(Debug, Clone, Default)]
+struct Params {
+    world: Option<Spanned<i64>>,
+    arenas: Option<Spanned<Vec<i64>>>,
+    order: Option<Spanned<RawOrder>>,
+    seed: Option<Spanned<i64>>,
+    distribution: Option<Spanned<String>>,
+    contract: Option<Spanned<String>>,
+    mean: Option<Spanned<bool>>,
+    rounds: Option<Spanned<i64>>,
+}
+
+impl Params {
+    fn overlay(&self, over: &RawParams) -> Params {
+        Params {
+            world: over.world.clone().or_else(|| self.world.clone()),
+            arenas: over.arenas.clone().or_else(|| self.arenas.clone()),
+            order: over.order.clone().or_else(|| self.order.clone()),
+            seed: over.seed.clone().or_else(|| self.seed.clone()),
+            distribution: over.distribution.clone().or_else(|| self.distribution.clone()),
+            contract: over.contract.clone().or_else(|| self.contract.clone()),
+            mean: over.mean.clone().or_else(|| self.mean.clone()),
+            rounds: over.rounds.clone().or_else(|| self.rounds.clone()),
+        }
+    }
+}
+
+struct Source<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Source<'_> {
+    fn line_col(&self, offset: usize) -> (usize, usize) {
+        let offset = offset.min(self.text.len());
+        let before = &self.text[..offset];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rfind('\n').map_or(offset, |nl| offset - nl - 1) + 1;
+        (line, column)
+    }
+
+    fn at(&self, span: std::ops::Range<usize>, message: impl Into<String>) -> ExperimentError {
+        let (line, column) = self.line_col(span.start);
+        ExperimentError::Invalid {
+            path: self.path.to_path_buf(),
+            line,
+            column,
+            message: message.into(),
+        }
+    }
+}
+
+/// Read and expand one experiment file.
+pub fn load(path: &Path) -> Result<Experiment, ExperimentError> {
+    let bytes = std::fs::read(path).map_err(|source| ExperimentError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let text = String::from_utf8(bytes.clone()).map_err(|_| ExperimentError::File {
+        path: path.to_path_buf(),
+        message: "not valid UTF-8".into(),
+    })?;
+    let mut exp = parse(path, &text)?;
+    exp.sha256 = hex::encode(Sha256::digest(&bytes));
+    Ok(exp)
+}
+
+/// Expand paths (files, or directories of `*.toml`, not recursive) in order.
+pub fn load_all(paths: &[PathBuf]) -> Result<Vec<Experiment>, ExperimentError> {
+    let mut files = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let entries = std::fs::read_dir(p).map_err(|source| ExperimentError::Io {
+                path: p.clone(),
+                source,
+            })?;
+            let mut found: Vec<PathBuf> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.is_file() && f.extension().is_some_and(|x| x == "toml"))
+                .collect();
+            found.sort();
+            if found.is_empty() {
+                return Err(ExperimentError::File {
+                    path: p.clone(),
+                    message: "directory holds no *.toml experiment files".into(),
+                });
+            }
+            files.extend(found);
+        } else {
+            files.push(p.clone());
+        }
+    }
+    let exps = files.iter().map(|f| load(f)).collect::<Result<Vec<_>, _>>()?;
+    let mut names: HashMap<&str, &Path> = HashMap::new();
+    for e in &exps {
+        if let Some(prev) = names.insert(&e.name, &e.path) {
+            return Err(ExperimentError::File {
+                path: e.path.clone(),
+                message: format!(
+                    "experiment name `{}` is also used by {}",
+                    e.name,
+                    prev.display()
+                ),
+            });
+        }
+    }
+    Ok(exps)
+}
+
+/// Parse experiment text (`path` is only used in messages).
+pub fn parse(path: &Path, text: &str) -> Result<Experiment, ExperimentError> {
+    let src = Source { path, text };
+    let raw: RawExperiment = toml::from_str(text).map_err(|e| {
+        let span = e.span().unwrap_or(0..0);
+        src.at(span, e.message().trim_end().to_string())
+    })?;
+    let name = raw.name.get_ref().trim().to_string();
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        return Err(src.at(
+            raw.name.span(),
+            "field `name`: use letters, digits, '-', '_' or '.' (it names dump files and goldens)",
+        ));
+    }
+    let base = raw
+        .defaults
+        .as_ref()
+        .map(|d| Params::default().overlay(d))
+        .unwrap_or_default();
+
+    let mut cases = Vec::new();
+    let mut ids: HashMap<String, std::ops::Range<usize>> = HashMap::new();
+    let mut claim_id = |id: &str, span: std::ops::Range<usize>| -> Result<(), ExperimentError> {
+        if let Some(prev) = ids.get(id) {
+            let (l, c) = src.line_col(prev.start);
+            return Err(src.at(span, format!("duplicate case id `{id}` (first used at {l}:{c})")));
+        }
+        ids.insert(id.to_string(), span);
+        Ok(())
+    };
+
+    for rc in &raw.cases {
+        let id = rc.id.get_ref().clone();
+        if id.trim().is_empty() {
+            return Err(src.at(rc.id.span(), "field `id`: must not be empty"));
+        }
+        claim_id(&id, rc.id.span())?;
+        let p = base.overlay(&rc.params);
+        cases.push(build_case(&src, &name, id, &p, rc.id.span())?);
+    }
+
+    let mut total = cases.len();
+    for sw in &raw.sweeps {
+        let combos = sweep_size(sw);
+        total = total.saturating_add(combos);
+        if total > MAX_CASES {
+            return Err(src.at(
+                sw.id.span(),
+                format!(
+                    "sweep `{}` expands to {combos} cases; the file would exceed the cap of {MAX_CASES} cases",
+                    sw.id.get_ref()
+                ),
+            ));
+        }
+        for (suffix, over) in expand_sweep(sw) {
+            let id = format!("{}{suffix}", sw.id.get_ref());
+            claim_id(&id, sw.id.span())?;
+            let p = base.overlay(&over);
+            cases.push(build_case(&src, &name, id, &p, sw.id.span())?);
+        }
+    }
+    if cases.is_empty() {
+        return Err(ExperimentError::File {
+            path: path.to_path_buf(),
+            message: "declares no cases (add [[case]] or [[sweep]] tables)".into(),
+        });
+    }
+    // Same numeric identity twice would make keys ambiguous in reports.
+    let mut keys: HashMap<String, String> = HashMap::new();
+    for c in &cases {
+        if let Some(prev) = keys.insert(c.key(), c.id.clone()) {
+            return Err(ExperimentError::File {
+                path: path.to_path_buf(),
+                message: format!(
+                    "cases `{prev}` and `{}` have identical parameters (case key {})",
+                    c.id,
+                    c.key()
+                ),
+            });
+        }
+    }
+    Ok(Experiment {
+        name,
+        description: raw.description.unwrap_or_default(),
+        path: path.to_path_buf(),
+        sha256: hex::encode(Sha256::digest(text.as_bytes())),
+        cases,
+    })
+}
+
+fn sweep_size(sw: &RawSweep) -> usize {
+    let len = |n: Option<usize>| n.unwrap_or(1).max(1);
+    [
+        len(sw.world.as_ref().map(|v| v.get_ref().len())),
+        len(sw.arenas.as_ref().map(|v| v.get_ref().len())),
+        len(sw.order.as_ref().map(|v| v.get_ref().len())),
+        len(sw.seed.as_ref().map(|v| v.get_ref().len())),
+        len(sw.distribution.as_ref().map(|v| v.get_ref().len())),
+        len(sw.contract.as_ref().map(|v| v.get_ref().len())),
+        len(sw.mean.as_ref().map(|v| v.get_ref().len())),
+    ]
+    .iter()
+    .fold(1usize, |a, &b| a.saturating_mul(b))
+}
+
+/// Cartesian product of a sweep's lists, each combination as an overlay
+/// plus an id suffix naming the swept values.
+fn expand_sweep(sw: &RawSweep) -> Vec<(String, RawParams)> {
+    fn axis<T: Clone>(
+        list: &Option<Spanned<Vec<T>>>,
+    ) -> Vec<Option<Spanned<T>>> {
+        match list {
+            None => vec![None],
+            Some(l) if l.get_ref().is_empty() => vec![None],
+            Some(l) => l
+                .get_ref()
+                .iter()
+                .map(|v| Some(Spanned::new(l.span(), v.clone())))
+                .collect(),
+        }
+    }
+    let mut out = vec![(Vec::<String>::new(), RawParams {
+        rounds: sw.rounds.clone(),
+        ..RawParams::default()
+    })];
+    macro_rules! cross {
+        ($field:ident, $label:expr, $show:expr) => {{
+            let values = axis(&sw.$field);
+            let many = values.len() > 1;
+            let mut next = Vec::with_capacity(out.len() * values.len());
+            for (labels, params) in &out {
+                for v in &values {
+                    let mut labels = labels.clone();
+                    let mut params = params.clone();
+                    if let Some(v) = v {
+                        if many {
+                            labels.push(format!("{}={}", $label, $show(v.get_ref())));
+                        }
+                    }
+                    params.$field = v.clone();
+                    next.push((labels, params));
+                }
+            }
+            out = next;
+        }};
+    }
+    cross!(world, "W", |w: &i64| w.to_string());
+    cross!(arenas, "n", |a: &Vec<i64>| a.iter().map(|n| n.to_string()).collect::<Vec<_>>().join("+"));
+    cross!(order, "order", |o: &RawOrder| o.show());
+    cross!(seed, "seed", |s: &i64| s.to_string());
+    cross!(distribution, "dist", |d: &String| d.clone());
+    cross!(contract, "contract", |c: &String| c.clone());
+    cross!(mean, "mean", |m: &bool| m.to_string());
+    out.into_iter()
+        .map(|(labels, p)| {
+            let suffix = if labels.is_empty() {
+                String::new()
+            } else {
+                format!("[{}]", labels.join(","))
+            };
+            (suffix, p)
+        })
+        .collect()
+}
+
+fn build_case(
+    src: &Source<'_>,
+    experiment: &str,
+    id: String,
+    p: &Params,
+    id_span: std::ops::Range<usize>,
+) -> Result<Case, ExperimentError> {
+    let ctx = |what: &str| format!("case `{id}`: field `{what}`");
+    let world = match &p.world {
+        None => return Err(src.at(id_span, format!("{}: not set (set it here or in [defaults])", ctx("world")))),
+        Some(w) => {
+            let v = *w.get_ref();
+            if v < 1 || v as u64 > MAX_WORLD as u64 {
+                return Err(src.at(w.span(), format!("{}: must be 1 ..= {MAX_WORLD}, got {v}", ctx("world"))));
+            }
+            v as usize
+        }
+    };
+    let arenas = match &p.arenas {
+        None => return Err(src.at(id_span, format!("{}: not set (set it here or in [defaults])", ctx("arenas")))),
+        Some(a) => {
+            if a.get_ref().is_empty() {
+                return Err(src.at(a.span(), format!("{}: needs at least one arena length", ctx("arenas"))));
+            }
+            let mut lens = Vec::new();
+            for &n in a.get_ref() {
+                if n < 0 {
+                    return Err(src.at(a.span(), format!("{}: length {n} is negative", ctx("arenas"))));
+                }
+                lens.push(n as u64);
+            }
+            let total: u64 = lens.iter().fold(0u64, |s, &n| s.saturating_add(n));
+            let bytes = total.saturating_mul(world as u64).saturating_mul(4);
+            if bytes > MAX_CASE_BYTES || usize::try_from(total).is_err() {
+                return Err(src.at(
+                    a.span(),
+                    format!(
+                        "{}: W = {world} x {total} elements x 4 bytes = {bytes} bytes of addends cannot fit in memory (cap {MAX_CASE_BYTES})",
+                        ctx("arenas")
+                    ),
+                ));
+            }
+            lens.into_iter().map(|n| n as usize).collect::<Vec<_>>()
+        }
+    };
+    let order = match &p.order {
+        None => DeliveryOrder::Ascending,
+        Some(o) => {
+            let order = o.get_ref().to_order().map_err(|m| src.at(o.span(), format!("{}: {m}", ctx("order"))))?;
+            order
+                .validate(world)
+                .map_err(|m| src.at(o.span(), format!("{}: {m}", ctx("order"))))?;
+            order
+        }
+    };
+    let seed = match &p.seed {
+        None => 0,
+        Some(s) if *s.get_ref() < 0 => {
+            return Err(src.at(s.span(), format!("{}: must be >= 0", ctx("seed"))))
+        }
+        Some(s) => *s.get_ref() as u64,
+    };
+    let distribution = match &p.distribution {
+        None => Distribution::default(),
+        Some(d) => d
+            .get_ref()
+            .parse()
+            .map_err(|m| src.at(d.span(), format!("{}: {m}", ctx("distribution"))))?,
+    };
+    let contract = match &p.contract {
+        None => Contract::default(),
+        Some(c) => c
+            .get_ref()
+            .parse()
+            .map_err(|m| src.at(c.span(), format!("{}: {m}", ctx("contract"))))?,
+    };
+    let mean = p.mean.as_ref().is_some_and(|m| *m.get_ref());
+    let rounds = match &p.rounds {
+        None => 1,
+        Some(r) => {
+            let v = *r.get_ref();
+            if !(1..=1000).contains(&v) {
+                return Err(src.at(r.span(), format!("{}: must be 1 ..= 1000, got {v}", ctx("rounds"))));
+            }
+            v as u32
+        }
+    };
+    Ok(Case {
+        experiment: experiment.to_string(),
+        id,
+        world,
+        arenas,
+        order,
+        seed,
+        distribution,
+        contract,
+        mean,
+        rounds,
+    })
+}

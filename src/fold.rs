@@ -1,0 +1,193 @@
+//! The reducer's numeric contract on the host: the shard plan and the
+//! per-element folds. Backends move bytes; only these functions (and the
+//! device kernel that mirrors `fold_fixed`) add floats.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// One rank's contiguous slice of an arena.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Shard {
+    pub start: usize,
+    pub len: usize,
+}
+
+impl Shard {
+    pub fn range(&self) -> std::ops::Range<usize> {
+        self.start..self.start + self.len
+    }
+}
+
+/// Contiguous shards in rank order covering `0..n`; the remainder goes to
+/// the lowest ranks, and ranks past `n` get empty shards starting at `n`.
+/// Returns `None` for `world == 0`.
+pub fn shard_plan(n: usize, world: usize) -> Option<Vec<Shard>> {
+    if world == 0 {
+        return None;
+    }
+    let base = n / world;
+    let extra = n % world;
+    let mut start = 0;
+    let plan = (0..world)
+        .map(|r| {
+            let len = base + usize::from(r < extra);
+            let s = Shard { start, len };
+            start += len;
+            s
+        })
+        .collect();
+    Some(plan)
+}
+
+/// The reduction semantics a case runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Contract {
+    /// The product: start from rank 0, add ranks 1..W-1 in ascending order.
+    #[default]
+    FixedOrder,
+    /// Negative control: fold in delivery order (must see reordering).
+    ArrivalOrder,
+    /// Negative control: deterministic pairwise tree over source ranks.
+    PairwiseTree,
+}
+
+pub const ALL_CONTRACTS: [Contract; 3] = [
+    Contract::FixedOrder,
+    Contract::ArrivalOrder,
+    Contract::PairwiseTree,
+];
+
+impl Contract {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Contract::FixedOrder => "fixed-order",
+            Contract::ArrivalOrder => "arrival-order",
+            Contract::PairwiseTree => "pairwise-tree",
+        }
+    }
+
+    /// Whether the bits may depend on delivery order by design.
+    pub const fn order_dependent(self) -> bool {
+        matches!(self, Contract::ArrivalOrder)
+    }
+}
+
+impl fmt::Display for Contract {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Contract {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ALL_CONTRACTS
+            .iter()
+            .copied()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| {
+                format!("unknown contract `{s}` (expected fixed-order, arrival-order or pairwise-tree)")
+            })
+    }
+}
+
+/// The fixed-order fold of one element: `slots[0] + slots[1] + ... ` left to right.
+#[inline(always)]
+pub fn fold_fixed(slots: &[f32]) -> f32 {
+    let mut acc = slots[0];
+    for &x in &slots[1..] {
+        acc += x;
+    }
+    acc
+}
+
+/// Fold in the given order of source ranks (arrival order, or reversed).
+#[inline(always)]
+pub fn fold_in_order(slots: &[f32], order: &[usize]) -> f32 {
+    let mut acc = slots[order[0]];
+    for &r in &order[1..] {
+        acc += slots[r];
+    }
+    acc
+}
+
+/// Pairwise tree: split `k` slots into a first half of `ceil(k/2)` and the
+/// rest, sum each half recursively, add the two.
+pub fn fold_pairwise(slots: &[f32]) -> f32 {
+    match slots.len() {
+        1 => slots[0],
+        k => {
+            let mid = k.div_ceil(2);
+            fold_pairwise(&slots[..mid]) + fold_pairwise(&slots[mid..])
+        }
+    }
+}
+
+/// The mean scale: a correctly rounded f32 reciprocal of W, applied as one
+/// multiply after the sum (exact only for power-of-two W).
+pub fn mean_scale(world: usize) -> f32 {
+    1.0f32 / world as f32
+}
+
+/// Straight-line reference over whole addend arrays (no sharding, no
+/// exchange): what every backend's fixed-order result must equal.
+pub fn reference_fixed(addends: &[&[f32]], out: &mut [f32]) {
+    let mut slots = vec![0.0f32; addends.len()];
+    for (i, o) in out.iter_mut().enumerate() {
+        for (s, a) in slots.iter_mut().zip(addends) {
+            *s = a[i];
+        }
+        *o = fold_fixed(&slots);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_plan_matches_the_contract() {
+        let lens = |n, w| -> Vec<usize> { shard_plan(n, w).unwrap().iter().map(|s| s.len).collect() };
+        assert_eq!(lens(10, 4), vec![3, 3, 2, 2]);
+        let p = shard_plan(3, 5).unwrap();
+        let pairs: Vec<_> = p.iter().map(|s| (s.start, s.len)).collect();
+        assert_eq!(pairs, vec![(0, 1), (1, 1), (2, 1), (3, 0), (3, 0)]);
+        assert!(shard_plan(5, 0).is_none());
+        for n in 0..40 {
+            for w in 1..12 {
+                let p = shard_plan(n, w).unwrap();
+                assert_eq!(p.iter().map(|s| s.len).sum::<usize>(), n);
+                let mut next = 0;
+                for s in &p {
+                    assert_eq!(s.start, next);
+                    next += s.len;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pinned_example_from_upstream() {
+        // a=[1e8, 2.5], b=[-1e8, 0.5], c=[1, -1]: ascending gives 1, reversed 0.
+        let slots = [1e8f32, -1e8, 1.0];
+        assert_eq!(fold_fixed(&slots).to_bits(), 1.0f32.to_bits());
+        assert_eq!(fold_in_order(&slots, &[2, 1, 0]).to_bits(), 0.0f32.to_bits());
+    }
+
+    #[test]
+    fn fold_starts_from_rank_zero_not_zero() {
+        // -0.0 + -0.0 stays -0.0; starting from +0.0 would give +0.0.
+        let slots = [-0.0f32, -0.0, -0.0];
+        assert_eq!(fold_fixed(&slots).to_bits(), (-0.0f32).to_bits());
+    }
+
+    #[test]
+    fn pairwise_differs_from_fixed_on_some_input() {
+        let slots = [1e8f32, 1.0, -1e8, 1.0];
+        // fixed: ((1e8 + 1) - 1e8) + 1 = 0 + 1 = 1 (1e8+1 rounds to 1e8)
+        // tree:  (1e8 + 1) + (-1e8 + 1) = 1e8 - 1e8 = 0
+        assert_ne!(fold_fixed(&slots).to_bits(), fold_pairwise(&slots).to_bits());
+    }
+}
