@@ -9,3 +9,8 @@ pub mod experiment;
 pub mod fold;
 pub mod backend;
 pub mod digest;
+pub mod report;
+pub mod sensitivity;
+mod atomic;
+pub mod env;
+pub mod runner;

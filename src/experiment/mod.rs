@@ -300,7 +300,8 @@ fn expand_sweep(sw: &RawSweep) -> Vec<(String, RawParams)> {
                     let mut params = params.clone();
                     if let Some(v) = v {
                         if many {
-                            labels.push(format!("{}={}", $label, $show(v.get_ref())));
+                            let shown = $show(v.get_ref());
+                            labels.push(if $label.is_empty() { shown } else { format!("{}={}", $label, shown) });
                         }
                     }
                     params.$field = v.clone();
@@ -312,10 +313,10 @@ fn expand_sweep(sw: &RawSweep) -> Vec<(String, RawParams)> {
     }
     cross!(world, "W", |w: &i64| w.to_string());
     cross!(arenas, "n", |a: &Vec<i64>| a.iter().map(|n| n.to_string()).collect::<Vec<_>>().join("+"));
-    cross!(order, "order", |o: &RawOrder| o.show());
+    cross!(order, "", |o: &RawOrder| o.show());
     cross!(seed, "seed", |s: &i64| s.to_string());
-    cross!(distribution, "dist", |d: &String| d.clone());
-    cross!(contract, "contract", |c: &String| c.clone());
+    cross!(distribution, "", |d: &String| d.clone());
+    cross!(contract, "", |c: &String| c.clone());
     cross!(mean, "mean", |m: &bool| m.to_string());
     out.into_iter()
         .map(|(labels, p)| {

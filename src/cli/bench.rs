@@ -1,0 +1,126 @@
+//! `bench`: host throughput of generate + fold and of SHA-256, with
+//! `openssl speed -evp sha256` measured in the same run as the baseline.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use foldprint::backend::{cpu::CpuBackend, Backend, RunOptions};
+use foldprint::data::Distribution;
+use foldprint::digest::{digest_arena, sha256_hex, NanPolicy};
+use foldprint::experiment::{Case, DeliveryOrder};
+use foldprint::fold::Contract;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// World size of the fold benchmark.
+    #[arg(long, default_value_t = 8)]
+    world: usize,
+    /// log2 of the arena length of the fold benchmark.
+    #[arg(long, default_value_t = 24)]
+    log2_len: u32,
+    /// MiB hashed by the SHA-256 benchmark.
+    #[arg(long, default_value_t = 512)]
+    sha_mib: usize,
+    /// Print rows as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(serde::Serialize)]
+struct Row {
+    what: String,
+    threads: usize,
+    bytes: u64,
+    seconds: f64,
+    gb_per_s: f64,
+}
+
+fn fold_row(case: &Case, threads: usize) -> Result<Row> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("building a thread pool")?;
+    let mut be = CpuBackend::new();
+    let run = pool.install(|| be.run_case(case, &RunOptions::default()))?;
+    let best = run
+        .rounds
+        .iter()
+        .map(|t| t.generate_ms + t.reduce_ms)
+        .fold(f64::INFINITY, f64::min)
+        / 1e3;
+    let bytes = case.addend_bytes();
+    Ok(Row {
+        what: format!("generate + fold, W={} n=2^{}", case.world, case.arenas[0].trailing_zeros()),
+        threads,
+        bytes,
+        seconds: best,
+        gb_per_s: bytes as f64 / best / 1e9,
+    })
+}
+
+fn openssl_row() -> Option<Row> {
+    let out = std::process::Command::new("openssl")
+        .args(["speed", "-evp", "sha256", "-bytes", "16384", "-seconds", "3"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().rev().find(|l| l.starts_with("sha256"))?;
+    let k: f64 = line.split_whitespace().last()?.trim_end_matches('k').parse().ok()?;
+    Some(Row {
+        what: "openssl speed -evp sha256 (16 KiB blocks)".into(),
+        threads: 1,
+        bytes: 0,
+        seconds: 3.0,
+        gb_per_s: k * 1e3 / 1e9,
+    })
+}
+
+pub fn run(a: BenchArgs) -> Result<i32> {
+    let n = 1usize
+        .checked_shl(a.log2_len)
+        .filter(|_| a.log2_len <= 32)
+        .context("--log2-len must be at most 32")?;
+    let case = Case {
+        experiment: "bench".into(),
+        id: "bench".into(),
+        world: a.world.max(1),
+        arenas: vec![n],
+        order: DeliveryOrder::Descending,
+        seed: 1,
+        distribution: Distribution::MixedMagnitude,
+        contract: Contract::FixedOrder,
+        mean: false,
+        rounds: 3,
+    };
+    let all = rayon::current_num_threads();
+    let mut rows = vec![fold_row(&case, 1)?];
+    if all > 1 {
+        rows.push(fold_row(&case, all)?);
+    }
+
+    let values: Vec<f32> = (0..a.sha_mib * (1 << 18)).map(|i| i as f32).collect();
+    let bytes = (values.len() * 4) as u64;
+    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    for (what, f) in [
+        ("sha256, raw bytes (sha2 crate)", &(|| { let _ = sha256_hex(&raw); }) as &dyn Fn()),
+        ("sha256 + canonical NaN policy (digest path)", &|| { let _ = digest_arena(&values, NanPolicy::Canonical); }),
+    ] {
+        let t = Instant::now();
+        f();
+        let s = t.elapsed().as_secs_f64();
+        rows.push(Row { what: what.into(), threads: 1, bytes, seconds: s, gb_per_s: bytes as f64 / s / 1e9 });
+    }
+    match openssl_row() {
+        Some(r) => rows.push(r),
+        None => eprintln!("note: `openssl speed` is not available here; no SHA-256 baseline"),
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        println!("{:<48} {:>7} {:>10} {:>9}", "WHAT", "THREADS", "SECONDS", "GB/s");
+        for r in &rows {
+            println!("{:<48} {:>7} {:>10.3} {:>9.2}", r.what, r.threads, r.seconds, r.gb_per_s);
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,371 @@
+//! CLI edge: argument parsing, exit codes, and human or JSON output.
+//!
+//! Exit codes: 0 all checks passed; 1 a check failed (digest mismatch,
+//! invariance violated, golden differs); 2 bad input (experiment, report,
+//! arguments); 3 the environment cannot run it (backend or library missing,
+//! not enough memory).
+
+mod bench;
+mod doctor;
+mod table;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use foldprint::backend::{self, BackendChoice};
+use foldprint::digest::NanPolicy;
+use foldprint::experiment::{self, Experiment};
+use foldprint::report::{compare, Golden, Report};
+use foldprint::runner::{self, RunConfig};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "foldprint", version, about = "Bitwise-reproducible fixed-order float32 reduction, with SHA-256 digests of the reduced arenas")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run experiments and print digests, invariance groups and sensitivities.
+    Run(RunArgs),
+    /// Compare reports by case key; exit 1 on any difference.
+    Compare(CompareArgs),
+    /// Run experiments and check their digests against committed goldens.
+    Verify(VerifyArgs),
+    /// Regenerate golden digests from the CPU oracle.
+    Golden(GoldenArgs),
+    /// Say which backends are usable here, and why not.
+    Doctor(DoctorArgs),
+    /// Measure generate + fold and SHA-256 throughput on this machine.
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Args)]
+struct Common {
+    /// Experiment files, or directories of *.toml files.
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// Where the reduction runs.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    backend: BackendChoice,
+    /// NaN handling before hashing (see docs/SPEC.md).
+    #[arg(long, default_value = "canonical", value_parser = parse_nan_policy)]
+    nan_policy: NanPolicy,
+    /// Print the report as JSON on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Write the JSON report here (atomically).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Write each reduced arena as .bin plus a SHA256SUMS for `sha256sum -c`.
+    #[arg(long)]
+    dump: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct CompareArgs {
+    /// Two or more report files; all are compared with the first.
+    #[arg(required = true, num_args = 2..)]
+    reports: Vec<PathBuf>,
+    /// Compare only the cases present in every report.
+    #[arg(long)]
+    allow_missing: bool,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct VerifyArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Directory of golden files (one <experiment>.json each).
+    #[arg(long)]
+    golden: PathBuf,
+}
+
+#[derive(Args)]
+struct GoldenArgs {
+    /// Experiment files, or directories of *.toml files.
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// Directory to write <experiment>.json goldens into.
+    #[arg(long)]
+    golden: PathBuf,
+}
+
+#[derive(Args)]
+struct DoctorArgs {
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_nan_policy(s: &str) -> Result<NanPolicy, String> {
+    s.parse()
+}
+
+/// An error that carries its exit code.
+#[derive(Debug)]
+pub struct Exit(pub i32, pub String);
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.1)
+    }
+}
+
+impl std::error::Error for Exit {}
+
+pub fn main() -> i32 {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let result = match cli.command {
+        Command::Run(a) => cmd_run(a),
+        Command::Compare(a) => cmd_compare(a),
+        Command::Verify(a) => cmd_verify(a),
+        Command::Golden(a) => cmd_golden(a),
+        Command::Doctor(a) => doctor::run(a.json),
+        Command::Bench(a) => bench::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            exit_code(&e)
+        }
+    }
+}
+
+fn exit_code(e: &anyhow::Error) -> i32 {
+    for cause in e.chain() {
+        if let Some(Exit(code, _)) = cause.downcast_ref::<Exit>() {
+            return *code;
+        }
+        if let Some(b) = cause.downcast_ref::<backend::BackendError>() {
+            return match b {
+                backend::BackendError::Failed { .. } => 1,
+                _ => 3,
+            };
+        }
+        if cause.downcast_ref::<experiment::ExperimentError>().is_some()
+            || cause.downcast_ref::<foldprint::report::ReportError>().is_some()
+        {
+            return 2;
+        }
+    }
+    2
+}
+
+fn load(paths: &[PathBuf]) -> Result<Vec<Experiment>> {
+    Ok(experiment::load_all(paths)?)
+}
+
+struct Bar(Option<indicatif::ProgressBar>);
+
+impl Bar {
+    fn new(total: usize) -> Bar {
+        if !std::io::stderr().is_terminal() || total < 2 {
+            return Bar(None);
+        }
+        let pb = indicatif::ProgressBar::new(total as u64);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} [{pos}/{len}] {wide_msg} {elapsed}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        Bar(Some(pb))
+    }
+}
+
+impl runner::Progress for Bar {
+    fn start(&mut self, case: &experiment::Case, _i: usize, _n: usize) {
+        if let Some(pb) = &self.0 {
+            pb.set_message(format!("{}/{}", case.experiment, case.id));
+        }
+    }
+    fn done(&mut self, _case: &experiment::Case) {
+        if let Some(pb) = &self.0 {
+            pb.inc(1);
+        }
+    }
+}
+
+impl Drop for Bar {
+    fn drop(&mut self) {
+        if let Some(pb) = &self.0 {
+            pb.finish_and_clear();
+        }
+    }
+}
+
+fn execute(common: &Common, experiments: &[Experiment], dump: Option<&std::path::Path>) -> Result<Report> {
+    let (mut be, note) = backend::select(common.backend)?;
+    if let Some(n) = &note {
+        eprintln!("note: {n}");
+    }
+    let total = experiments.iter().map(|e| e.cases.len()).sum();
+    let mut bar = Bar::new(total);
+    let cfg = RunConfig {
+        nan_policy: common.nan_policy,
+        dump,
+        notes: note.into_iter().collect(),
+    };
+    let report = runner::run(experiments, be.as_mut(), &cfg, &mut bar)?;
+    drop(bar);
+    if let Some(out) = &common.out {
+        report.write(out)?;
+    }
+    Ok(report)
+}
+
+fn cmd_run(a: RunArgs) -> Result<i32> {
+    let exps = load(&a.common.paths)?;
+    let report = execute(&a.common, &exps, a.dump.as_deref())?;
+    if a.common.json {
+        print!("{}", report.to_json());
+    } else {
+        table::print_report(&report, a.common.out.as_deref(), a.dump.as_deref());
+    }
+    Ok(if report.summary.ok { 0 } else { 1 })
+}
+
+fn cmd_compare(a: CompareArgs) -> Result<i32> {
+    let mut reports = Vec::new();
+    for p in &a.reports {
+        reports.push((p.display().to_string(), Report::read(p)?));
+    }
+    let cmp = compare(&reports, a.allow_missing);
+    if a.json {
+        let v = serde_json::json!({
+            "compared": cmp.compared,
+            "ok": cmp.ok(),
+            "mismatches": cmp.mismatches.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        table::print_comparison(&reports, &cmp);
+    }
+    Ok(if cmp.ok() { 0 } else { 1 })
+}
+
+fn cmd_verify(a: VerifyArgs) -> Result<i32> {
+    let exps = load(&a.common.paths)?;
+    // Read every golden before running anything: a missing one is known early.
+    let mut goldens = Vec::new();
+    for e in &exps {
+        let path = Golden::path_in(&a.golden, &e.name);
+        if !path.exists() {
+            return Err(Exit(
+                1,
+                format!(
+                    "no golden for experiment `{}` at {} (generate it with `foldprint golden {} --golden {}`)",
+                    e.name,
+                    path.display(),
+                    e.path.display(),
+                    a.golden.display()
+                ),
+            )
+            .into());
+        }
+        let g = Golden::read(&path)?;
+        if g.nan_policy != a.common.nan_policy.name() {
+            return Err(Exit(
+                2,
+                format!(
+                    "{}: golden was made with NaN policy `{}`, this run uses `{}`",
+                    path.display(),
+                    g.nan_policy,
+                    a.common.nan_policy
+                ),
+            )
+            .into());
+        }
+        goldens.push((path, g));
+    }
+    let report = execute(&a.common, &exps, None)?;
+    let mut problems = Vec::new();
+    for (path, g) in &goldens {
+        let want: std::collections::BTreeMap<&str, &foldprint::report::GoldenCase> =
+            g.cases.iter().map(|c| (c.key.as_str(), c)).collect();
+        let mine: Vec<_> = report.cases.iter().filter(|c| c.experiment == g.experiment).collect();
+        for c in &mine {
+            match want.get(c.key.as_str()) {
+                None => problems.push(format!(
+                    "case `{}` ({}) of `{}` has no golden digest in {}",
+                    c.id, c.key, g.experiment, path.display()
+                )),
+                Some(gc) => {
+                    for (i, (got, exp)) in c.arenas.iter().zip(&gc.arenas).enumerate() {
+                        if got.sha256 != *exp {
+                            problems.push(format!(
+                                "case `{}` ({}) arena {i}: digest {} but golden {} says {}",
+                                c.id,
+                                c.key,
+                                got.sha256,
+                                path.display(),
+                                exp
+                            ));
+                        }
+                    }
+                    if c.arenas.len() != gc.arenas.len() {
+                        problems.push(format!("case `{}`: {} arenas, golden has {}", c.id, c.arenas.len(), gc.arenas.len()));
+                    }
+                }
+            }
+        }
+        for gc in &g.cases {
+            if !mine.iter().any(|c| c.key == gc.key) {
+                problems.push(format!(
+                    "golden {} lists case `{}` ({}) that the experiment no longer declares",
+                    path.display(),
+                    gc.id,
+                    gc.key
+                ));
+            }
+        }
+    }
+    problems.extend(report.summary.failures.iter().cloned());
+    if a.common.json {
+        let v = serde_json::json!({ "ok": problems.is_empty(), "problems": problems, "report": report });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        table::print_report(&report, a.common.out.as_deref(), None);
+        table::print_verify(&goldens.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(), &report, &problems);
+    }
+    Ok(if problems.is_empty() { 0 } else { 1 })
+}
+
+fn cmd_golden(a: GoldenArgs) -> Result<i32> {
+    let exps = load(&a.paths)?;
+    let common = Common {
+        paths: a.paths.clone(),
+        backend: BackendChoice::Cpu,
+        nan_policy: NanPolicy::Canonical,
+        json: false,
+        out: None,
+    };
+    let report = execute(&common, &exps, None)?;
+    if !report.summary.ok {
+        table::print_report(&report, None, None);
+        return Err(Exit(1, "the run failed its own checks; no goldens written".into()).into());
+    }
+    std::fs::create_dir_all(&a.golden).with_context(|| format!("creating {}", a.golden.display()))?;
+    for e in &exps {
+        let path = Golden::path_in(&a.golden, &e.name);
+        Golden::from_report(&report, &e.name).write(&path)?;
+        println!("wrote {} ({} cases)", path.display(), e.cases.len());
+    }
+    Ok(0)
+}

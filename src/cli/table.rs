@@ -1,0 +1,153 @@
+//! Human-readable output: one line per case, then invariance groups, then a
+//! one-line verdict. Everything here is also in the JSON report.
+
+use foldprint::report::{Comparison, Report};
+use std::path::{Path, PathBuf};
+
+fn short(d: &str) -> &str {
+    &d[..d.len().min(16)]
+}
+
+fn fmt_ms(ms: f64) -> String {
+    if ms >= 1000.0 {
+        format!("{:.2} s", ms / 1000.0)
+    } else {
+        format!("{ms:.1} ms")
+    }
+}
+
+pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
+    let threads = r.environment["backend"]["threads"].as_u64();
+    let device = r.environment["backend"]["device"]["name"].as_str();
+    let on = match (device, threads) {
+        (Some(d), _) => d.to_string(),
+        (None, Some(t)) => format!("{t} threads"),
+        _ => String::new(),
+    };
+    println!(
+        "foldprint {} · backend {} ({on}) · NaN policy {}",
+        r.foldprint.version, r.backend, r.nan_policy
+    );
+    for e in &r.experiments {
+        println!();
+        println!("{} — {} ({} cases)", e.name, e.path, e.cases);
+        println!(
+            "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<35} {:>9}",
+            "", "CASE", "W", "ARENAS", "CONTRACT", "ORDER", "SENS", "SHA-256 (per arena, first 16 hex)", "TIME"
+        );
+        for c in r.cases.iter().filter(|c| c.experiment == e.name) {
+            let ok = c.ranks_identical && c.rounds_identical;
+            let lens: Vec<String> = c.params.arenas.iter().map(|n| n.to_string()).collect();
+            let digests: Vec<&str> = c.arenas.iter().map(|a| short(&a.sha256)).collect();
+            let sens = match c.sensitivity.verdict.as_str() {
+                "blind" => "blind".to_string(),
+                _ => format!("{:.1}%", c.sensitivity.fraction * 100.0),
+            };
+            let best = c.timings.rounds.iter().map(|t| t.total_ms).fold(f64::INFINITY, f64::min);
+            println!(
+                "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<35} {:>9}",
+                if ok { "ok" } else { "FAIL" },
+                truncate(&c.id, 40),
+                c.params.world,
+                truncate(&lens.join("+"), 16),
+                c.params.contract,
+                truncate(&c.params.order, 12),
+                sens,
+                digests.join(" "),
+                if best.is_finite() { fmt_ms(best) } else { "-".into() }
+            );
+            if !c.ranks_identical {
+                println!("       ranks ended with different arenas");
+            }
+            if !c.rounds_identical {
+                println!("       rounds gave different digests");
+            }
+        }
+    }
+    if !r.groups.is_empty() {
+        println!();
+        println!("invariance groups (cases differing only in delivery order)");
+        for g in &r.groups {
+            println!(
+                "  {:<4} {:<13} expect {:<8} got {:<12} {}",
+                if g.ok { "PASS" } else { "FAIL" },
+                g.contract,
+                g.expect,
+                g.verdict,
+                g.key
+            );
+            println!("       {}", g.note);
+        }
+    }
+    let blind: Vec<&str> = r
+        .cases
+        .iter()
+        .filter(|c| c.sensitivity.verdict != "sensitive")
+        .map(|c| c.id.as_str())
+        .collect();
+    if !blind.is_empty() {
+        println!();
+        println!(
+            "note: {} case(s) have data that barely or never sees fold order (SENS < 1% or blind): {}",
+            blind.len(),
+            truncate(&blind.join(", "), 200)
+        );
+    }
+    println!();
+    if r.summary.ok {
+        print!("ok: {} cases, {} groups, every check passed", r.summary.cases, r.summary.groups);
+    } else {
+        println!("FAILED: {} problem(s)", r.summary.failures.len());
+        for f in &r.summary.failures {
+            println!("  - {f}");
+        }
+    }
+    if r.summary.ok {
+        println!();
+    }
+    if let Some(o) = out {
+        println!("report: {}", o.display());
+    }
+    if let Some(d) = dump {
+        println!("dumps: {} (check with `cd {} && sha256sum -c SHA256SUMS`)", d.display(), d.display());
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(n - 1).collect();
+        t.push('…');
+        t
+    }
+}
+
+pub fn print_comparison(reports: &[(String, Report)], cmp: &Comparison) {
+    for (name, r) in reports {
+        println!("  {name}: {} cases, backend {}, foldprint {}", r.cases.len(), r.backend, r.foldprint.version);
+    }
+    if cmp.ok() {
+        println!("ok: {} cases agree across {} reports", cmp.compared, reports.len());
+    } else {
+        println!("MISMATCH: {} difference(s); first: {}", cmp.mismatches.len(), cmp.mismatches[0]);
+        for m in cmp.mismatches.iter().take(20) {
+            println!("  - {m}");
+        }
+        if cmp.mismatches.len() > 20 {
+            println!("  … and {} more", cmp.mismatches.len() - 20);
+        }
+    }
+}
+
+pub fn print_verify(goldens: &[PathBuf], r: &Report, problems: &[String]) {
+    println!();
+    if problems.is_empty() {
+        println!("verify ok: {} cases match {} golden file(s)", r.cases.len(), goldens.len());
+    } else {
+        println!("verify FAILED: {} problem(s)", problems.len());
+        for p in problems {
+            println!("  - {p}");
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! The host part of a report's environment block (the backend adds its own).
+
+use serde_json::{json, Value};
+
+fn read_trimmed(path: &str) -> Option<String> {
+    std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+fn os_release() -> String {
+    std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+                .map(|v| v.trim_matches('"').to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::OS.to_string())
+}
+
+pub fn host() -> Value {
+    json!({
+        "hostname": read_trimmed("/proc/sys/kernel/hostname").unwrap_or_default(),
+        "os": os_release(),
+        "kernel": read_trimmed("/proc/sys/kernel/osrelease").unwrap_or_default(),
+        "arch": std::env::consts::ARCH,
+        "cpu": cpu_model(),
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    })
+}

@@ -1,0 +1,89 @@
+//! Invariance groups: cases that differ only in delivery order. Fixed-order
+//! and pairwise-tree groups must agree; arrival-order groups must disagree
+//! wherever the data can see the order (the negative control).
+
+use super::CaseReport;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Group {
+    pub key: String,
+    pub contract: String,
+    /// Case ids in the group, in run order.
+    pub cases: Vec<String>,
+    pub orders: Vec<String>,
+    pub distinct_results: usize,
+    /// `agree` or `disagree`.
+    pub expect: String,
+    /// `agree`, `disagree` or `inconclusive`.
+    pub verdict: String,
+    pub ok: bool,
+    pub note: String,
+}
+
+/// Two fold sequences that differ only in their first two entries give the
+/// same bits (a + b == b + a), so compare sequences with those sorted.
+fn effective(seq: &[usize]) -> Vec<usize> {
+    let mut s = seq.to_vec();
+    if s.len() >= 2 && s[0] > s[1] {
+        s.swap(0, 1);
+    }
+    s
+}
+
+pub fn build_groups(cases: &[CaseReport]) -> Vec<Group> {
+    let mut by_key: BTreeMap<&str, Vec<&CaseReport>> = BTreeMap::new();
+    for c in cases {
+        by_key.entry(c.group.as_str()).or_default().push(c);
+    }
+    let mut groups = Vec::new();
+    for (key, members) in by_key {
+        let mut orders: Vec<&str> = members.iter().map(|c| c.params.order.as_str()).collect();
+        orders.dedup();
+        if orders.len() < 2 {
+            continue;
+        }
+        let contract = members[0].params.contract.clone();
+        let mut results: Vec<Vec<&str>> = members.iter().map(|c| c.digests()).collect();
+        results.sort();
+        results.dedup();
+        let distinct = results.len();
+        let verdict_seen = if distinct == 1 { "agree" } else { "disagree" };
+
+        let (expect, verdict, ok, note) = if contract == "arrival-order" {
+            let mut seqs: Vec<Vec<usize>> = members.iter().map(|c| effective(&c.params.order_sequence)).collect();
+            seqs.sort();
+            seqs.dedup();
+            let blind = members.iter().all(|c| c.sensitivity.verdict == "blind");
+            if seqs.len() < 2 || blind {
+                let why = if blind {
+                    "the data cannot see reordering (sensitivity: blind)"
+                } else {
+                    "every order folds in the same effective sequence"
+                };
+                ("disagree", "inconclusive", true, format!("control cannot fail here: {why}"))
+            } else if distinct >= 2 {
+                ("disagree", "disagree", true, format!("{distinct} distinct results across {} orders, as a working control should", orders.len()))
+            } else {
+                ("disagree", "agree", false, "arrival-order gave identical bits for different fold sequences: the harness is not seeing the order".into())
+            }
+        } else if distinct == 1 {
+            ("agree", "agree", true, format!("identical across {} delivery orders", orders.len()))
+        } else {
+            ("agree", verdict_seen, false, format!("{distinct} distinct results across {} delivery orders: delivery order changed the bits", orders.len()))
+        };
+        groups.push(Group {
+            key: key.to_string(),
+            contract,
+            cases: members.iter().map(|c| c.id.clone()).collect(),
+            orders: orders.iter().map(|s| s.to_string()).collect(),
+            distinct_results: distinct,
+            expect: expect.into(),
+            verdict: verdict.into(),
+            ok,
+            note,
+        });
+    }
+    groups
+}

@@ -1,0 +1,250 @@
+//! Reports: the versioned JSON a run writes, read back for `compare` and
+//! `verify`. Cases are keyed by [`Case::key`], which depends on the numeric
+//! parameters only, so reports from different machines line up.
+
+mod compare;
+mod golden;
+mod groups;
+
+pub use compare::{compare, Comparison, Mismatch};
+pub use golden::{Golden, GoldenCase, GOLDEN_FORMAT};
+pub use groups::{build_groups, Group};
+
+use crate::backend::{ReducedArena, RoundTimings};
+use crate::experiment::{Case, CaseParams, Experiment};
+use crate::sensitivity::Sensitivity;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+pub const REPORT_FORMAT: &str = "foldprint-report";
+pub const REPORT_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("{path}: cannot read: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a foldprint report: {message}")]
+    Malformed { path: PathBuf, message: String },
+    #[error("{path}: {what} version {found} is not supported (this foldprint reads version {expected})")]
+    Version {
+        path: PathBuf,
+        what: &'static str,
+        found: u64,
+        expected: u32,
+    },
+    #[error("{path}: cannot write: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    pub format: String,
+    pub version: u32,
+    pub foldprint: ToolInfo,
+    pub backend: String,
+    pub nan_policy: String,
+    pub environment: serde_json::Value,
+    pub experiments: Vec<ExperimentInfo>,
+    pub cases: Vec<CaseReport>,
+    pub groups: Vec<Group>,
+    pub summary: Summary,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ToolInfo {
+    pub version: String,
+    pub git: String,
+}
+
+impl ToolInfo {
+    pub fn current() -> Self {
+        ToolInfo {
+            version: env!("CARGO_PKG_VERSION").into(),
+            git: option_env!("FOLDPRINT_GIT_REV").unwrap_or("unknown").into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExperimentInfo {
+    pub name: String,
+    pub path: String,
+    pub sha256: String,
+    pub description: String,
+    pub cases: usize,
+}
+
+impl From<&Experiment> for ExperimentInfo {
+    fn from(e: &Experiment) -> Self {
+        ExperimentInfo {
+            name: e.name.clone(),
+            path: e.path.display().to_string(),
+            sha256: e.sha256.clone(),
+            description: e.description.clone(),
+            cases: e.cases.len(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ArenaReport {
+    pub index: usize,
+    pub len: usize,
+    /// SHA-256 of the reduced arena (rank 0's copy; equal on every rank when
+    /// `ranks_identical`).
+    pub sha256: String,
+    pub ranks_identical: bool,
+    pub rank_sha256: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CaseReport {
+    pub key: String,
+    pub group: String,
+    pub experiment: String,
+    pub id: String,
+    pub params: CaseParams,
+    pub arenas: Vec<ArenaReport>,
+    pub ranks_identical: bool,
+    pub rounds_identical: bool,
+    pub sensitivity: Sensitivity,
+    pub timings: Timings,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Timings {
+    pub rounds: Vec<RoundTimings>,
+    pub addend_bytes: u64,
+    /// Addend bytes over the fastest round's generate + reduce time.
+    pub fold_gb_per_s: f64,
+}
+
+impl CaseReport {
+    pub fn new(case: &Case, arenas: &[ReducedArena], rounds: Vec<RoundTimings>, rounds_identical: bool, sensitivity: Sensitivity) -> Self {
+        let arenas: Vec<ArenaReport> = arenas
+            .iter()
+            .enumerate()
+            .map(|(i, a)| ArenaReport {
+                index: i,
+                len: a.len,
+                sha256: a.digest().to_string(),
+                ranks_identical: a.ranks_identical(),
+                rank_sha256: a.rank_digests.clone(),
+            })
+            .collect();
+        let best = rounds
+            .iter()
+            .map(|r| r.generate_ms + r.reduce_ms)
+            .fold(f64::INFINITY, f64::min);
+        let bytes = case.addend_bytes();
+        CaseReport {
+            key: case.key(),
+            group: case.group_key(),
+            experiment: case.experiment.clone(),
+            id: case.id.clone(),
+            params: case.params(),
+            ranks_identical: arenas.iter().all(|a| a.ranks_identical),
+            arenas,
+            rounds_identical,
+            sensitivity,
+            timings: Timings {
+                rounds,
+                addend_bytes: bytes,
+                fold_gb_per_s: if best > 0.0 && best.is_finite() { bytes as f64 / best / 1e6 } else { 0.0 },
+            },
+        }
+    }
+
+    /// The arena digests that identify this case's result.
+    pub fn digests(&self) -> Vec<&str> {
+        self.arenas.iter().map(|a| a.sha256.as_str()).collect()
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
+pub struct Summary {
+    pub cases: usize,
+    pub groups: usize,
+    /// Human-readable reasons this run failed its own checks.
+    pub failures: Vec<String>,
+    pub ok: bool,
+}
+
+impl Report {
+    pub fn summarize(&mut self) {
+        let mut failures = Vec::new();
+        for c in &self.cases {
+            if !c.ranks_identical {
+                failures.push(format!("case `{}`: ranks ended with different arenas", c.id));
+            }
+            if !c.rounds_identical {
+                failures.push(format!("case `{}`: rounds gave different digests", c.id));
+            }
+        }
+        for g in &self.groups {
+            if !g.ok {
+                failures.push(format!("group {}: {}", g.key, g.note));
+            }
+        }
+        self.summary = Summary {
+            cases: self.cases.len(),
+            groups: self.groups.len(),
+            ok: failures.is_empty(),
+            failures,
+        };
+    }
+
+    pub fn to_json(&self) -> String {
+        let mut s = serde_json::to_string_pretty(self).expect("report serializes");
+        s.push('\n');
+        s
+    }
+
+    pub fn write(&self, path: &Path) -> Result<(), ReportError> {
+        crate::atomic::write(path, self.to_json().as_bytes()).map_err(|source| ReportError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// Read a report, checking its format marker and version first so a
+    /// wrong file gets a precise message rather than a field error.
+    pub fn read(path: &Path) -> Result<Report, ReportError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ReportError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let malformed = |message: String| ReportError::Malformed {
+            path: path.to_path_buf(),
+            message,
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| malformed(format!("invalid JSON: {e}")))?;
+        match value.get("format").and_then(|f| f.as_str()) {
+            Some(REPORT_FORMAT) => {}
+            Some(other) => return Err(malformed(format!("format is `{other}`, expected `{REPORT_FORMAT}`"))),
+            None => return Err(malformed("no `format` field".into())),
+        }
+        let version = value
+            .get("version")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| malformed("no numeric `version` field".into()))?;
+        if version != REPORT_VERSION as u64 {
+            return Err(ReportError::Version {
+                path: path.to_path_buf(),
+                what: "report",
+                found: version,
+                expected: REPORT_VERSION,
+            });
+        }
+        serde_json::from_value(value).map_err(|e| malformed(e.to_string()))
+    }
+}

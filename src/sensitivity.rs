@@ -1,0 +1,83 @@
+//! Order sensitivity: how many elements change bits when the fold order is
+//! reversed. A case whose data cannot see reordering proves nothing about
+//! delivery-order immunity, so the report flags it.
+//!
+//! Computed on the host from the generator alone (it never looks at a
+//! backend's output), over every element when the case is small and a
+//! fixed stride sample otherwise.
+
+use crate::data::Lane;
+use crate::experiment::Case;
+use crate::fold::{fold_fixed, fold_in_order};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// Elements checked at most per case.
+pub const SAMPLE_CAP: u64 = 1 << 20;
+/// Below this fraction a case is reported as weakly sensitive.
+pub const WEAK_BELOW: f64 = 0.01;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Sensitivity {
+    /// Elements whose reversed-order fold differs in bits (NaNs compare equal).
+    pub changed: u64,
+    pub checked: u64,
+    pub fraction: f64,
+    /// `every element` or `stride S`.
+    pub sample: String,
+    /// `sensitive`, `weak` or `blind`.
+    pub verdict: String,
+}
+
+pub fn measure(case: &Case) -> Sensitivity {
+    let total = case.total_len();
+    let stride = total.div_ceil(SAMPLE_CAP).max(1);
+    let world = case.world;
+    let reversed: Vec<usize> = (0..world).rev().collect();
+    let mut changed = 0u64;
+    let mut checked = 0u64;
+    for (a, &n) in case.arenas.iter().enumerate() {
+        let lanes: Vec<Lane> = (0..world as u32)
+            .map(|r| Lane::new(case.distribution, case.seed, r, a as u32))
+            .collect();
+        let picks = (n as u64).div_ceil(stride);
+        let (c, k) = (0..picks)
+            .into_par_iter()
+            .fold(
+                || (0u64, 0u64, vec![0f32; world]),
+                |(c, k, mut slots), p| {
+                    let i = p * stride;
+                    for (s, l) in slots.iter_mut().zip(&lanes) {
+                        *s = l.value(i);
+                    }
+                    let fwd = fold_fixed(&slots);
+                    let rev = fold_in_order(&slots, &reversed);
+                    let same = fwd.to_bits() == rev.to_bits() || (fwd.is_nan() && rev.is_nan());
+                    (c + u64::from(!same), k + 1, slots)
+                },
+            )
+            .map(|(c, k, _)| (c, k))
+            .reduce(|| (0, 0), |x, y| (x.0 + y.0, x.1 + y.1));
+        changed += c;
+        checked += k;
+    }
+    let fraction = if checked == 0 { 0.0 } else { changed as f64 / checked as f64 };
+    let verdict = if changed == 0 {
+        "blind"
+    } else if fraction < WEAK_BELOW {
+        "weak"
+    } else {
+        "sensitive"
+    };
+    Sensitivity {
+        changed,
+        checked,
+        fraction,
+        sample: if stride == 1 {
+            "every element".into()
+        } else {
+            format!("stride {stride}")
+        },
+        verdict: verdict.into(),
+    }
+}
