@@ -1,0 +1,235 @@
+//! The command line as users meet it: exit codes, messages that name the
+//! file, line and field, atomic outputs, and the checks that must fail.
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+use std::path::{Path, PathBuf};
+
+fn fp() -> Command {
+    Command::cargo_bin("foldprint").unwrap()
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+const TINY: &str = r#"
+name = "tiny"
+[defaults]
+world = 3
+arenas = [257, 5]
+seed = 7
+[[sweep]]
+id = "o"
+order = ["ascending", "descending", [1, 2, 0]]
+contract = ["fixed-order", "arrival-order"]
+"#;
+
+/// Run an experiment that must be rejected; return stderr.
+fn rejected(text: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(dir.path(), "bad.toml", text);
+    let out = dir.path().join("report.json");
+    let a = fp()
+        .args(["run", "--backend", "cpu", "--out"])
+        .arg(&out)
+        .arg(&p)
+        .assert()
+        .code(2);
+    assert!(!out.exists(), "a rejected run must not write a report");
+    let err = String::from_utf8(a.get_output().stderr.clone()).unwrap();
+    assert!(err.contains("bad.toml"), "message must name the file: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+#[test]
+fn smoke_runs_and_reports_groups_and_sensitivity() {
+    fp().args(["run", "--backend", "cpu", "experiments/smoke.toml"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("every check passed"))
+        .stdout(predicate::str::contains("invariance groups"))
+        .stdout(predicate::str::contains("expect disagree got disagree"));
+}
+
+#[test]
+fn unknown_key_is_named_with_line_and_column() {
+    let e = rejected("name = \"x\"\n[defaults]\nworld = 3\nwrold = 4\n");
+    assert!(e.contains("bad.toml:4:1"), "{e}");
+    assert!(e.contains("wrold"), "{e}");
+}
+
+#[test]
+fn world_zero_is_rejected_at_its_line() {
+    let e = rejected("name = \"x\"\n[[case]]\nid = \"a\"\nworld = 0\narenas = [4]\n");
+    assert!(e.contains("bad.toml:4:9"), "{e}");
+    assert!(e.contains("`world`"), "{e}");
+}
+
+#[test]
+fn bad_permutations_are_rejected() {
+    let e = rejected("name = \"x\"\n[[case]]\nid = \"a\"\nworld = 3\narenas = [4]\norder = [0, 0, 1]\n");
+    assert!(e.contains("twice") && e.contains(":6:"), "{e}");
+    let e = rejected("name = \"x\"\n[[case]]\nid = \"a\"\nworld = 3\narenas = [4]\norder = [0, 1]\n");
+    assert!(e.contains("2 entries"), "{e}");
+    let e = rejected("name = \"x\"\n[[case]]\nid = \"a\"\nworld = 3\narenas = [4]\norder = \"sideways\"\n");
+    assert!(e.contains("unknown delivery order"), "{e}");
+}
+
+#[test]
+fn malformed_toml_is_located() {
+    let e = rejected("name = \"x\"\n[[case]\nid = 3\n");
+    assert!(e.contains("bad.toml:2:"), "{e}");
+}
+
+#[test]
+fn duplicate_ids_impossible_sizes_and_sweep_caps_are_rejected() {
+    let e = rejected("name = \"x\"\n[defaults]\nworld = 2\narenas = [1]\n[[case]]\nid = \"a\"\n[[case]]\nid = \"a\"\nseed = 2\n");
+    assert!(e.contains("duplicate case id `a`"), "{e}");
+    let e = rejected("name = \"x\"\n[[case]]\nid = \"a\"\nworld = 64\narenas = [9000000000000]\n");
+    assert!(e.contains("cannot fit in memory"), "{e}");
+    let e = rejected("name = \"x\"\n[defaults]\nworld = 2\narenas = [1]\n[[sweep]]\nid = \"s\"\nseed = [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]\nworld = [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]\ndistribution = [\"uniform\",\"specials\",\"uniform\",\"uniform\",\"uniform\",\"uniform\",\"uniform\",\"uniform\",\"uniform\",\"uniform\",\"uniform\",\"uniform\",\"uniform\",\"uniform\",\"uniform\",\"uniform\"]\n");
+    assert!(e.contains("cap of 4096"), "{e}");
+    let e = rejected("name = \"x\"\n[[case]]\nid = \"a\"\nworld = 2\narenas = [1]\ndistribution = \"gaussian\"\n");
+    assert!(e.contains("unknown distribution `gaussian`"), "{e}");
+}
+
+#[test]
+fn missing_file_is_a_clear_error() {
+    fp().args(["run", "no/such/experiment.toml"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("no/such/experiment.toml: cannot read"));
+}
+
+#[test]
+fn compare_catches_a_single_flipped_bit_and_names_the_case() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "tiny.toml", TINY);
+    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
+    for out in [&a, &b] {
+        fp().args(["run", "--backend", "cpu", "--out"]).arg(out).arg(&exp).assert().success();
+    }
+    fp().arg("compare").arg(&a).arg(&b).assert().success().stdout(predicate::str::contains("agree"));
+
+    // Flip one bit of one arena digest in b.
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&b).unwrap()).unwrap();
+    let d = v["cases"][2]["arenas"][1]["sha256"].as_str().unwrap().to_string();
+    let flipped = format!("{}{:x}", &d[..63], u8::from_str_radix(&d[63..], 16).unwrap() ^ 1);
+    v["cases"][2]["arenas"][1]["sha256"] = flipped.into();
+    let id = v["cases"][2]["id"].as_str().unwrap().to_string();
+    std::fs::write(&b, serde_json::to_vec(&v).unwrap()).unwrap();
+    fp().arg("compare")
+        .arg(&a)
+        .arg(&b)
+        .assert()
+        .code(1)
+        .stdout(predicate::str::contains(format!("case `{id}`")))
+        .stdout(predicate::str::contains("arena 1"));
+}
+
+#[test]
+fn compare_rejects_unreadable_and_wrong_version_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "tiny.toml", TINY);
+    let good = dir.path().join("good.json");
+    fp().args(["run", "--backend", "cpu", "--out"]).arg(&good).arg(&exp).assert().success();
+    let garbage = write(dir.path(), "garbage.json", "{ not json");
+    fp().arg("compare").arg(&good).arg(&garbage).assert().code(2)
+        .stderr(predicate::str::contains("garbage.json: not a foldprint report"));
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&good).unwrap()).unwrap();
+    v["version"] = 99.into();
+    let old = dir.path().join("v99.json");
+    std::fs::write(&old, serde_json::to_vec(&v).unwrap()).unwrap();
+    fp().arg("compare").arg(&good).arg(&old).assert().code(2)
+        .stderr(predicate::str::contains("version 99 is not supported"));
+    let truncated = write(dir.path(), "cut.json", &std::fs::read_to_string(&good).unwrap()[..200]);
+    fp().arg("compare").arg(&good).arg(&truncated).assert().code(2)
+        .stderr(predicate::str::contains("cut.json"));
+    fp().arg("compare").arg(&good).arg(dir.path().join("absent.json")).assert().code(2)
+        .stderr(predicate::str::contains("absent.json: cannot read"));
+}
+
+#[test]
+fn verify_passes_on_goldens_and_fails_on_one_altered_digest() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "tiny.toml", TINY);
+    let gold = dir.path().join("golden");
+    fp().args(["golden"]).arg(&exp).arg("--golden").arg(&gold).assert().success();
+    fp().args(["verify", "--backend", "cpu", "--golden"]).arg(&gold).arg(&exp)
+        .assert().success().stdout(predicate::str::contains("verify ok"));
+
+    let gpath = gold.join("tiny.json");
+    let mut g: serde_json::Value = serde_json::from_slice(&std::fs::read(&gpath).unwrap()).unwrap();
+    let id = g["cases"][4]["id"].as_str().unwrap().to_string();
+    g["cases"][4]["arenas"][0] = "0".repeat(64).into();
+    std::fs::write(&gpath, serde_json::to_vec(&g).unwrap()).unwrap();
+    fp().args(["verify", "--backend", "cpu", "--golden"]).arg(&gold).arg(&exp)
+        .assert().code(1)
+        .stdout(predicate::str::contains(format!("case `{id}`")))
+        .stdout(predicate::str::contains("verify FAILED"));
+}
+
+#[test]
+fn committed_goldens_verify() {
+    fp().args(["verify", "--backend", "cpu", "--golden", "experiments/golden", "experiments/smoke.toml", "experiments/edge-cases.toml", "experiments/order-sweep.toml", "experiments/world-sweep.toml"])
+        .assert()
+        .success();
+}
+
+#[test]
+fn dump_verifies_with_sha256sum() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "tiny.toml", TINY);
+    let dump = dir.path().join("dump");
+    let report = dir.path().join("r.json");
+    fp().args(["run", "--backend", "cpu", "--dump"]).arg(&dump).arg("--out").arg(&report).arg(&exp)
+        .assert().success();
+    let sums = std::fs::read_to_string(dump.join("SHA256SUMS")).unwrap();
+    assert_eq!(sums.lines().count(), 12, "6 cases x 2 arenas");
+    // Every dumped digest appears in the report.
+    let r = std::fs::read_to_string(&report).unwrap();
+    for line in sums.lines() {
+        assert!(r.contains(line.split_whitespace().next().unwrap()));
+    }
+    let ok = std::process::Command::new("sha256sum").arg("-c").arg("SHA256SUMS").current_dir(&dump).output()
+        .expect("sha256sum (coreutils) is needed for this test");
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stdout));
+    // Negative control: a corrupted dump fails the check.
+    let first = sums.lines().next().unwrap().split_whitespace().nth(1).unwrap();
+    let mut bytes = std::fs::read(dump.join(first)).unwrap();
+    bytes[0] ^= 1;
+    std::fs::write(dump.join(first), bytes).unwrap();
+    let bad = std::process::Command::new("sha256sum").arg("-c").arg("SHA256SUMS").current_dir(&dump).output().unwrap();
+    assert!(!bad.status.success());
+}
+
+#[test]
+fn unwritable_output_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "tiny.toml", TINY);
+    fp().args(["run", "--backend", "cpu", "--out"]).arg(dir.path().join("no/such/dir/r.json")).arg(&exp)
+        .assert().code(2).stderr(predicate::str::contains("cannot write"));
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(leftovers.len(), 1, "{leftovers:?}");
+}
+
+#[test]
+fn json_output_is_a_valid_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "tiny.toml", TINY);
+    let out = fp().args(["run", "--backend", "cpu", "--json"]).arg(&exp).assert().success();
+    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    assert_eq!(v["format"], "foldprint-report");
+    assert_eq!(v["cases"].as_array().unwrap().len(), 6);
+    assert_eq!(v["nan_policy"], "canonical");
+    assert_eq!(v["summary"]["ok"], true);
+}
+
+#[test]
+fn doctor_reports_the_cpu_backend() {
+    fp().arg("doctor").assert().success().stdout(predicate::str::contains("cpu"));
+}

@@ -1,0 +1,180 @@
+//! The CPU oracle against the contract: straight-line folds, delivery-order
+//! immunity (with the negative controls that prove the checks have power),
+//! W as part of the identity, and the committed generator vectors.
+
+use foldprint::backend::{cpu::CpuBackend, Backend, RunOptions};
+use foldprint::data::{value, Distribution, Lane};
+use foldprint::digest::NanPolicy;
+use foldprint::experiment::{Case, DeliveryOrder};
+use foldprint::fold::{fold_in_order, mean_scale, reference_fixed, Contract};
+use proptest::prelude::*;
+
+fn case(world: usize, arenas: Vec<usize>, order: DeliveryOrder, contract: Contract) -> Case {
+    Case {
+        experiment: "test".into(),
+        id: "t".into(),
+        world,
+        arenas,
+        order,
+        seed: 42,
+        distribution: Distribution::MixedMagnitude,
+        contract,
+        mean: false,
+        rounds: 1,
+    }
+}
+
+/// Rank 0's reduced arenas, after checking every rank ended identical.
+fn reduced(c: &Case) -> Vec<Vec<f32>> {
+    let opts = RunOptions { nan_policy: NanPolicy::Preserve, keep_values: true };
+    let run = CpuBackend::new().run_case(c, &opts).expect("cpu run");
+    run.arenas
+        .into_iter()
+        .map(|a| {
+            assert!(a.ranks_identical(), "ranks differ for {c:?}");
+            a.values.expect("values kept")
+        })
+        .collect()
+}
+
+fn addends(c: &Case, arena: usize) -> Vec<Vec<f32>> {
+    (0..c.world)
+        .map(|r| {
+            let lane = Lane::new(c.distribution, c.seed, r as u32, arena as u32);
+            (0..c.arenas[arena] as u64).map(|i| lane.value(i)).collect()
+        })
+        .collect()
+}
+
+fn straight_line(c: &Case, arena: usize) -> Vec<f32> {
+    let a = addends(c, arena);
+    let refs: Vec<&[f32]> = a.iter().map(|v| v.as_slice()).collect();
+    let mut out = vec![0f32; c.arenas[arena]];
+    reference_fixed(&refs, &mut out);
+    out
+}
+
+/// Raw bits with NaN payloads canonicalized: payloads are not part of the
+/// contract (even SIMD and scalar x86 adds propagate different ones).
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| NanPolicy::Canonical.apply(x.to_bits())).collect()
+}
+
+#[test]
+fn sharded_fold_equals_straight_line_fold() {
+    for world in [1usize, 2, 3, 4, 5, 7, 8, 13, 31, 64] {
+        for n in [0usize, 1, 2, 5, 63, 64, 65, 1000, 4097, 10007] {
+            let c = case(world, vec![n, 3], DeliveryOrder::Ascending, Contract::FixedOrder);
+            let got = reduced(&c);
+            for a in 0..2 {
+                assert_eq!(bits(&got[a]), bits(&straight_line(&c, a)), "W={world} n={n} arena {a}");
+            }
+        }
+    }
+}
+
+#[test]
+fn delivery_order_cannot_change_fixed_order_bits() {
+    let orders = [
+        DeliveryOrder::Ascending,
+        DeliveryOrder::Descending,
+        DeliveryOrder::Rotate(2),
+        DeliveryOrder::Shuffle(9),
+        DeliveryOrder::Explicit(vec![3, 0, 5, 1, 4, 2]),
+    ];
+    let want = straight_line(&case(6, vec![4097], DeliveryOrder::Ascending, Contract::FixedOrder), 0);
+    for o in &orders {
+        let got = reduced(&case(6, vec![4097], o.clone(), Contract::FixedOrder));
+        assert_eq!(bits(&got[0]), bits(&want), "order {o}");
+    }
+    // Power of the check: a reducer that folded in arrival order (a slot =
+    // arrival index mutant) would fail it on this data.
+    let mutant = reduced(&case(6, vec![4097], DeliveryOrder::Descending, Contract::ArrivalOrder));
+    assert_ne!(bits(&mutant[0]), bits(&want), "arrival-order must see the descending order");
+}
+
+#[test]
+fn arrival_order_folds_in_delivery_order() {
+    let order = DeliveryOrder::Explicit(vec![2, 0, 3, 1]);
+    let c = case(4, vec![999], order.clone(), Contract::ArrivalOrder);
+    let got = reduced(&c);
+    let a = addends(&c, 0);
+    let seq = order.sequence(4);
+    for i in 0..999 {
+        let slots: Vec<f32> = a.iter().map(|r| r[i]).collect();
+        assert_eq!(got[0][i].to_bits(), fold_in_order(&slots, &seq).to_bits(), "element {i}");
+    }
+}
+
+#[test]
+fn w3_default_data_differs_from_reversed_order() {
+    let c = case(3, vec![4099], DeliveryOrder::Ascending, Contract::FixedOrder);
+    let fwd = straight_line(&c, 0);
+    let a = addends(&c, 0);
+    let changed = (0..4099)
+        .filter(|&i| {
+            let s = [a[0][i], a[1][i], a[2][i]];
+            fold_in_order(&s, &[2, 1, 0]).to_bits() != fwd[i].to_bits()
+        })
+        .count();
+    assert!(changed > 400, "only {changed} of 4099 change");
+}
+
+#[test]
+fn world_size_is_part_of_the_identity() {
+    let two = reduced(&case(2, vec![5000], DeliveryOrder::Ascending, Contract::FixedOrder));
+    let four = reduced(&case(4, vec![5000], DeliveryOrder::Ascending, Contract::FixedOrder));
+    assert_ne!(bits(&two[0]), bits(&four[0]));
+}
+
+#[test]
+fn mean_is_sum_times_rounded_reciprocal() {
+    let mut c = case(3, vec![2053], DeliveryOrder::Descending, Contract::FixedOrder);
+    let sum = straight_line(&c, 0);
+    c.mean = true;
+    let got = reduced(&c);
+    let s = mean_scale(3);
+    for (g, x) in got[0].iter().zip(&sum) {
+        assert_eq!(g.to_bits(), (x * s).to_bits());
+    }
+    // 1/3 is not exact: dividing instead would differ somewhere.
+    assert!(sum.iter().any(|x| (x * s).to_bits() != (x / 3.0).to_bits()));
+}
+
+#[test]
+fn pairwise_tree_is_order_immune_but_differs_from_fixed() {
+    let asc = reduced(&case(8, vec![3001], DeliveryOrder::Ascending, Contract::PairwiseTree));
+    let shuf = reduced(&case(8, vec![3001], DeliveryOrder::Shuffle(5), Contract::PairwiseTree));
+    let fixed = reduced(&case(8, vec![3001], DeliveryOrder::Ascending, Contract::FixedOrder));
+    assert_eq!(bits(&asc[0]), bits(&shuf[0]));
+    assert_ne!(bits(&asc[0]), bits(&fixed[0]));
+}
+
+#[test]
+fn generator_matches_committed_test_vectors() {
+    let text = include_str!("data/generator-vectors.tsv");
+    let mut checked = 0;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let f: Vec<&str> = line.split('\t').collect();
+        let d: Distribution = f[0].parse().unwrap();
+        let want = u32::from_str_radix(f[5], 16).unwrap();
+        let got = value(d, f[1].parse().unwrap(), f[2].parse().unwrap(), f[3].parse().unwrap(), f[4].parse().unwrap());
+        assert_eq!(got.to_bits(), want, "{line}");
+        checked += 1;
+    }
+    assert_eq!(checked, 144);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn any_shape_and_order_matches_the_straight_line_fold(
+        world in 1usize..20, n in 0usize..300, rot in 0u64..40, seed in any::<u64>(), dist in 0usize..6
+    ) {
+        let mut c = case(world, vec![n], DeliveryOrder::Rotate(rot), Contract::FixedOrder);
+        c.seed = seed;
+        c.distribution = foldprint::data::ALL_DISTRIBUTIONS[dist];
+        let got = reduced(&c);
+        prop_assert_eq!(bits(&got[0]), bits(&straight_line(&c, 0)));
+    }
+}
