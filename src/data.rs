@@ -124,7 +124,7 @@ const fn f32_from_parts(sign: u64, exponent: u64, mantissa: u64) -> u32 {
 #[inline(always)]
 fn mixed_magnitude_bits(u: u64) -> u32 {
     // 24 binades: biased exponent 115..=138, i.e. 2^-12 .. 2^11.
-    let e = 115 + (((u >> 32) & 0xFF) * 24 >> 8);
+    let e = 115 + ((((u >> 32) & 0xFF) * 24) >> 8);
     f32_from_parts(u >> 63, e, u)
 }
 
@@ -217,7 +217,12 @@ impl Lane {
         match self.dist {
             Distribution::MixedMagnitude => run(out, start, key, |u, _| mixed_magnitude_bits(u)),
             Distribution::Cancellation => run(out, start, key, |u, idx| {
-                addend_bits(Distribution::Cancellation, u, element_bits(pair_key, idx), rank)
+                addend_bits(
+                    Distribution::Cancellation,
+                    u,
+                    element_bits(pair_key, idx),
+                    rank,
+                )
             }),
             d => run(out, start, key, |u, _| addend_bits(d, u, 0, rank)),
         }
@@ -235,7 +240,9 @@ mod tests {
     use crate::fold::{fold_fixed, fold_in_order};
 
     fn reversed_changed(dist: Distribution, world: usize, n: u64) -> f64 {
-        let lanes: Vec<Lane> = (0..world as u32).map(|r| Lane::new(dist, 1, r, 0)).collect();
+        let lanes: Vec<Lane> = (0..world as u32)
+            .map(|r| Lane::new(dist, 1, r, 0))
+            .collect();
         let rev: Vec<usize> = (0..world).rev().collect();
         let mut slots = vec![0f32; world];
         let mut changed = 0;
@@ -256,18 +263,32 @@ mod tests {
     fn distributions_have_the_promised_order_sensitivity() {
         // The default data must expose reordering in at least 30% of sums at W = 8.
         assert!(reversed_changed(Distribution::MixedMagnitude, 8, 50_000) >= 0.30);
-        for d in [Distribution::Uniform, Distribution::Cancellation, Distribution::SubnormalHeavy, Distribution::Specials] {
+        for d in [
+            Distribution::Uniform,
+            Distribution::Cancellation,
+            Distribution::SubnormalHeavy,
+            Distribution::Specials,
+        ] {
             assert!(reversed_changed(d, 8, 50_000) > 0.05, "{d}");
         }
         // Exact integers are the control that no order can change.
-        assert_eq!(reversed_changed(Distribution::ExactIntegers, 64, 50_000), 0.0);
+        assert_eq!(
+            reversed_changed(Distribution::ExactIntegers, 64, 50_000),
+            0.0
+        );
     }
 
     #[test]
     fn distributions_produce_what_they_promise() {
         let n = 20_000u64;
         let lane = |d, r| Lane::new(d, 9, r, 0);
-        let sub = (0..n).filter(|&i| lane(Distribution::SubnormalHeavy, 0).value(i).is_subnormal()).count();
+        let sub = (0..n)
+            .filter(|&i| {
+                lane(Distribution::SubnormalHeavy, 0)
+                    .value(i)
+                    .is_subnormal()
+            })
+            .count();
         assert!(sub as u64 > n / 2, "subnormal-heavy: {sub} of {n}");
         let sp = lane(Distribution::Specials, 3);
         assert!((0..n).any(|i| sp.value(i).is_nan()));
@@ -280,11 +301,15 @@ mod tests {
             let u = lane(Distribution::Uniform, 1).value(i);
             assert!((-1.0..1.0).contains(&u));
             // Cancellation pairs: rank 1 is nearly the negation of rank 0.
-            let (a, b) = (lane(Distribution::Cancellation, 0).value(i), lane(Distribution::Cancellation, 1).value(i));
+            let (a, b) = (
+                lane(Distribution::Cancellation, 0).value(i),
+                lane(Distribution::Cancellation, 1).value(i),
+            );
             assert!(a > 0.0 && b < 0.0 && (a + b).abs() <= a * 1e-4, "{a} {b}");
         }
-        let mm: std::collections::BTreeSet<u32> =
-            (0..n).map(|i| (lane(Distribution::MixedMagnitude, 0).bits(i) >> 23) & 0xFF).collect();
+        let mm: std::collections::BTreeSet<u32> = (0..n)
+            .map(|i| (lane(Distribution::MixedMagnitude, 0).bits(i) >> 23) & 0xFF)
+            .collect();
         assert_eq!(mm.len(), 24, "mixed-magnitude binades");
     }
 

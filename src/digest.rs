@@ -51,7 +51,9 @@ impl FromStr for NanPolicy {
         match s {
             "canonical" => Ok(NanPolicy::Canonical),
             "preserve" => Ok(NanPolicy::Preserve),
-            _ => Err(format!("unknown NaN policy `{s}` (expected canonical or preserve)")),
+            _ => Err(format!(
+                "unknown NaN policy `{s}` (expected canonical or preserve)"
+            )),
         }
     }
 }
@@ -127,8 +129,14 @@ mod tests {
     fn canonical_policy_merges_nan_payloads_and_preserve_does_not() {
         let a = [f32::from_bits(0x7FC0_0001), 1.0];
         let b = [f32::from_bits(0xFFFF_FFFF), 1.0];
-        assert_eq!(digest_arena(&a, NanPolicy::Canonical), digest_arena(&b, NanPolicy::Canonical));
-        assert_ne!(digest_arena(&a, NanPolicy::Preserve), digest_arena(&b, NanPolicy::Preserve));
+        assert_eq!(
+            digest_arena(&a, NanPolicy::Canonical),
+            digest_arena(&b, NanPolicy::Canonical)
+        );
+        assert_ne!(
+            digest_arena(&a, NanPolicy::Preserve),
+            digest_arena(&b, NanPolicy::Preserve)
+        );
         // Infinities are not NaNs.
         assert_eq!(NanPolicy::Canonical.apply(0x7F80_0000), 0x7F80_0000);
         assert_eq!(NanPolicy::Canonical.apply(0xFF80_0000), 0xFF80_0000);
@@ -140,6 +148,9 @@ mod tests {
         let mut h = ArenaHasher::new(NanPolicy::Canonical);
         h.update(&v[..12345]);
         h.update(&v[12345..]);
-        assert_eq!(h.finish(), sha256_hex(&hashed_bytes(&v, NanPolicy::Canonical)));
+        assert_eq!(
+            h.finish(),
+            sha256_hex(&hashed_bytes(&v, NanPolicy::Canonical))
+        );
     }
 }

@@ -88,7 +88,9 @@ impl FromStr for Contract {
             .copied()
             .find(|c| c.name() == s)
             .ok_or_else(|| {
-                format!("unknown contract `{s}` (expected fixed-order, arrival-order or pairwise-tree)")
+                format!(
+                    "unknown contract `{s}` (expected fixed-order, arrival-order or pairwise-tree)"
+                )
             })
     }
 }
@@ -149,7 +151,8 @@ mod tests {
 
     #[test]
     fn shard_plan_matches_the_contract() {
-        let lens = |n, w| -> Vec<usize> { shard_plan(n, w).unwrap().iter().map(|s| s.len).collect() };
+        let lens =
+            |n, w| -> Vec<usize> { shard_plan(n, w).unwrap().iter().map(|s| s.len).collect() };
         assert_eq!(lens(10, 4), vec![3, 3, 2, 2]);
         let p = shard_plan(3, 5).unwrap();
         let pairs: Vec<_> = p.iter().map(|s| (s.start, s.len)).collect();
@@ -173,7 +176,10 @@ mod tests {
         // a=[1e8, 2.5], b=[-1e8, 0.5], c=[1, -1]: ascending gives 1, reversed 0.
         let slots = [1e8f32, -1e8, 1.0];
         assert_eq!(fold_fixed(&slots).to_bits(), 1.0f32.to_bits());
-        assert_eq!(fold_in_order(&slots, &[2, 1, 0]).to_bits(), 0.0f32.to_bits());
+        assert_eq!(
+            fold_in_order(&slots, &[2, 1, 0]).to_bits(),
+            0.0f32.to_bits()
+        );
     }
 
     #[test]
@@ -188,6 +194,9 @@ mod tests {
         let slots = [1e8f32, 1.0, -1e8, 1.0];
         // fixed: ((1e8 + 1) - 1e8) + 1 = 0 + 1 = 1 (1e8+1 rounds to 1e8)
         // tree:  (1e8 + 1) + (-1e8 + 1) = 1e8 - 1e8 = 0
-        assert_ne!(fold_fixed(&slots).to_bits(), fold_pairwise(&slots).to_bits());
+        assert_ne!(
+            fold_fixed(&slots).to_bits(),
+            fold_pairwise(&slots).to_bits()
+        );
     }
 }

@@ -4,13 +4,13 @@
 //! Dataflow: [`experiment`] (TOML -> cases) -> [`backend`] (reduce) ->
 //! [`digest`] (bytes -> SHA-256) -> [`report`] (JSON, compare, goldens).
 
+mod atomic;
+pub mod backend;
 pub mod data;
+pub mod digest;
+pub mod env;
 pub mod experiment;
 pub mod fold;
-pub mod backend;
-pub mod digest;
 pub mod report;
-pub mod sensitivity;
-mod atomic;
-pub mod env;
 pub mod runner;
+pub mod sensitivity;

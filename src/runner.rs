@@ -3,7 +3,10 @@
 use crate::backend::{Backend, BackendError, RunOptions};
 use crate::digest::{hashed_bytes, sha256_hex, NanPolicy};
 use crate::experiment::{Case, Experiment};
-use crate::report::{build_groups, CaseReport, ExperimentInfo, Report, Summary, ToolInfo, REPORT_FORMAT, REPORT_VERSION};
+use crate::report::{
+    build_groups, CaseReport, ExperimentInfo, Report, Summary, ToolInfo, REPORT_FORMAT,
+    REPORT_VERSION,
+};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +63,13 @@ pub fn run(
                 }
             }
         }
-        cases.push(CaseReport::new(case, &out.arenas, out.rounds, out.rounds_identical, sensitivity));
+        cases.push(CaseReport::new(
+            case,
+            &out.arenas,
+            out.rounds,
+            out.rounds_identical,
+            sensitivity,
+        ));
         progress.done(case);
     }
     if let Some(dir) = cfg.dump {
@@ -96,10 +105,20 @@ pub fn run(
 pub fn dump_name(case: &Case, arena: usize) -> String {
     let clean = |s: &str| -> String {
         s.chars()
-            .map(|c| if c.is_ascii_alphanumeric() || "-_.=+".contains(c) { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "-_.=+".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect()
     };
-    format!("{}.{}.a{arena}.bin", clean(&case.experiment), clean(&case.id))
+    format!(
+        "{}.{}.a{arena}.bin",
+        clean(&case.experiment),
+        clean(&case.id)
+    )
 }
 
 fn write_dump(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), RunError> {

@@ -61,7 +61,11 @@ pub fn measure(case: &Case) -> Sensitivity {
         changed += c;
         checked += k;
     }
-    let fraction = if checked == 0 { 0.0 } else { changed as f64 / checked as f64 };
+    let fraction = if checked == 0 {
+        0.0
+    } else {
+        changed as f64 / checked as f64
+    };
     let verdict = if changed == 0 {
         "blind"
     } else if fraction < WEAK_BELOW {

@@ -40,7 +40,10 @@ fn rejected(text: &str) -> String {
         .code(2);
     assert!(!out.exists(), "a rejected run must not write a report");
     let err = String::from_utf8(a.get_output().stderr.clone()).unwrap();
-    assert!(err.contains("bad.toml"), "message must name the file: {err}");
+    assert!(
+        err.contains("bad.toml"),
+        "message must name the file: {err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
     err
 }
@@ -71,11 +74,16 @@ fn world_zero_is_rejected_at_its_line() {
 
 #[test]
 fn bad_permutations_are_rejected() {
-    let e = rejected("name = \"x\"\n[[case]]\nid = \"a\"\nworld = 3\narenas = [4]\norder = [0, 0, 1]\n");
+    let e = rejected(
+        "name = \"x\"\n[[case]]\nid = \"a\"\nworld = 3\narenas = [4]\norder = [0, 0, 1]\n",
+    );
     assert!(e.contains("twice") && e.contains(":6:"), "{e}");
-    let e = rejected("name = \"x\"\n[[case]]\nid = \"a\"\nworld = 3\narenas = [4]\norder = [0, 1]\n");
+    let e =
+        rejected("name = \"x\"\n[[case]]\nid = \"a\"\nworld = 3\narenas = [4]\norder = [0, 1]\n");
     assert!(e.contains("2 entries"), "{e}");
-    let e = rejected("name = \"x\"\n[[case]]\nid = \"a\"\nworld = 3\narenas = [4]\norder = \"sideways\"\n");
+    let e = rejected(
+        "name = \"x\"\n[[case]]\nid = \"a\"\nworld = 3\narenas = [4]\norder = \"sideways\"\n",
+    );
     assert!(e.contains("unknown delivery order"), "{e}");
 }
 
@@ -102,7 +110,9 @@ fn missing_file_is_a_clear_error() {
     fp().args(["run", "no/such/experiment.toml"])
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("no/such/experiment.toml: cannot read"));
+        .stderr(predicate::str::contains(
+            "no/such/experiment.toml: cannot read",
+        ));
 }
 
 #[test]
@@ -111,14 +121,30 @@ fn compare_catches_a_single_flipped_bit_and_names_the_case() {
     let exp = write(dir.path(), "tiny.toml", TINY);
     let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
     for out in [&a, &b] {
-        fp().args(["run", "--backend", "cpu", "--out"]).arg(out).arg(&exp).assert().success();
+        fp().args(["run", "--backend", "cpu", "--out"])
+            .arg(out)
+            .arg(&exp)
+            .assert()
+            .success();
     }
-    fp().arg("compare").arg(&a).arg(&b).assert().success().stdout(predicate::str::contains("agree"));
+    fp().arg("compare")
+        .arg(&a)
+        .arg(&b)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("agree"));
 
     // Flip one bit of one arena digest in b.
     let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&b).unwrap()).unwrap();
-    let d = v["cases"][2]["arenas"][1]["sha256"].as_str().unwrap().to_string();
-    let flipped = format!("{}{:x}", &d[..63], u8::from_str_radix(&d[63..], 16).unwrap() ^ 1);
+    let d = v["cases"][2]["arenas"][1]["sha256"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let flipped = format!(
+        "{}{:x}",
+        &d[..63],
+        u8::from_str_radix(&d[63..], 16).unwrap() ^ 1
+    );
     v["cases"][2]["arenas"][1]["sha256"] = flipped.into();
     let id = v["cases"][2]["id"].as_str().unwrap().to_string();
     std::fs::write(&b, serde_json::to_vec(&v).unwrap()).unwrap();
@@ -136,20 +162,46 @@ fn compare_rejects_unreadable_and_wrong_version_reports() {
     let dir = tempfile::tempdir().unwrap();
     let exp = write(dir.path(), "tiny.toml", TINY);
     let good = dir.path().join("good.json");
-    fp().args(["run", "--backend", "cpu", "--out"]).arg(&good).arg(&exp).assert().success();
+    fp().args(["run", "--backend", "cpu", "--out"])
+        .arg(&good)
+        .arg(&exp)
+        .assert()
+        .success();
     let garbage = write(dir.path(), "garbage.json", "{ not json");
-    fp().arg("compare").arg(&good).arg(&garbage).assert().code(2)
-        .stderr(predicate::str::contains("garbage.json: not a foldprint report"));
+    fp().arg("compare")
+        .arg(&good)
+        .arg(&garbage)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "garbage.json: not a foldprint report",
+        ));
     let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&good).unwrap()).unwrap();
     v["version"] = 99.into();
     let old = dir.path().join("v99.json");
     std::fs::write(&old, serde_json::to_vec(&v).unwrap()).unwrap();
-    fp().arg("compare").arg(&good).arg(&old).assert().code(2)
+    fp().arg("compare")
+        .arg(&good)
+        .arg(&old)
+        .assert()
+        .code(2)
         .stderr(predicate::str::contains("version 99 is not supported"));
-    let truncated = write(dir.path(), "cut.json", &std::fs::read_to_string(&good).unwrap()[..200]);
-    fp().arg("compare").arg(&good).arg(&truncated).assert().code(2)
+    let truncated = write(
+        dir.path(),
+        "cut.json",
+        &std::fs::read_to_string(&good).unwrap()[..200],
+    );
+    fp().arg("compare")
+        .arg(&good)
+        .arg(&truncated)
+        .assert()
+        .code(2)
         .stderr(predicate::str::contains("cut.json"));
-    fp().arg("compare").arg(&good).arg(dir.path().join("absent.json")).assert().code(2)
+    fp().arg("compare")
+        .arg(&good)
+        .arg(dir.path().join("absent.json"))
+        .assert()
+        .code(2)
         .stderr(predicate::str::contains("absent.json: cannot read"));
 }
 
@@ -158,26 +210,48 @@ fn verify_passes_on_goldens_and_fails_on_one_altered_digest() {
     let dir = tempfile::tempdir().unwrap();
     let exp = write(dir.path(), "tiny.toml", TINY);
     let gold = dir.path().join("golden");
-    fp().args(["golden"]).arg(&exp).arg("--golden").arg(&gold).assert().success();
-    fp().args(["verify", "--backend", "cpu", "--golden"]).arg(&gold).arg(&exp)
-        .assert().success().stdout(predicate::str::contains("verify ok"));
+    fp().args(["golden"])
+        .arg(&exp)
+        .arg("--golden")
+        .arg(&gold)
+        .assert()
+        .success();
+    fp().args(["verify", "--backend", "cpu", "--golden"])
+        .arg(&gold)
+        .arg(&exp)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("verify ok"));
 
     let gpath = gold.join("tiny.json");
     let mut g: serde_json::Value = serde_json::from_slice(&std::fs::read(&gpath).unwrap()).unwrap();
     let id = g["cases"][4]["id"].as_str().unwrap().to_string();
     g["cases"][4]["arenas"][0] = "0".repeat(64).into();
     std::fs::write(&gpath, serde_json::to_vec(&g).unwrap()).unwrap();
-    fp().args(["verify", "--backend", "cpu", "--golden"]).arg(&gold).arg(&exp)
-        .assert().code(1)
+    fp().args(["verify", "--backend", "cpu", "--golden"])
+        .arg(&gold)
+        .arg(&exp)
+        .assert()
+        .code(1)
         .stdout(predicate::str::contains(format!("case `{id}`")))
         .stdout(predicate::str::contains("verify FAILED"));
 }
 
 #[test]
 fn committed_goldens_verify() {
-    fp().args(["verify", "--backend", "cpu", "--golden", "experiments/golden", "experiments/smoke.toml", "experiments/edge-cases.toml", "experiments/order-sweep.toml", "experiments/world-sweep.toml"])
-        .assert()
-        .success();
+    fp().args([
+        "verify",
+        "--backend",
+        "cpu",
+        "--golden",
+        "experiments/golden",
+        "experiments/smoke.toml",
+        "experiments/edge-cases.toml",
+        "experiments/order-sweep.toml",
+        "experiments/world-sweep.toml",
+    ])
+    .assert()
+    .success();
 }
 
 #[test]
@@ -186,8 +260,13 @@ fn dump_verifies_with_sha256sum() {
     let exp = write(dir.path(), "tiny.toml", TINY);
     let dump = dir.path().join("dump");
     let report = dir.path().join("r.json");
-    fp().args(["run", "--backend", "cpu", "--dump"]).arg(&dump).arg("--out").arg(&report).arg(&exp)
-        .assert().success();
+    fp().args(["run", "--backend", "cpu", "--dump"])
+        .arg(&dump)
+        .arg("--out")
+        .arg(&report)
+        .arg(&exp)
+        .assert()
+        .success();
     let sums = std::fs::read_to_string(dump.join("SHA256SUMS")).unwrap();
     assert_eq!(sums.lines().count(), 12, "6 cases x 2 arenas");
     // Every dumped digest appears in the report.
@@ -195,15 +274,34 @@ fn dump_verifies_with_sha256sum() {
     for line in sums.lines() {
         assert!(r.contains(line.split_whitespace().next().unwrap()));
     }
-    let ok = std::process::Command::new("sha256sum").arg("-c").arg("SHA256SUMS").current_dir(&dump).output()
+    let ok = std::process::Command::new("sha256sum")
+        .arg("-c")
+        .arg("SHA256SUMS")
+        .current_dir(&dump)
+        .output()
         .expect("sha256sum (coreutils) is needed for this test");
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stdout));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
     // Negative control: a corrupted dump fails the check.
-    let first = sums.lines().next().unwrap().split_whitespace().nth(1).unwrap();
+    let first = sums
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap();
     let mut bytes = std::fs::read(dump.join(first)).unwrap();
     bytes[0] ^= 1;
     std::fs::write(dump.join(first), bytes).unwrap();
-    let bad = std::process::Command::new("sha256sum").arg("-c").arg("SHA256SUMS").current_dir(&dump).output().unwrap();
+    let bad = std::process::Command::new("sha256sum")
+        .arg("-c")
+        .arg("SHA256SUMS")
+        .current_dir(&dump)
+        .output()
+        .unwrap();
     assert!(!bad.status.success());
 }
 
@@ -211,9 +309,16 @@ fn dump_verifies_with_sha256sum() {
 fn unwritable_output_fails_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let exp = write(dir.path(), "tiny.toml", TINY);
-    fp().args(["run", "--backend", "cpu", "--out"]).arg(dir.path().join("no/such/dir/r.json")).arg(&exp)
-        .assert().code(2).stderr(predicate::str::contains("cannot write"));
-    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    fp().args(["run", "--backend", "cpu", "--out"])
+        .arg(dir.path().join("no/such/dir/r.json"))
+        .arg(&exp)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("cannot write"));
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(leftovers.len(), 1, "{leftovers:?}");
 }
 
@@ -221,7 +326,11 @@ fn unwritable_output_fails_cleanly() {
 fn json_output_is_a_valid_report() {
     let dir = tempfile::tempdir().unwrap();
     let exp = write(dir.path(), "tiny.toml", TINY);
-    let out = fp().args(["run", "--backend", "cpu", "--json"]).arg(&exp).assert().success();
+    let out = fp()
+        .args(["run", "--backend", "cpu", "--json"])
+        .arg(&exp)
+        .assert()
+        .success();
     let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
     assert_eq!(v["format"], "foldprint-report");
     assert_eq!(v["cases"].as_array().unwrap().len(), 6);
@@ -231,5 +340,8 @@ fn json_output_is_a_valid_report() {
 
 #[test]
 fn doctor_reports_the_cpu_backend() {
-    fp().arg("doctor").assert().success().stdout(predicate::str::contains("cpu"));
+    fp().arg("doctor")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("cpu"));
 }

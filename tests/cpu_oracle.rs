@@ -26,7 +26,10 @@ fn case(world: usize, arenas: Vec<usize>, order: DeliveryOrder, contract: Contra
 
 /// Rank 0's reduced arenas, after checking every rank ended identical.
 fn reduced(c: &Case) -> Vec<Vec<f32>> {
-    let opts = RunOptions { nan_policy: NanPolicy::Preserve, keep_values: true };
+    let opts = RunOptions {
+        nan_policy: NanPolicy::Preserve,
+        keep_values: true,
+    };
     let run = CpuBackend::new().run_case(c, &opts).expect("cpu run");
     run.arenas
         .into_iter()
@@ -57,17 +60,28 @@ fn straight_line(c: &Case, arena: usize) -> Vec<f32> {
 /// Raw bits with NaN payloads canonicalized: payloads are not part of the
 /// contract (even SIMD and scalar x86 adds propagate different ones).
 fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| NanPolicy::Canonical.apply(x.to_bits())).collect()
+    v.iter()
+        .map(|x| NanPolicy::Canonical.apply(x.to_bits()))
+        .collect()
 }
 
 #[test]
 fn sharded_fold_equals_straight_line_fold() {
     for world in [1usize, 2, 3, 4, 5, 7, 8, 13, 31, 64] {
         for n in [0usize, 1, 2, 5, 63, 64, 65, 1000, 4097, 10007] {
-            let c = case(world, vec![n, 3], DeliveryOrder::Ascending, Contract::FixedOrder);
+            let c = case(
+                world,
+                vec![n, 3],
+                DeliveryOrder::Ascending,
+                Contract::FixedOrder,
+            );
             let got = reduced(&c);
             for a in 0..2 {
-                assert_eq!(bits(&got[a]), bits(&straight_line(&c, a)), "W={world} n={n} arena {a}");
+                assert_eq!(
+                    bits(&got[a]),
+                    bits(&straight_line(&c, a)),
+                    "W={world} n={n} arena {a}"
+                );
             }
         }
     }
@@ -82,15 +96,32 @@ fn delivery_order_cannot_change_fixed_order_bits() {
         DeliveryOrder::Shuffle(9),
         DeliveryOrder::Explicit(vec![3, 0, 5, 1, 4, 2]),
     ];
-    let want = straight_line(&case(6, vec![4097], DeliveryOrder::Ascending, Contract::FixedOrder), 0);
+    let want = straight_line(
+        &case(
+            6,
+            vec![4097],
+            DeliveryOrder::Ascending,
+            Contract::FixedOrder,
+        ),
+        0,
+    );
     for o in &orders {
         let got = reduced(&case(6, vec![4097], o.clone(), Contract::FixedOrder));
         assert_eq!(bits(&got[0]), bits(&want), "order {o}");
     }
     // Power of the check: a reducer that folded in arrival order (a slot =
     // arrival index mutant) would fail it on this data.
-    let mutant = reduced(&case(6, vec![4097], DeliveryOrder::Descending, Contract::ArrivalOrder));
-    assert_ne!(bits(&mutant[0]), bits(&want), "arrival-order must see the descending order");
+    let mutant = reduced(&case(
+        6,
+        vec![4097],
+        DeliveryOrder::Descending,
+        Contract::ArrivalOrder,
+    ));
+    assert_ne!(
+        bits(&mutant[0]),
+        bits(&want),
+        "arrival-order must see the descending order"
+    );
 }
 
 #[test]
@@ -102,13 +133,22 @@ fn arrival_order_folds_in_delivery_order() {
     let seq = order.sequence(4);
     for i in 0..999 {
         let slots: Vec<f32> = a.iter().map(|r| r[i]).collect();
-        assert_eq!(got[0][i].to_bits(), fold_in_order(&slots, &seq).to_bits(), "element {i}");
+        assert_eq!(
+            got[0][i].to_bits(),
+            fold_in_order(&slots, &seq).to_bits(),
+            "element {i}"
+        );
     }
 }
 
 #[test]
 fn w3_default_data_differs_from_reversed_order() {
-    let c = case(3, vec![4099], DeliveryOrder::Ascending, Contract::FixedOrder);
+    let c = case(
+        3,
+        vec![4099],
+        DeliveryOrder::Ascending,
+        Contract::FixedOrder,
+    );
     let fwd = straight_line(&c, 0);
     let a = addends(&c, 0);
     let changed = (0..4099)
@@ -122,14 +162,29 @@ fn w3_default_data_differs_from_reversed_order() {
 
 #[test]
 fn world_size_is_part_of_the_identity() {
-    let two = reduced(&case(2, vec![5000], DeliveryOrder::Ascending, Contract::FixedOrder));
-    let four = reduced(&case(4, vec![5000], DeliveryOrder::Ascending, Contract::FixedOrder));
+    let two = reduced(&case(
+        2,
+        vec![5000],
+        DeliveryOrder::Ascending,
+        Contract::FixedOrder,
+    ));
+    let four = reduced(&case(
+        4,
+        vec![5000],
+        DeliveryOrder::Ascending,
+        Contract::FixedOrder,
+    ));
     assert_ne!(bits(&two[0]), bits(&four[0]));
 }
 
 #[test]
 fn mean_is_sum_times_rounded_reciprocal() {
-    let mut c = case(3, vec![2053], DeliveryOrder::Descending, Contract::FixedOrder);
+    let mut c = case(
+        3,
+        vec![2053],
+        DeliveryOrder::Descending,
+        Contract::FixedOrder,
+    );
     let sum = straight_line(&c, 0);
     c.mean = true;
     let got = reduced(&c);
@@ -143,9 +198,24 @@ fn mean_is_sum_times_rounded_reciprocal() {
 
 #[test]
 fn pairwise_tree_is_order_immune_but_differs_from_fixed() {
-    let asc = reduced(&case(8, vec![3001], DeliveryOrder::Ascending, Contract::PairwiseTree));
-    let shuf = reduced(&case(8, vec![3001], DeliveryOrder::Shuffle(5), Contract::PairwiseTree));
-    let fixed = reduced(&case(8, vec![3001], DeliveryOrder::Ascending, Contract::FixedOrder));
+    let asc = reduced(&case(
+        8,
+        vec![3001],
+        DeliveryOrder::Ascending,
+        Contract::PairwiseTree,
+    ));
+    let shuf = reduced(&case(
+        8,
+        vec![3001],
+        DeliveryOrder::Shuffle(5),
+        Contract::PairwiseTree,
+    ));
+    let fixed = reduced(&case(
+        8,
+        vec![3001],
+        DeliveryOrder::Ascending,
+        Contract::FixedOrder,
+    ));
     assert_eq!(bits(&asc[0]), bits(&shuf[0]));
     assert_ne!(bits(&asc[0]), bits(&fixed[0]));
 }
@@ -158,7 +228,13 @@ fn generator_matches_committed_test_vectors() {
         let f: Vec<&str> = line.split('\t').collect();
         let d: Distribution = f[0].parse().unwrap();
         let want = u32::from_str_radix(f[5], 16).unwrap();
-        let got = value(d, f[1].parse().unwrap(), f[2].parse().unwrap(), f[3].parse().unwrap(), f[4].parse().unwrap());
+        let got = value(
+            d,
+            f[1].parse().unwrap(),
+            f[2].parse().unwrap(),
+            f[3].parse().unwrap(),
+            f[4].parse().unwrap(),
+        );
         assert_eq!(got.to_bits(), want, "{line}");
         checked += 1;
     }

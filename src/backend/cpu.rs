@@ -149,11 +149,14 @@ fn generate(case: &Case, a: u32, n: usize) -> Vec<Vec<f32>> {
             let mut v = Vec::with_capacity(n);
             advise_huge_pages(&mut v);
             let spare = &mut v.spare_capacity_mut()[..n];
-            spare.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
-                // MaybeUninit<f32> -> f32: fill writes every element.
-                let chunk: &mut [f32] = unsafe { &mut *(chunk as *mut [_] as *mut [f32]) };
-                lane.fill((c * CHUNK) as u64, chunk);
-            });
+            spare
+                .par_chunks_mut(CHUNK)
+                .enumerate()
+                .for_each(|(c, chunk)| {
+                    // MaybeUninit<f32> -> f32: fill writes every element.
+                    let chunk: &mut [f32] = unsafe { &mut *(chunk as *mut [_] as *mut [f32]) };
+                    lane.fill((c * CHUNK) as u64, chunk);
+                });
             // SAFETY: all n elements were written above.
             unsafe { v.set_len(n) };
             v
@@ -205,7 +208,10 @@ fn reduce(case: &Case, ranks: &mut [Vec<f32>]) {
         }
     }
     for &(owner, _) in &cuts {
-        columns.push(Column { owner, ranks: Vec::with_capacity(world) });
+        columns.push(Column {
+            owner,
+            ranks: Vec::with_capacity(world),
+        });
     }
     for arena in ranks.iter_mut() {
         let mut rest: &mut [f32] = arena;
@@ -216,32 +222,40 @@ fn reduce(case: &Case, ranks: &mut [Vec<f32>]) {
         }
     }
 
-    columns.into_par_iter().for_each_init(Vec::new, |stacked: &mut Vec<f32>, mut col| {
-        let len = col.ranks[0].len();
-        stacked.resize(world * len, 0.0);
-        // Exchange: slots by source rank, copied in delivery order; the
-        // order of the copies must not matter for fixed-order bits.
-        for &src in &order {
-            stacked[src * len..(src + 1) * len].copy_from_slice(col.ranks[src]);
-        }
-        let mine = &mut *col.ranks[col.owner];
-        fold_stacked(case.contract, stacked, world, &order, mine);
-        if let Some(s) = scale {
-            for v in mine.iter_mut() {
-                *v *= s;
+    columns
+        .into_par_iter()
+        .for_each_init(Vec::new, |stacked: &mut Vec<f32>, mut col| {
+            let len = col.ranks[0].len();
+            stacked.resize(world * len, 0.0);
+            // Exchange: slots by source rank, copied in delivery order; the
+            // order of the copies must not matter for fixed-order bits.
+            for &src in &order {
+                stacked[src * len..(src + 1) * len].copy_from_slice(col.ranks[src]);
             }
-        }
-        // Redistribute: the owner's reduced shard overwrites every peer's.
-        let (before, rest) = col.ranks.split_at_mut(col.owner);
-        let (mine, after) = rest.split_first_mut().expect("owner is a rank");
-        for peer in before.iter_mut().chain(after.iter_mut()) {
-            peer.copy_from_slice(mine);
-        }
-    });
+            let mine = &mut *col.ranks[col.owner];
+            fold_stacked(case.contract, stacked, world, &order, mine);
+            if let Some(s) = scale {
+                for v in mine.iter_mut() {
+                    *v *= s;
+                }
+            }
+            // Redistribute: the owner's reduced shard overwrites every peer's.
+            let (before, rest) = col.ranks.split_at_mut(col.owner);
+            let (mine, after) = rest.split_first_mut().expect("owner is a rank");
+            for peer in before.iter_mut().chain(after.iter_mut()) {
+                peer.copy_from_slice(mine);
+            }
+        });
 }
 
 /// Fold `world` stacked slots (`[world][len]`, slot = source rank) into `out`.
-fn fold_stacked(contract: Contract, stacked: &[f32], world: usize, order: &[usize], out: &mut [f32]) {
+fn fold_stacked(
+    contract: Contract,
+    stacked: &[f32],
+    world: usize,
+    order: &[usize],
+    out: &mut [f32],
+) {
     let len = out.len();
     let slot = |r: usize| &stacked[r * len..(r + 1) * len];
     match contract {

@@ -50,7 +50,11 @@ fn fold_row(case: &Case, threads: usize) -> Result<Row> {
         / 1e3;
     let bytes = case.addend_bytes();
     Ok(Row {
-        what: format!("generate + fold, W={} n=2^{}", case.world, case.arenas[0].trailing_zeros()),
+        what: format!(
+            "generate + fold, W={} n=2^{}",
+            case.world,
+            case.arenas[0].trailing_zeros()
+        ),
         threads,
         bytes,
         seconds: best,
@@ -60,12 +64,19 @@ fn fold_row(case: &Case, threads: usize) -> Result<Row> {
 
 fn openssl_row() -> Option<Row> {
     let out = std::process::Command::new("openssl")
-        .args(["speed", "-evp", "sha256", "-bytes", "16384", "-seconds", "3"])
+        .args([
+            "speed", "-evp", "sha256", "-bytes", "16384", "-seconds", "3",
+        ])
         .output()
         .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let line = text.lines().rev().find(|l| l.starts_with("sha256"))?;
-    let k: f64 = line.split_whitespace().last()?.trim_end_matches('k').parse().ok()?;
+    let k: f64 = line
+        .split_whitespace()
+        .last()?
+        .trim_end_matches('k')
+        .parse()
+        .ok()?;
     Some(Row {
         what: "openssl speed -evp sha256 (16 KiB blocks)".into(),
         threads: 1,
@@ -102,13 +113,26 @@ pub fn run(a: BenchArgs) -> Result<i32> {
     let bytes = (values.len() * 4) as u64;
     let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     for (what, f) in [
-        ("sha256, raw bytes (sha2 crate)", &(|| { let _ = sha256_hex(&raw); }) as &dyn Fn()),
-        ("sha256 + canonical NaN policy (digest path)", &|| { let _ = digest_arena(&values, NanPolicy::Canonical); }),
+        (
+            "sha256, raw bytes (sha2 crate)",
+            &(|| {
+                let _ = sha256_hex(&raw);
+            }) as &dyn Fn(),
+        ),
+        ("sha256 + canonical NaN policy (digest path)", &|| {
+            let _ = digest_arena(&values, NanPolicy::Canonical);
+        }),
     ] {
         let t = Instant::now();
         f();
         let s = t.elapsed().as_secs_f64();
-        rows.push(Row { what: what.into(), threads: 1, bytes, seconds: s, gb_per_s: bytes as f64 / s / 1e9 });
+        rows.push(Row {
+            what: what.into(),
+            threads: 1,
+            bytes,
+            seconds: s,
+            gb_per_s: bytes as f64 / s / 1e9,
+        });
     }
     match openssl_row() {
         Some(r) => rows.push(r),
@@ -117,9 +141,15 @@ pub fn run(a: BenchArgs) -> Result<i32> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        println!("{:<48} {:>7} {:>10} {:>9}", "WHAT", "THREADS", "SECONDS", "GB/s");
+        println!(
+            "{:<48} {:>7} {:>10} {:>9}",
+            "WHAT", "THREADS", "SECONDS", "GB/s"
+        );
         for r in &rows {
-            println!("{:<48} {:>7} {:>10.3} {:>9.2}", r.what, r.threads, r.seconds, r.gb_per_s);
+            println!(
+                "{:<48} {:>7} {:>10.3} {:>9.2}",
+                r.what, r.threads, r.seconds, r.gb_per_s
+            );
         }
     }
     Ok(0)

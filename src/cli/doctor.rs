@@ -14,11 +14,18 @@ pub fn run(json: bool) -> Result<i32> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
     }
-    println!("host  {} · {} · {} cores", host["os"].as_str().unwrap_or(""), host["cpu"].as_str().unwrap_or(""), host["cores"]);
+    println!(
+        "host  {} · {} · {} cores",
+        host["os"].as_str().unwrap_or(""),
+        host["cpu"].as_str().unwrap_or(""),
+        host["cores"]
+    );
     println!(
         "cpu   usable · {} threads · {} MiB available",
         cpu["threads"],
-        cpu["available_memory"].as_u64().map_or("?".into(), |b| (b >> 20).to_string())
+        cpu["available_memory"]
+            .as_u64()
+            .map_or("?".into(), |b| (b >> 20).to_string())
     );
     Ok(0)
 }

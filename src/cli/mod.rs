@@ -20,7 +20,11 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "foldprint", version, about = "Bitwise-reproducible fixed-order float32 reduction, with SHA-256 digests of the reduced arenas")]
+#[command(
+    name = "foldprint",
+    version,
+    about = "Bitwise-reproducible fixed-order float32 reduction, with SHA-256 digests of the reduced arenas"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -160,8 +164,12 @@ fn exit_code(e: &anyhow::Error) -> i32 {
                 _ => 3,
             };
         }
-        if cause.downcast_ref::<experiment::ExperimentError>().is_some()
-            || cause.downcast_ref::<foldprint::report::ReportError>().is_some()
+        if cause
+            .downcast_ref::<experiment::ExperimentError>()
+            .is_some()
+            || cause
+                .downcast_ref::<foldprint::report::ReportError>()
+                .is_some()
         {
             return 2;
         }
@@ -210,7 +218,11 @@ impl Drop for Bar {
     }
 }
 
-fn execute(common: &Common, experiments: &[Experiment], dump: Option<&std::path::Path>) -> Result<Report> {
+fn execute(
+    common: &Common,
+    experiments: &[Experiment],
+    dump: Option<&std::path::Path>,
+) -> Result<Report> {
     let (mut be, note) = backend::select(common.backend)?;
     if let Some(n) = &note {
         eprintln!("note: {n}");
@@ -299,12 +311,19 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
     for (path, g) in &goldens {
         let want: std::collections::BTreeMap<&str, &foldprint::report::GoldenCase> =
             g.cases.iter().map(|c| (c.key.as_str(), c)).collect();
-        let mine: Vec<_> = report.cases.iter().filter(|c| c.experiment == g.experiment).collect();
+        let mine: Vec<_> = report
+            .cases
+            .iter()
+            .filter(|c| c.experiment == g.experiment)
+            .collect();
         for c in &mine {
             match want.get(c.key.as_str()) {
                 None => problems.push(format!(
                     "case `{}` ({}) of `{}` has no golden digest in {}",
-                    c.id, c.key, g.experiment, path.display()
+                    c.id,
+                    c.key,
+                    g.experiment,
+                    path.display()
                 )),
                 Some(gc) => {
                     for (i, (got, exp)) in c.arenas.iter().zip(&gc.arenas).enumerate() {
@@ -320,7 +339,12 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
                         }
                     }
                     if c.arenas.len() != gc.arenas.len() {
-                        problems.push(format!("case `{}`: {} arenas, golden has {}", c.id, c.arenas.len(), gc.arenas.len()));
+                        problems.push(format!(
+                            "case `{}`: {} arenas, golden has {}",
+                            c.id,
+                            c.arenas.len(),
+                            gc.arenas.len()
+                        ));
                     }
                 }
             }
@@ -342,7 +366,11 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         table::print_report(&report, a.common.out.as_deref(), None);
-        table::print_verify(&goldens.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(), &report, &problems);
+        table::print_verify(
+            &goldens.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(),
+            &report,
+            &problems,
+        );
     }
     Ok(if problems.is_empty() { 0 } else { 1 })
 }
@@ -359,9 +387,14 @@ fn cmd_golden(a: GoldenArgs) -> Result<i32> {
     let report = execute(&common, &exps, None)?;
     if !report.summary.ok {
         table::print_report(&report, None, None);
-        return Err(Exit(1, "the run failed its own checks; no goldens written".into()).into());
+        return Err(Exit(
+            1,
+            "the run failed its own checks; no goldens written".into(),
+        )
+        .into());
     }
-    std::fs::create_dir_all(&a.golden).with_context(|| format!("creating {}", a.golden.display()))?;
+    std::fs::create_dir_all(&a.golden)
+        .with_context(|| format!("creating {}", a.golden.display()))?;
     for e in &exps {
         let path = Golden::path_in(&a.golden, &e.name);
         Golden::from_report(&report, &e.name).write(&path)?;

@@ -33,7 +33,15 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
         println!("{} — {} ({} cases)", e.name, e.path, e.cases);
         println!(
             "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<35} {:>9}",
-            "", "CASE", "W", "ARENAS", "CONTRACT", "ORDER", "SENS", "SHA-256 (per arena, first 16 hex)", "TIME"
+            "",
+            "CASE",
+            "W",
+            "ARENAS",
+            "CONTRACT",
+            "ORDER",
+            "SENS",
+            "SHA-256 (per arena, first 16 hex)",
+            "TIME"
         );
         for c in r.cases.iter().filter(|c| c.experiment == e.name) {
             let ok = c.ranks_identical && c.rounds_identical;
@@ -43,7 +51,12 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
                 "blind" => "blind".to_string(),
                 _ => format!("{:.1}%", c.sensitivity.fraction * 100.0),
             };
-            let best = c.timings.rounds.iter().map(|t| t.total_ms).fold(f64::INFINITY, f64::min);
+            let best = c
+                .timings
+                .rounds
+                .iter()
+                .map(|t| t.total_ms)
+                .fold(f64::INFINITY, f64::min);
             println!(
                 "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<35} {:>9}",
                 if ok { "ok" } else { "FAIL" },
@@ -54,7 +67,11 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
                 truncate(&c.params.order, 12),
                 sens,
                 digests.join(" "),
-                if best.is_finite() { fmt_ms(best) } else { "-".into() }
+                if best.is_finite() {
+                    fmt_ms(best)
+                } else {
+                    "-".into()
+                }
             );
             if !c.ranks_identical {
                 println!("       ranks ended with different arenas");
@@ -95,7 +112,10 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
     }
     println!();
     if r.summary.ok {
-        print!("ok: {} cases, {} groups, every check passed", r.summary.cases, r.summary.groups);
+        print!(
+            "ok: {} cases, {} groups, every check passed",
+            r.summary.cases, r.summary.groups
+        );
     } else {
         println!("FAILED: {} problem(s)", r.summary.failures.len());
         for f in &r.summary.failures {
@@ -109,7 +129,11 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
         println!("report: {}", o.display());
     }
     if let Some(d) = dump {
-        println!("dumps: {} (check with `cd {} && sha256sum -c SHA256SUMS`)", d.display(), d.display());
+        println!(
+            "dumps: {} (check with `cd {} && sha256sum -c SHA256SUMS`)",
+            d.display(),
+            d.display()
+        );
     }
 }
 
@@ -125,12 +149,25 @@ fn truncate(s: &str, n: usize) -> String {
 
 pub fn print_comparison(reports: &[(String, Report)], cmp: &Comparison) {
     for (name, r) in reports {
-        println!("  {name}: {} cases, backend {}, foldprint {}", r.cases.len(), r.backend, r.foldprint.version);
+        println!(
+            "  {name}: {} cases, backend {}, foldprint {}",
+            r.cases.len(),
+            r.backend,
+            r.foldprint.version
+        );
     }
     if cmp.ok() {
-        println!("ok: {} cases agree across {} reports", cmp.compared, reports.len());
+        println!(
+            "ok: {} cases agree across {} reports",
+            cmp.compared,
+            reports.len()
+        );
     } else {
-        println!("MISMATCH: {} difference(s); first: {}", cmp.mismatches.len(), cmp.mismatches[0]);
+        println!(
+            "MISMATCH: {} difference(s); first: {}",
+            cmp.mismatches.len(),
+            cmp.mismatches[0]
+        );
         for m in cmp.mismatches.iter().take(20) {
             println!("  - {m}");
         }
@@ -143,7 +180,11 @@ pub fn print_comparison(reports: &[(String, Report)], cmp: &Comparison) {
 pub fn print_verify(goldens: &[PathBuf], r: &Report, problems: &[String]) {
     println!();
     if problems.is_empty() {
-        println!("verify ok: {} cases match {} golden file(s)", r.cases.len(), goldens.len());
+        println!(
+            "verify ok: {} cases match {} golden file(s)",
+            r.cases.len(),
+            goldens.len()
+        );
     } else {
         println!("verify FAILED: {} problem(s)", problems.len());
         for p in problems {

@@ -74,7 +74,10 @@ impl Params {
             arenas: over.arenas.clone().or_else(|| self.arenas.clone()),
             order: over.order.clone().or_else(|| self.order.clone()),
             seed: over.seed.clone().or_else(|| self.seed.clone()),
-            distribution: over.distribution.clone().or_else(|| self.distribution.clone()),
+            distribution: over
+                .distribution
+                .clone()
+                .or_else(|| self.distribution.clone()),
             contract: over.contract.clone().or_else(|| self.contract.clone()),
             mean: over.mean.clone().or_else(|| self.mean.clone()),
             rounds: over.rounds.clone().or_else(|| self.rounds.clone()),
@@ -147,7 +150,10 @@ pub fn load_all(paths: &[PathBuf]) -> Result<Vec<Experiment>, ExperimentError> {
             files.push(p.clone());
         }
     }
-    let exps = files.iter().map(|f| load(f)).collect::<Result<Vec<_>, _>>()?;
+    let exps = files
+        .iter()
+        .map(|f| load(f))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut names: HashMap<&str, &Path> = HashMap::new();
     for e in &exps {
         if let Some(prev) = names.insert(&e.name, &e.path) {
@@ -172,7 +178,11 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, ExperimentError> {
         src.at(span, e.message().trim_end().to_string())
     })?;
     let name = raw.name.get_ref().trim().to_string();
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
         return Err(src.at(
             raw.name.span(),
             "field `name`: use letters, digits, '-', '_' or '.' (it names dump files and goldens)",
@@ -189,7 +199,10 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, ExperimentError> {
     let mut claim_id = |id: &str, span: std::ops::Range<usize>| -> Result<(), ExperimentError> {
         if let Some(prev) = ids.get(id) {
             let (l, c) = src.line_col(prev.start);
-            return Err(src.at(span, format!("duplicate case id `{id}` (first used at {l}:{c})")));
+            return Err(src.at(
+                span,
+                format!("duplicate case id `{id}` (first used at {l}:{c})"),
+            ));
         }
         ids.insert(id.to_string(), span);
         Ok(())
@@ -272,9 +285,7 @@ fn sweep_size(sw: &RawSweep) -> usize {
 /// Cartesian product of a sweep's lists, each combination as an overlay
 /// plus an id suffix naming the swept values.
 fn expand_sweep(sw: &RawSweep) -> Vec<(String, RawParams)> {
-    fn axis<T: Clone>(
-        list: &Option<Spanned<Vec<T>>>,
-    ) -> Vec<Option<Spanned<T>>> {
+    fn axis<T: Clone>(list: &Option<Spanned<Vec<T>>>) -> Vec<Option<Spanned<T>>> {
         match list {
             None => vec![None],
             Some(l) if l.get_ref().is_empty() => vec![None],
@@ -285,10 +296,13 @@ fn expand_sweep(sw: &RawSweep) -> Vec<(String, RawParams)> {
                 .collect(),
         }
     }
-    let mut out = vec![(Vec::<String>::new(), RawParams {
-        rounds: sw.rounds.clone(),
-        ..RawParams::default()
-    })];
+    let mut out = vec![(
+        Vec::<String>::new(),
+        RawParams {
+            rounds: sw.rounds.clone(),
+            ..RawParams::default()
+        },
+    )];
     macro_rules! cross {
         ($field:ident, $label:expr, $show:expr) => {{
             let values = axis(&sw.$field);
@@ -301,7 +315,11 @@ fn expand_sweep(sw: &RawSweep) -> Vec<(String, RawParams)> {
                     if let Some(v) = v {
                         if many {
                             let shown = $show(v.get_ref());
-                            labels.push(if $label.is_empty() { shown } else { format!("{}={}", $label, shown) });
+                            labels.push(if $label.is_empty() {
+                                shown
+                            } else {
+                                format!("{}={}", $label, shown)
+                            });
                         }
                     }
                     params.$field = v.clone();
@@ -312,7 +330,11 @@ fn expand_sweep(sw: &RawSweep) -> Vec<(String, RawParams)> {
         }};
     }
     cross!(world, "W", |w: &i64| w.to_string());
-    cross!(arenas, "n", |a: &Vec<i64>| a.iter().map(|n| n.to_string()).collect::<Vec<_>>().join("+"));
+    cross!(arenas, "n", |a: &Vec<i64>| a
+        .iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join("+"));
     cross!(order, "", |o: &RawOrder| o.show());
     cross!(seed, "seed", |s: &i64| s.to_string());
     cross!(distribution, "", |d: &String| d.clone());
@@ -339,25 +361,44 @@ fn build_case(
 ) -> Result<Case, ExperimentError> {
     let ctx = |what: &str| format!("case `{id}`: field `{what}`");
     let world = match &p.world {
-        None => return Err(src.at(id_span, format!("{}: not set (set it here or in [defaults])", ctx("world")))),
+        None => {
+            return Err(src.at(
+                id_span,
+                format!("{}: not set (set it here or in [defaults])", ctx("world")),
+            ))
+        }
         Some(w) => {
             let v = *w.get_ref();
             if v < 1 || v as u64 > MAX_WORLD as u64 {
-                return Err(src.at(w.span(), format!("{}: must be 1 ..= {MAX_WORLD}, got {v}", ctx("world"))));
+                return Err(src.at(
+                    w.span(),
+                    format!("{}: must be 1 ..= {MAX_WORLD}, got {v}", ctx("world")),
+                ));
             }
             v as usize
         }
     };
     let arenas = match &p.arenas {
-        None => return Err(src.at(id_span, format!("{}: not set (set it here or in [defaults])", ctx("arenas")))),
+        None => {
+            return Err(src.at(
+                id_span,
+                format!("{}: not set (set it here or in [defaults])", ctx("arenas")),
+            ))
+        }
         Some(a) => {
             if a.get_ref().is_empty() {
-                return Err(src.at(a.span(), format!("{}: needs at least one arena length", ctx("arenas"))));
+                return Err(src.at(
+                    a.span(),
+                    format!("{}: needs at least one arena length", ctx("arenas")),
+                ));
             }
             let mut lens = Vec::new();
             for &n in a.get_ref() {
                 if n < 0 {
-                    return Err(src.at(a.span(), format!("{}: length {n} is negative", ctx("arenas"))));
+                    return Err(src.at(
+                        a.span(),
+                        format!("{}: length {n} is negative", ctx("arenas")),
+                    ));
                 }
                 lens.push(n as u64);
             }
@@ -378,7 +419,10 @@ fn build_case(
     let order = match &p.order {
         None => DeliveryOrder::Ascending,
         Some(o) => {
-            let order = o.get_ref().to_order().map_err(|m| src.at(o.span(), format!("{}: {m}", ctx("order"))))?;
+            let order = o
+                .get_ref()
+                .to_order()
+                .map_err(|m| src.at(o.span(), format!("{}: {m}", ctx("order"))))?;
             order
                 .validate(world)
                 .map_err(|m| src.at(o.span(), format!("{}: {m}", ctx("order"))))?;
@@ -412,7 +456,10 @@ fn build_case(
         Some(r) => {
             let v = *r.get_ref();
             if !(1..=1000).contains(&v) {
-                return Err(src.at(r.span(), format!("{}: must be 1 ..= 1000, got {v}", ctx("rounds"))));
+                return Err(src.at(
+                    r.span(),
+                    format!("{}: must be 1 ..= 1000, got {v}", ctx("rounds")),
+                ));
             }
             v as u32
         }

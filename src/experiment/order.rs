@@ -53,7 +53,9 @@ impl DeliveryOrder {
             let mut seen = vec![false; world];
             for &r in p {
                 if r >= world {
-                    return Err(format!("permutation {p:?} names rank {r}, but ranks are 0..{world}"));
+                    return Err(format!(
+                        "permutation {p:?} names rank {r}, but ranks are 0..{world}"
+                    ));
                 }
                 if seen[r] {
                     return Err(format!("permutation {p:?} names rank {r} twice"));
@@ -137,11 +139,15 @@ mod tests {
 
     #[test]
     fn bad_permutations_are_named() {
-        let e = DeliveryOrder::Explicit(vec![0, 0, 2]).validate(3).unwrap_err();
+        let e = DeliveryOrder::Explicit(vec![0, 0, 2])
+            .validate(3)
+            .unwrap_err();
         assert!(e.contains("twice"), "{e}");
         let e = DeliveryOrder::Explicit(vec![0, 1]).validate(3).unwrap_err();
         assert!(e.contains("2 entries"), "{e}");
-        let e = DeliveryOrder::Explicit(vec![0, 1, 3]).validate(3).unwrap_err();
+        let e = DeliveryOrder::Explicit(vec![0, 1, 3])
+            .validate(3)
+            .unwrap_err();
         assert!(e.contains("rank 3"), "{e}");
         assert!(DeliveryOrder::parse("rotate:x").is_err());
         assert!(DeliveryOrder::parse("sideways").is_err());

@@ -89,7 +89,10 @@ pub struct RawSweep {
 
 /// `"descending"`, `"rotate:3"` ... or an explicit permutation `[2, 0, 1]`.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged, expecting = "expected a delivery order: a string such as \"descending\", \"rotate:3\", \"shuffle:7\", or an array of ranks")]
+#[serde(
+    untagged,
+    expecting = "expected a delivery order: a string such as \"descending\", \"rotate:3\", \"shuffle:7\", or an array of ranks"
+)]
 pub enum RawOrder {
     Named(String),
     Permutation(Vec<i64>),

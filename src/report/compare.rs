@@ -14,24 +14,50 @@ pub enum Mismatch {
         right: (String, String),
     },
     /// A case one report has and another lacks.
-    Missing { key: String, id: String, present_in: String, absent_from: String },
+    Missing {
+        key: String,
+        id: String,
+        present_in: String,
+        absent_from: String,
+    },
     /// Different arena counts for the same key (corrupt report).
-    Shape { key: String, left: String, right: String },
+    Shape {
+        key: String,
+        left: String,
+        right: String,
+    },
 }
 
 impl std::fmt::Display for Mismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Mismatch::Digest { key, id, arena, left, right } => write!(
+            Mismatch::Digest {
+                key,
+                id,
+                arena,
+                left,
+                right,
+            } => write!(
                 f,
                 "case `{id}` ({key}) arena {arena}: {} has {}, {} has {}",
                 left.0, left.1, right.0, right.1
             ),
-            Mismatch::Missing { key, id, present_in, absent_from } => {
-                write!(f, "case `{id}` ({key}) is in {present_in} but not in {absent_from}")
+            Mismatch::Missing {
+                key,
+                id,
+                present_in,
+                absent_from,
+            } => {
+                write!(
+                    f,
+                    "case `{id}` ({key}) is in {present_in} but not in {absent_from}"
+                )
             }
             Mismatch::Shape { key, left, right } => {
-                write!(f, "case {key} has different arena counts in {left} and {right}")
+                write!(
+                    f,
+                    "case {key} has different arena counts in {left} and {right}"
+                )
             }
         }
     }
@@ -59,7 +85,15 @@ pub fn compare(reports: &[(String, Report)], allow_missing: bool) -> Comparison 
     let index = |r: &Report| -> BTreeMap<String, (String, Vec<String>)> {
         r.cases
             .iter()
-            .map(|c| (c.key.clone(), (c.id.clone(), c.arenas.iter().map(|a| a.sha256.clone()).collect())))
+            .map(|c| {
+                (
+                    c.key.clone(),
+                    (
+                        c.id.clone(),
+                        c.arenas.iter().map(|a| a.sha256.clone()).collect(),
+                    ),
+                )
+            })
             .collect()
     };
     let base_idx = index(base);

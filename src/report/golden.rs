@@ -33,7 +33,10 @@ impl Golden {
             version: GOLDEN_VERSION,
             experiment: experiment.into(),
             nan_policy: report.nan_policy.clone(),
-            produced_by: format!("foldprint {} ({} backend)", report.foldprint.version, report.backend),
+            produced_by: format!(
+                "foldprint {} ({} backend)",
+                report.foldprint.version, report.backend
+            ),
             cases: report
                 .cases
                 .iter()

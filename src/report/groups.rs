@@ -52,7 +52,10 @@ pub fn build_groups(cases: &[CaseReport]) -> Vec<Group> {
         let verdict_seen = if distinct == 1 { "agree" } else { "disagree" };
 
         let (expect, verdict, ok, note) = if contract == "arrival-order" {
-            let mut seqs: Vec<Vec<usize>> = members.iter().map(|c| effective(&c.params.order_sequence)).collect();
+            let mut seqs: Vec<Vec<usize>> = members
+                .iter()
+                .map(|c| effective(&c.params.order_sequence))
+                .collect();
             seqs.sort();
             seqs.dedup();
             let blind = members.iter().all(|c| c.sensitivity.verdict == "blind");
@@ -62,14 +65,32 @@ pub fn build_groups(cases: &[CaseReport]) -> Vec<Group> {
                 } else {
                     "every order folds in the same effective sequence"
                 };
-                ("disagree", "inconclusive", true, format!("control cannot fail here: {why}"))
+                (
+                    "disagree",
+                    "inconclusive",
+                    true,
+                    format!("control cannot fail here: {why}"),
+                )
             } else if distinct >= 2 {
-                ("disagree", "disagree", true, format!("{distinct} distinct results across {} orders, as a working control should", orders.len()))
+                (
+                    "disagree",
+                    "disagree",
+                    true,
+                    format!(
+                        "{distinct} distinct results across {} orders, as a working control should",
+                        orders.len()
+                    ),
+                )
             } else {
                 ("disagree", "agree", false, "arrival-order gave identical bits for different fold sequences: the harness is not seeing the order".into())
             }
         } else if distinct == 1 {
-            ("agree", "agree", true, format!("identical across {} delivery orders", orders.len()))
+            (
+                "agree",
+                "agree",
+                true,
+                format!("identical across {} delivery orders", orders.len()),
+            )
         } else {
             ("agree", verdict_seen, false, format!("{distinct} distinct results across {} delivery orders: delivery order changed the bits", orders.len()))
         };
@@ -86,4 +107,73 @@ pub fn build_groups(cases: &[CaseReport]) -> Vec<Group> {
         });
     }
     groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::ReducedArena;
+    use crate::data::Distribution;
+    use crate::experiment::{Case, DeliveryOrder};
+    use crate::fold::Contract;
+    use crate::sensitivity::Sensitivity;
+
+    fn report(contract: Contract, order: DeliveryOrder, digest: &str, verdict: &str) -> CaseReport {
+        let case = Case {
+            experiment: "e".into(),
+            id: order.canonical(),
+            world: 4,
+            arenas: vec![10],
+            order,
+            seed: 1,
+            distribution: Distribution::MixedMagnitude,
+            contract,
+            mean: false,
+            rounds: 1,
+        };
+        let arena = ReducedArena { len: 10, rank_digests: vec![digest.into(); 4], values: None };
+        let sens = Sensitivity { changed: 5, checked: 10, fraction: 0.5, sample: "every element".into(), verdict: verdict.into() };
+        CaseReport::new(&case, &[arena], vec![], true, sens)
+    }
+
+    #[test]
+    fn fixed_order_group_fails_when_digests_differ() {
+        let ok = build_groups(&[
+            report(Contract::FixedOrder, DeliveryOrder::Ascending, "aa", "sensitive"),
+            report(Contract::FixedOrder, DeliveryOrder::Descending, "aa", "sensitive"),
+        ]);
+        assert!(ok[0].ok);
+        let bad = build_groups(&[
+            report(Contract::FixedOrder, DeliveryOrder::Ascending, "aa", "sensitive"),
+            report(Contract::FixedOrder, DeliveryOrder::Descending, "bb", "sensitive"),
+        ]);
+        assert!(!bad[0].ok);
+        assert_eq!(bad[0].verdict, "disagree");
+    }
+
+    #[test]
+    fn arrival_order_control_fails_when_it_cannot_see_order() {
+        let bad = build_groups(&[
+            report(Contract::ArrivalOrder, DeliveryOrder::Ascending, "aa", "sensitive"),
+            report(Contract::ArrivalOrder, DeliveryOrder::Descending, "aa", "sensitive"),
+        ]);
+        assert!(!bad[0].ok, "identical bits for different sequences must fail");
+        let good = build_groups(&[
+            report(Contract::ArrivalOrder, DeliveryOrder::Ascending, "aa", "sensitive"),
+            report(Contract::ArrivalOrder, DeliveryOrder::Descending, "bb", "sensitive"),
+        ]);
+        assert!(good[0].ok);
+        // Swapping only the first two sources is the same sum: inconclusive, not a failure.
+        let commuted = build_groups(&[
+            report(Contract::ArrivalOrder, DeliveryOrder::Ascending, "aa", "sensitive"),
+            report(Contract::ArrivalOrder, DeliveryOrder::Explicit(vec![1, 0, 2, 3]), "aa", "sensitive"),
+        ]);
+        assert!(commuted[0].ok);
+        assert_eq!(commuted[0].verdict, "inconclusive");
+        let blind = build_groups(&[
+            report(Contract::ArrivalOrder, DeliveryOrder::Ascending, "aa", "blind"),
+            report(Contract::ArrivalOrder, DeliveryOrder::Descending, "aa", "blind"),
+        ]);
+        assert_eq!(blind[0].verdict, "inconclusive");
+    }
 }

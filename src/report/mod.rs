@@ -29,7 +29,9 @@ pub enum ReportError {
     },
     #[error("{path}: not a foldprint report: {message}")]
     Malformed { path: PathBuf, message: String },
-    #[error("{path}: {what} version {found} is not supported (this foldprint reads version {expected})")]
+    #[error(
+        "{path}: {what} version {found} is not supported (this foldprint reads version {expected})"
+    )]
     Version {
         path: PathBuf,
         what: &'static str,
@@ -128,7 +130,13 @@ pub struct Timings {
 }
 
 impl CaseReport {
-    pub fn new(case: &Case, arenas: &[ReducedArena], rounds: Vec<RoundTimings>, rounds_identical: bool, sensitivity: Sensitivity) -> Self {
+    pub fn new(
+        case: &Case,
+        arenas: &[ReducedArena],
+        rounds: Vec<RoundTimings>,
+        rounds_identical: bool,
+        sensitivity: Sensitivity,
+    ) -> Self {
         let arenas: Vec<ArenaReport> = arenas
             .iter()
             .enumerate()
@@ -158,7 +166,11 @@ impl CaseReport {
             timings: Timings {
                 rounds,
                 addend_bytes: bytes,
-                fold_gb_per_s: if best > 0.0 && best.is_finite() { bytes as f64 / best / 1e6 } else { 0.0 },
+                fold_gb_per_s: if best > 0.0 && best.is_finite() {
+                    bytes as f64 / best / 1e6
+                } else {
+                    0.0
+                },
             },
         }
     }
@@ -183,7 +195,10 @@ impl Report {
         let mut failures = Vec::new();
         for c in &self.cases {
             if !c.ranks_identical {
-                failures.push(format!("case `{}`: ranks ended with different arenas", c.id));
+                failures.push(format!(
+                    "case `{}`: ranks ended with different arenas",
+                    c.id
+                ));
             }
             if !c.rounds_identical {
                 failures.push(format!("case `{}`: rounds gave different digests", c.id));
@@ -230,7 +245,11 @@ impl Report {
             serde_json::from_str(&text).map_err(|e| malformed(format!("invalid JSON: {e}")))?;
         match value.get("format").and_then(|f| f.as_str()) {
             Some(REPORT_FORMAT) => {}
-            Some(other) => return Err(malformed(format!("format is `{other}`, expected `{REPORT_FORMAT}`"))),
+            Some(other) => {
+                return Err(malformed(format!(
+                    "format is `{other}`, expected `{REPORT_FORMAT}`"
+                )))
+            }
             None => return Err(malformed("no `format` field".into())),
         }
         let version = value
