@@ -41,3 +41,18 @@ pub fn host() -> Value {
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
     })
 }
+
+/// The provenance file a packaged build points at (`FOLDPRINT_PROVENANCE`):
+/// which toolchain, CUDA and NCCL store paths the package pins. Embedded
+/// verbatim; a named but unreadable file is recorded as an error, not hidden.
+pub fn provenance() -> Option<Value> {
+    let path = std::env::var_os("FOLDPRINT_PROVENANCE")?;
+    let shown = std::path::Path::new(&path).display().to_string();
+    Some(match std::fs::read_to_string(&path) {
+        Err(e) => json!({ "path": shown, "error": e.to_string() }),
+        Ok(text) => match serde_json::from_str::<Value>(&text) {
+            Ok(v) => json!({ "path": shown, "content": v }),
+            Err(e) => json!({ "path": shown, "error": format!("not JSON: {e}") }),
+        },
+    })
+}

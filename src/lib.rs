@@ -5,6 +5,7 @@
 //! [`digest`] (bytes -> SHA-256) -> [`report`] (JSON, compare, goldens).
 
 mod atomic;
+pub use atomic::write as atomic_write;
 pub mod backend;
 pub mod data;
 pub mod digest;

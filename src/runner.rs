@@ -82,6 +82,9 @@ pub fn run(
         "host": crate::env::host(),
         "backend": backend.environment(),
     });
+    if let Some(p) = crate::env::provenance() {
+        environment["provenance"] = p;
+    }
     if !cfg.notes.is_empty() {
         environment["notes"] = serde_json::json!(cfg.notes);
     }

@@ -345,3 +345,41 @@ fn doctor_reports_the_cpu_backend() {
         .success()
         .stdout(predicate::str::contains("cpu"));
 }
+
+#[test]
+fn junit_lists_every_case_and_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "tiny.toml", TINY);
+    let xml = dir.path().join("r.xml");
+    fp().args(["run", "--backend", "cpu", "--junit"])
+        .arg(&xml)
+        .arg(&exp)
+        .assert()
+        .success();
+    let text = std::fs::read_to_string(&xml).unwrap();
+    // 6 cases + 2 groups (fixed-order, arrival-order), none failing.
+    assert!(text.contains("tests=\"8\" failures=\"0\""), "{text}");
+    assert_eq!(text.matches("<testcase ").count(), 8);
+}
+
+#[test]
+fn provenance_file_is_embedded_in_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "tiny.toml", TINY);
+    let prov = write(
+        dir.path(),
+        "prov.json",
+        r#"{"combo": "cuda12_8-nccl2_28_9"}"#,
+    );
+    let out = fp()
+        .env("FOLDPRINT_PROVENANCE", &prov)
+        .args(["run", "--backend", "cpu", "--json"])
+        .arg(&exp)
+        .assert()
+        .success();
+    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    assert_eq!(
+        v["environment"]["provenance"]["content"]["combo"],
+        "cuda12_8-nccl2_28_9"
+    );
+}

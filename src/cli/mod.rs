@@ -63,6 +63,9 @@ struct Common {
     /// Write the JSON report here (atomically).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Also write the result as JUnit XML (one testcase per case and group).
+    #[arg(long)]
+    junit: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -242,9 +245,18 @@ fn execute(
     Ok(report)
 }
 
+fn write_junit(common: &Common, report: &Report, problems: &[String]) -> Result<()> {
+    if let Some(path) = &common.junit {
+        foldprint::atomic_write(path, foldprint::report::junit(report, problems).as_bytes())
+            .with_context(|| format!("{}: cannot write JUnit XML", path.display()))?;
+    }
+    Ok(())
+}
+
 fn cmd_run(a: RunArgs) -> Result<i32> {
     let exps = load(&a.common.paths)?;
     let report = execute(&a.common, &exps, a.dump.as_deref())?;
+    write_junit(&a.common, &report, &[])?;
     if a.common.json {
         print!("{}", report.to_json());
     } else {
@@ -361,6 +373,7 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
         }
     }
     problems.extend(report.summary.failures.iter().cloned());
+    write_junit(&a.common, &report, &problems)?;
     if a.common.json {
         let v = serde_json::json!({ "ok": problems.is_empty(), "problems": problems, "report": report });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -383,6 +396,7 @@ fn cmd_golden(a: GoldenArgs) -> Result<i32> {
         nan_policy: NanPolicy::Canonical,
         json: false,
         out: None,
+        junit: None,
     };
     let report = execute(&common, &exps, None)?;
     if !report.summary.ok {

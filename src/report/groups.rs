@@ -131,21 +131,51 @@ mod tests {
             mean: false,
             rounds: 1,
         };
-        let arena = ReducedArena { len: 10, rank_digests: vec![digest.into(); 4], values: None };
-        let sens = Sensitivity { changed: 5, checked: 10, fraction: 0.5, sample: "every element".into(), verdict: verdict.into() };
+        let arena = ReducedArena {
+            len: 10,
+            rank_digests: vec![digest.into(); 4],
+            values: None,
+        };
+        let sens = Sensitivity {
+            changed: 5,
+            checked: 10,
+            fraction: 0.5,
+            sample: "every element".into(),
+            verdict: verdict.into(),
+        };
         CaseReport::new(&case, &[arena], vec![], true, sens)
     }
 
     #[test]
     fn fixed_order_group_fails_when_digests_differ() {
         let ok = build_groups(&[
-            report(Contract::FixedOrder, DeliveryOrder::Ascending, "aa", "sensitive"),
-            report(Contract::FixedOrder, DeliveryOrder::Descending, "aa", "sensitive"),
+            report(
+                Contract::FixedOrder,
+                DeliveryOrder::Ascending,
+                "aa",
+                "sensitive",
+            ),
+            report(
+                Contract::FixedOrder,
+                DeliveryOrder::Descending,
+                "aa",
+                "sensitive",
+            ),
         ]);
         assert!(ok[0].ok);
         let bad = build_groups(&[
-            report(Contract::FixedOrder, DeliveryOrder::Ascending, "aa", "sensitive"),
-            report(Contract::FixedOrder, DeliveryOrder::Descending, "bb", "sensitive"),
+            report(
+                Contract::FixedOrder,
+                DeliveryOrder::Ascending,
+                "aa",
+                "sensitive",
+            ),
+            report(
+                Contract::FixedOrder,
+                DeliveryOrder::Descending,
+                "bb",
+                "sensitive",
+            ),
         ]);
         assert!(!bad[0].ok);
         assert_eq!(bad[0].verdict, "disagree");
@@ -154,25 +184,68 @@ mod tests {
     #[test]
     fn arrival_order_control_fails_when_it_cannot_see_order() {
         let bad = build_groups(&[
-            report(Contract::ArrivalOrder, DeliveryOrder::Ascending, "aa", "sensitive"),
-            report(Contract::ArrivalOrder, DeliveryOrder::Descending, "aa", "sensitive"),
+            report(
+                Contract::ArrivalOrder,
+                DeliveryOrder::Ascending,
+                "aa",
+                "sensitive",
+            ),
+            report(
+                Contract::ArrivalOrder,
+                DeliveryOrder::Descending,
+                "aa",
+                "sensitive",
+            ),
         ]);
-        assert!(!bad[0].ok, "identical bits for different sequences must fail");
+        assert!(
+            !bad[0].ok,
+            "identical bits for different sequences must fail"
+        );
         let good = build_groups(&[
-            report(Contract::ArrivalOrder, DeliveryOrder::Ascending, "aa", "sensitive"),
-            report(Contract::ArrivalOrder, DeliveryOrder::Descending, "bb", "sensitive"),
+            report(
+                Contract::ArrivalOrder,
+                DeliveryOrder::Ascending,
+                "aa",
+                "sensitive",
+            ),
+            report(
+                Contract::ArrivalOrder,
+                DeliveryOrder::Descending,
+                "bb",
+                "sensitive",
+            ),
         ]);
         assert!(good[0].ok);
         // Swapping only the first two sources is the same sum: inconclusive, not a failure.
         let commuted = build_groups(&[
-            report(Contract::ArrivalOrder, DeliveryOrder::Ascending, "aa", "sensitive"),
-            report(Contract::ArrivalOrder, DeliveryOrder::Explicit(vec![1, 0, 2, 3]), "aa", "sensitive"),
+            report(
+                Contract::ArrivalOrder,
+                DeliveryOrder::Ascending,
+                "aa",
+                "sensitive",
+            ),
+            report(
+                Contract::ArrivalOrder,
+                DeliveryOrder::Explicit(vec![1, 0, 2, 3]),
+                "aa",
+                "sensitive",
+            ),
         ]);
         assert!(commuted[0].ok);
         assert_eq!(commuted[0].verdict, "inconclusive");
         let blind = build_groups(&[
-            report(Contract::ArrivalOrder, DeliveryOrder::Ascending, "aa", "blind"),
-            report(Contract::ArrivalOrder, DeliveryOrder::Descending, "aa", "blind"),
+            report(
+                Contract::ArrivalOrder,
+                DeliveryOrder::Ascending,
+                "aa",
+                "blind",
+            ),
+            report(
+                Contract::ArrivalOrder,
+                DeliveryOrder::Descending,
+                "aa",
+                "blind",
+            ),
         ]);
         assert_eq!(blind[0].verdict, "inconclusive");
     }

@@ -5,10 +5,12 @@
 mod compare;
 mod golden;
 mod groups;
+mod junit;
 
 pub use compare::{compare, Comparison, Mismatch};
 pub use golden::{Golden, GoldenCase, GOLDEN_FORMAT};
 pub use groups::{build_groups, Group};
+pub use junit::junit;
 
 use crate::backend::{ReducedArena, RoundTimings};
 use crate::experiment::{Case, CaseParams, Experiment};

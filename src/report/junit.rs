@@ -1,0 +1,73 @@
+//! JUnit XML for CI dashboards: one testcase per case (ranks identical,
+//! rounds identical) and one per invariance group.
+
+use super::Report;
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+pub fn junit(report: &Report, extra_failures: &[String]) -> String {
+    let mut cases = Vec::new();
+    for c in &report.cases {
+        let mut problems = Vec::new();
+        if !c.ranks_identical {
+            problems.push("ranks ended with different arenas".to_string());
+        }
+        if !c.rounds_identical {
+            problems.push("rounds gave different digests".to_string());
+        }
+        problems.extend(
+            extra_failures
+                .iter()
+                .filter(|f| f.contains(&format!("case `{}`", c.id)))
+                .cloned(),
+        );
+        let secs = c.timings.rounds.iter().map(|t| t.total_ms).sum::<f64>() / 1e3;
+        let digests: Vec<&str> = c.digests();
+        cases.push((
+            format!("{}.{}", c.experiment, c.id),
+            c.key.clone(),
+            secs,
+            problems,
+            digests.join(" "),
+        ));
+    }
+    for g in &report.groups {
+        let problems = if g.ok { vec![] } else { vec![g.note.clone()] };
+        cases.push((
+            format!("group.{}", g.contract),
+            g.key.clone(),
+            0.0,
+            problems,
+            g.note.clone(),
+        ));
+    }
+    let failures = cases.iter().filter(|c| !c.3.is_empty()).count();
+    let mut xml = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    xml.push_str(&format!(
+        "<testsuites name=\"foldprint\" tests=\"{}\" failures=\"{failures}\">\n  <testsuite name=\"foldprint.{}\" tests=\"{}\" failures=\"{failures}\">\n",
+        cases.len(),
+        esc(&report.backend),
+        cases.len()
+    ));
+    for (class, name, secs, problems, out) in &cases {
+        xml.push_str(&format!(
+            "    <testcase classname=\"{}\" name=\"{}\" time=\"{secs:.3}\">\n",
+            esc(class),
+            esc(name)
+        ));
+        for p in problems {
+            xml.push_str(&format!("      <failure message=\"{}\"/>\n", esc(p)));
+        }
+        xml.push_str(&format!(
+            "      <system-out>{}</system-out>\n    </testcase>\n",
+            esc(out)
+        ));
+    }
+    xml.push_str("  </testsuite>\n</testsuites>\n");
+    xml
+}
