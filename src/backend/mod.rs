@@ -3,6 +3,7 @@
 //! They move bytes and call the fold; they never decide what is compared.
 
 pub mod cpu;
+pub mod cuda;
 
 use crate::digest::NanPolicy;
 use crate::experiment::Case;
@@ -17,6 +18,8 @@ pub enum BackendChoice {
     Auto,
     /// The CPU oracle: all W ranks emulated on the host.
     Cpu,
+    /// All W ranks emulated on one GPU (CUDA loopback).
+    Cuda,
 }
 
 impl fmt::Display for BackendChoice {
@@ -24,6 +27,7 @@ impl fmt::Display for BackendChoice {
         f.write_str(match self {
             BackendChoice::Auto => "auto",
             BackendChoice::Cpu => "cpu",
+            BackendChoice::Cuda => "cuda",
         })
     }
 }
@@ -103,10 +107,23 @@ pub trait Backend {
 pub fn select(choice: BackendChoice) -> Result<(Box<dyn Backend>, Option<String>), BackendError> {
     match choice {
         BackendChoice::Cpu => Ok((Box::new(cpu::CpuBackend::new()), None)),
-        BackendChoice::Auto => Ok((
-            Box::new(cpu::CpuBackend::new()),
-            Some("auto: no GPU backend is built into this version; using the CPU oracle".into()),
-        )),
+        BackendChoice::Cuda => Ok((Box::new(cuda::CudaBackend::new(cuda::CudaConfig::default())?), None)),
+        BackendChoice::Auto => {
+            let probe = cuda::probe();
+            if !probe.usable {
+                return Ok((
+                    Box::new(cpu::CpuBackend::new()),
+                    Some(format!("auto: CUDA not usable ({}); using the CPU oracle", probe.reason())),
+                ));
+            }
+            match cuda::CudaBackend::new(cuda::CudaConfig::default()) {
+                Ok(b) => Ok((Box::new(b), None)),
+                Err(e) => Ok((
+                    Box::new(cpu::CpuBackend::new()),
+                    Some(format!("auto: {e}; using the CPU oracle")),
+                )),
+            }
+        }
     }
 }
 

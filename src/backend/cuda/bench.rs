@@ -1,0 +1,258 @@
+//! The fold kernel alone, timed with CUDA events, next to a device-to-device
+//! copy of the same number of bytes measured in the same run.
+
+use super::device::{Device, FoldArgs, LaunchTuning};
+use super::driver_error_text;
+use super::kernels::{CompileOptions, FoldMode, KernelVariant};
+use super::mem::{copy_d2d, DeviceBuffer};
+use super::world::row_stride;
+use super::BackendError;
+use crate::data::{Distribution, Lane};
+use crate::fold::fold_fixed;
+use cudarc::driver::{sys::CUevent_flags, CudaStream};
+use serde::Serialize;
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchConfig {
+    pub ordinal: usize,
+    /// (W, n) shapes.
+    pub shapes: Vec<(usize, usize)>,
+    pub warmup: usize,
+    pub iters: usize,
+    pub distribution: Distribution,
+    pub seed: u64,
+    pub compile: CompileOptions,
+    pub tuning: LaunchTuning,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        BenchConfig {
+            ordinal: 0,
+            shapes: vec![(8, 1 << 25), (64, 1 << 20), (8, 4096)],
+            warmup: 10,
+            iters: 100,
+            distribution: Distribution::MixedMagnitude,
+            seed: 1,
+            compile: CompileOptions::default(),
+            tuning: LaunchTuning::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchRow {
+    pub world: usize,
+    pub n: usize,
+    /// `seed`, `fast` or `d2d-copy`.
+    pub what: String,
+    pub median_ms: f64,
+    pub min_ms: f64,
+    /// Bytes counted: (W+1)·n·4 (a copy moves half of that each way).
+    pub bytes: u64,
+    /// bytes / median time, in TB/s (10^12 bytes per second).
+    pub effective_tb_s: f64,
+    pub iters: usize,
+    /// For kernels: output bits equal to the seed variant's and to the host
+    /// fold on a sample; `None` for the copy.
+    pub bits_ok: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub device: String,
+    pub driver: String,
+    pub nvrtc: String,
+    pub target: String,
+    pub options: Vec<String>,
+    pub tuning: LaunchTuning,
+    pub rows: Vec<BenchRow>,
+}
+
+fn err(e: impl Into<String>) -> BackendError {
+    BackendError::Failed {
+        case: "bench".into(),
+        message: e.into(),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let min = v.first().copied().unwrap_or(f64::NAN);
+    let mid = if v.is_empty() {
+        f64::NAN
+    } else if v.len() % 2 == 1 {
+        v[v.len() / 2]
+    } else {
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    };
+    (mid, min)
+}
+
+/// Time `launch` `iters` times, each between its own pair of events.
+fn time_each(
+    stream: &Arc<CudaStream>,
+    warmup: usize,
+    iters: usize,
+    mut launch: impl FnMut() -> Result<(), String>,
+) -> Result<Vec<f64>, String> {
+    for _ in 0..warmup {
+        launch()?;
+    }
+    stream.synchronize().map_err(driver_error_text)?;
+    let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
+    let mut pairs = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let a = stream.record_event(timed).map_err(driver_error_text)?;
+        launch()?;
+        let b = stream.record_event(timed).map_err(driver_error_text)?;
+        pairs.push((a, b));
+    }
+    stream.synchronize().map_err(driver_error_text)?;
+    pairs
+        .iter()
+        .map(|(a, b)| a.elapsed_ms(b).map(f64::from).map_err(driver_error_text))
+        .collect()
+}
+
+/// Measure the fold (`seed` and `fast`) and a D2D copy for each shape.
+pub fn bench_fold(cfg: &BenchConfig) -> Result<BenchReport, BackendError> {
+    let p = super::probe();
+    if !p.usable {
+        return Err(BackendError::Unavailable {
+            backend: "cuda",
+            reason: p.reason(),
+        });
+    }
+    let dev = Device::open(cfg.ordinal, cfg.compile).map_err(|e| BackendError::Unavailable {
+        backend: "cuda",
+        reason: e,
+    })?;
+    let stream = dev.new_stream().map_err(err)?;
+    let mut rows = Vec::new();
+    for &(w, n) in &cfg.shapes {
+        rows.extend(bench_shape(&dev, &stream, cfg, w, n).map_err(err)?);
+    }
+    Ok(BenchReport {
+        device: format!(
+            "{} (sm_{}{}, {} SMs)",
+            dev.info.name,
+            dev.info.compute_capability.0,
+            dev.info.compute_capability.1,
+            dev.info.sm_count
+        ),
+        driver: super::probe::version_text(dev.driver_version),
+        nvrtc: format!("{}.{}", dev.nvrtc_version.0, dev.nvrtc_version.1),
+        target: dev.fold_target.arch_option(),
+        options: dev.fold.program.image.options.clone(),
+        tuning: cfg.tuning,
+        rows,
+    })
+}
+
+fn bench_shape(
+    dev: &Device,
+    stream: &Arc<CudaStream>,
+    cfg: &BenchConfig,
+    w: usize,
+    n: usize,
+) -> Result<Vec<BenchRow>, String> {
+    let bytes = ((w + 1) * n * 4) as u64;
+    let (free, _) = dev.memory()?;
+    let ld = row_stride(n);
+    let copy_len = (w + 1) * n / 2;
+    let need = ((w * ld + 2 * n + copy_len) * 4) as u64;
+    if need > free {
+        return Err(format!("bench W={w} n={n} needs {need} bytes, {free} free"));
+    }
+    let stacked = DeviceBuffer::alloc(&dev.ctx, w * ld)?;
+    let out_seed = DeviceBuffer::alloc(&dev.ctx, n)?;
+    let out_fast = DeviceBuffer::alloc(&dev.ctx, n)?;
+    let copy_dst = DeviceBuffer::alloc(&dev.ctx, copy_len)?;
+    for r in 0..w {
+        // SAFETY: row r of `stacked` holds `n` f32s.
+        unsafe {
+            dev.generate(
+                stacked.at(r * ld),
+                n as u64,
+                0,
+                cfg.distribution,
+                cfg.seed,
+                r as u32,
+                0,
+                stream,
+            )?;
+        }
+    }
+    stream.synchronize().map_err(driver_error_text)?;
+
+    let mut rows = Vec::new();
+    let row = |what: &str, times: Vec<f64>, bits_ok| {
+        let (med, min) = median(times);
+        BenchRow {
+            world: w,
+            n,
+            what: what.into(),
+            median_ms: med,
+            min_ms: min,
+            bytes,
+            effective_tb_s: bytes as f64 / (med * 1e-3) / 1e12,
+            iters: cfg.iters,
+            bits_ok,
+        }
+    };
+    let mut outputs = Vec::new();
+    for (variant, out) in [
+        (KernelVariant::Seed, &out_seed),
+        (KernelVariant::Fast, &out_fast),
+    ] {
+        let args = FoldArgs {
+            out: out.ptr(),
+            stacked: stacked.ptr(),
+            ld: ld as u64,
+            len: n as u64,
+            world: w as u32,
+            prog: 0,
+            prog_len: 0,
+            scale: None,
+        };
+        let times = time_each(stream, cfg.warmup, cfg.iters, || {
+            // SAFETY: buffers sized above, both at phase 0.
+            unsafe { dev.fold(variant, FoldMode::Fixed, &args, &cfg.tuning, stream) }
+        })?;
+        let mut host = vec![0f32; n];
+        out.download(0, &mut host)?;
+        outputs.push((variant, times, host));
+    }
+    // The copy: half the counted bytes read, half written.
+    let times = time_each(stream, cfg.warmup, cfg.iters, || {
+        // SAFETY: `copy_len` f32s fit in both buffers (w*ld >= (w+1)n/2 for w >= 1).
+        unsafe { copy_d2d(copy_dst.ptr(), stacked.ptr(), copy_len, stream) }
+    })?;
+
+    let lanes: Vec<Lane> = (0..w as u32)
+        .map(|r| Lane::new(cfg.distribution, cfg.seed, r, 0))
+        .collect();
+    let sample_ok = |vals: &[f32]| {
+        let step = (n / 4096).max(1);
+        let mut slots = vec![0f32; w];
+        (0..n).step_by(step).chain(n.saturating_sub(7)..n).all(|i| {
+            for (s, l) in slots.iter_mut().zip(&lanes) {
+                *s = l.value(i as u64);
+            }
+            let want = crate::digest::NanPolicy::Canonical.apply(fold_fixed(&slots).to_bits());
+            crate::digest::NanPolicy::Canonical.apply(vals[i].to_bits()) == want
+        })
+    };
+    let seed_vals = outputs[0].2.clone();
+    for (variant, times, host) in outputs {
+        let same = host
+            .iter()
+            .zip(&seed_vals)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        rows.push(row(variant.name(), times, Some(same && sample_ok(&host))));
+    }
+    rows.push(row("d2d-copy", times, None));
+    Ok(rows)
+}

@@ -1,0 +1,300 @@
+//! One opened GPU: its primary context, what it is, and the compiled
+//! generator and fold programs, plus the two launch helpers.
+
+use super::driver_error_text;
+use super::kernels::{
+    self, CompileOptions, FoldKernels, FoldMode, KernelVariant, LoadedProgram, ResolvedTarget,
+};
+use super::probe::{self, DeviceProbe};
+use cudarc::driver::{sys, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
+use serde::Serialize;
+use std::sync::Arc;
+
+/// Launch shapes. Bits do not depend on them (tests vary them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LaunchTuning {
+    /// Threads per block of the `seed` fold (one thread per element).
+    pub seed_block: u32,
+    /// Threads per block of the `fast` fold.
+    pub fast_block: u32,
+    /// Grid cap of the `fast` fold, in blocks per SM (grid-stride beyond).
+    pub fast_blocks_per_sm: u32,
+}
+
+impl Default for LaunchTuning {
+    fn default() -> Self {
+        LaunchTuning {
+            seed_block: 256,
+            fast_block: 256,
+            fast_blocks_per_sm: 16,
+        }
+    }
+}
+
+/// Arguments of one fold launch (device addresses).
+#[derive(Debug, Clone, Copy)]
+pub struct FoldArgs {
+    pub out: sys::CUdeviceptr,
+    /// Row 0, element 0 of the stacked slots; same 16-byte phase as `out`.
+    pub stacked: sys::CUdeviceptr,
+    /// Row stride in elements; a multiple of 4.
+    pub ld: u64,
+    pub len: u64,
+    pub world: u32,
+    /// Order (arrival) or postfix program (tree); 0 for fixed order.
+    pub prog: sys::CUdeviceptr,
+    pub prog_len: u32,
+    pub scale: Option<f32>,
+}
+
+pub struct Device {
+    pub ctx: Arc<CudaContext>,
+    pub info: DeviceProbe,
+    pub uuid: String,
+    pub driver_version: i32,
+    pub nvrtc_version: (i32, i32),
+    pub nvrtc_archs: Vec<i32>,
+    pub options: CompileOptions,
+    pub fold_target: ResolvedTarget,
+    pub fold: FoldKernels,
+    pub generator: Arc<LoadedProgram>,
+}
+
+fn uuid_text(u: &sys::CUuuid) -> String {
+    let b: Vec<u8> = u.bytes.iter().map(|&c| c as u8).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        hex::encode(&b[0..4]),
+        hex::encode(&b[4..6]),
+        hex::encode(&b[6..8]),
+        hex::encode(&b[8..10]),
+        hex::encode(&b[10..16])
+    )
+}
+
+impl Device {
+    /// Open `ordinal` and build (or fetch from the process cache) its programs.
+    pub fn open(ordinal: usize, options: CompileOptions) -> Result<Device, String> {
+        probe::ensure_libraries()?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| {
+            format!(
+                "cannot open CUDA device {ordinal}: {}",
+                driver_error_text(e)
+            )
+        })?;
+        let info = probe::device_info(ordinal)?;
+        let uuid = ctx
+            .uuid()
+            .map(|u| uuid_text(&u))
+            .map_err(driver_error_text)?;
+        let mut driver_version = 0i32;
+        // SAFETY: out-parameter; symbol checked by ensure_libraries.
+        unsafe { sys::cuDriverGetVersion(&mut driver_version) }
+            .result()
+            .map_err(driver_error_text)?;
+        let nvrtc_version = probe::nvrtc_version()?;
+        let nvrtc_archs = probe::nvrtc_supported_archs()?;
+        let fold_target = kernels::resolve_target(
+            options.target,
+            info.compute_capability,
+            &nvrtc_archs,
+            nvrtc_version,
+            Some(driver_version),
+        )?;
+        // The generator is integer code; build it for the device's own
+        // target with the pinned options whatever the fold uses.
+        let gen_target = kernels::resolve_target(
+            kernels::Target::Auto,
+            info.compute_capability,
+            &nvrtc_archs,
+            nvrtc_version,
+            Some(driver_version),
+        )?;
+        let fold = FoldKernels {
+            program: kernels::fold_program(&ctx, options, fold_target)?,
+        };
+        let generator = kernels::generator_program(&ctx, gen_target)?;
+        Ok(Device {
+            ctx,
+            info,
+            uuid,
+            driver_version,
+            nvrtc_version,
+            nvrtc_archs,
+            options,
+            fold_target,
+            fold,
+            generator,
+        })
+    }
+
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>, String> {
+        self.ctx.new_stream().map_err(driver_error_text)
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn memory(&self) -> Result<(u64, u64), String> {
+        self.ctx.bind_to_thread().map_err(driver_error_text)?;
+        let (free, total) = self.ctx.mem_get_info().map_err(driver_error_text)?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// Enqueue generation of elements `first .. first + n` of one lane into `out`.
+    ///
+    /// # Safety
+    /// `out` must address `n` writable f32s of this context for the launch.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn generate(
+        &self,
+        out: sys::CUdeviceptr,
+        n: u64,
+        first: u64,
+        dist: crate::data::Distribution,
+        seed: u64,
+        rank: u32,
+        arena: u32,
+        stream: &CudaStream,
+    ) -> Result<(), String> {
+        if n == 0 {
+            return Ok(());
+        }
+        let key = crate::data::lane_key(seed, rank, arena);
+        let pair_key = crate::data::lane_key(seed, rank & !1, arena);
+        let code = dist.code();
+        let f = self.generator.function("fp_generate")?;
+        let block = 256u32;
+        let blocks = n
+            .div_ceil(block as u64)
+            .min(self.info.sm_count.max(1) as u64 * 32) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks.max(1), 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(f);
+        b.arg(&out)
+            .arg(&n)
+            .arg(&first)
+            .arg(&key)
+            .arg(&pair_key)
+            .arg(&rank)
+            .arg(&code);
+        // SAFETY: argument list matches `fp_generate`; `out` per the contract.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| format!("fp_generate launch: {}", driver_error_text(e)))
+    }
+
+    /// Enqueue one fold launch.
+    ///
+    /// # Safety
+    /// `a.out` must address `a.len` writable f32s; `a.stacked` must address
+    /// `a.world` rows of stride `a.ld` holding `a.len` readable f32s each,
+    /// with the same 16-byte phase as `a.out`; `a.prog` must hold
+    /// `a.prog_len` u32s (or `a.world` for the order mode). All of this
+    /// context, valid for the launch, not overlapping `a.out`.
+    pub unsafe fn fold(
+        &self,
+        variant: KernelVariant,
+        mode: FoldMode,
+        a: &FoldArgs,
+        tuning: &LaunchTuning,
+        stream: &CudaStream,
+    ) -> Result<(), String> {
+        if a.len == 0 {
+            return Ok(());
+        }
+        if a.world == 0 || !a.ld.is_multiple_of(4) || a.ld < a.len {
+            return Err(format!(
+                "fold launch refused: world {} ld {} len {}",
+                a.world, a.ld, a.len
+            ));
+        }
+        if (a.out & 15) != (a.stacked & 15) || (a.out & 3) != 0 {
+            return Err("fold launch refused: out and stacked differ in 16-byte phase".into());
+        }
+        let f = self.fold.function(mode, variant)?;
+        let (block, blocks) = match variant {
+            KernelVariant::Seed => {
+                let block = tuning.seed_block.clamp(32, 1024);
+                let blocks = a.len.div_ceil(block as u64);
+                if blocks > i32::MAX as u64 {
+                    return Err(format!(
+                        "arena shard of {} elements exceeds the seed grid",
+                        a.len
+                    ));
+                }
+                (block, blocks as u32)
+            }
+            KernelVariant::Fast => {
+                let block = tuning.fast_block.clamp(32, 1024);
+                let vecs = (a.len / 4).max(1);
+                let cap =
+                    self.info.sm_count.max(1) as u64 * tuning.fast_blocks_per_sm.max(1) as u64;
+                (block, vecs.div_ceil(block as u64).clamp(1, cap) as u32)
+            }
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (scale, use_scale) = match a.scale {
+            Some(s) => (s, 1u32),
+            None => (1.0f32, 0u32),
+        };
+        let mut b = stream.launch_builder(f);
+        b.arg(&a.out)
+            .arg(&a.stacked)
+            .arg(&a.ld)
+            .arg(&a.len)
+            .arg(&a.world)
+            .arg(&a.prog)
+            .arg(&a.prog_len)
+            .arg(&scale)
+            .arg(&use_scale);
+        // SAFETY: argument list matches the FP_FOLD_ENTRY signature; memory
+        // per the contract above.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| format!("fold launch: {}", driver_error_text(e)))
+    }
+
+    /// What this device and its programs are, for reports.
+    pub fn environment(&self) -> serde_json::Value {
+        let (free, total) = self.memory().unwrap_or((0, 0));
+        serde_json::json!({
+            "gpu": {
+                "ordinal": self.info.ordinal,
+                "name": self.info.name,
+                "uuid": self.uuid,
+                "compute_capability": format!("{}.{}", self.info.compute_capability.0, self.info.compute_capability.1),
+                "sm_count": self.info.sm_count,
+                "total_memory_bytes": total.max(self.info.total_memory_bytes),
+                "free_memory_bytes": free,
+            },
+            "driver": {
+                "version": self.driver_version,
+                "cuda_driver_api": probe::version_text(self.driver_version),
+            },
+            "nvrtc": {
+                "version": format!("{}.{}", self.nvrtc_version.0, self.nvrtc_version.1),
+                "supported_archs": self.nvrtc_archs,
+            },
+            "fold_program": image_json(&self.fold.program.image),
+            "generator_program": image_json(&self.generator.image),
+        })
+    }
+}
+
+fn image_json(i: &kernels::Image) -> serde_json::Value {
+    serde_json::json!({
+        "program": i.program,
+        "target": format!("{} {}", i.target.kind, i.target.arch_option()),
+        "options": i.options,
+        "sha256": i.sha256,
+        "bytes": i.bytes,
+        "nvrtc_version": format!("{}.{}", i.nvrtc_version.0, i.nvrtc_version.1),
+        "log": i.log,
+    })
+}

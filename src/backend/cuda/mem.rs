@@ -1,0 +1,179 @@
+//! Raw device and pinned host allocations plus stream-ordered copies.
+//!
+//! Plain `cuMemAlloc` (context-scoped, not stream-ordered) so buffers are
+//! valid on every stream of the context without cudarc's per-slice event
+//! tracking; every slot is fully written before it is read, so nothing is
+//! memset.
+
+use super::driver_error_text;
+use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use std::sync::Arc;
+
+pub const F32: u64 = 4;
+
+/// A device allocation of `len` f32s, freed on drop.
+pub struct DeviceBuffer {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl DeviceBuffer {
+    pub fn alloc(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, String> {
+        ctx.bind_to_thread().map_err(driver_error_text)?;
+        let bytes = len
+            .max(1)
+            .checked_mul(4)
+            .ok_or("allocation size overflows")?;
+        // SAFETY: the context is current on this thread.
+        let ptr = unsafe { result::malloc_sync(bytes) }
+            .map_err(|e| format!("cuMemAlloc of {bytes} bytes: {}", driver_error_text(e)))?;
+        Ok(DeviceBuffer {
+            ptr,
+            len,
+            ctx: ctx.clone(),
+        })
+    }
+
+    pub fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// Device address of element `i`.
+    pub fn at(&self, i: usize) -> sys::CUdeviceptr {
+        self.ptr + i as u64 * F32
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Blocking upload of `data` to the start of the buffer.
+    pub fn upload<T: Copy>(&self, data: &[T]) -> Result<(), String> {
+        if std::mem::size_of_val(data) > self.len.max(1) * 4 {
+            return Err("upload larger than the buffer".into());
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(driver_error_text)?;
+        // SAFETY: size checked above; `cuMemcpyHtoD` is synchronous.
+        unsafe { result::memcpy_htod_sync(self.ptr, data) }.map_err(driver_error_text)
+    }
+
+    /// Blocking download of the first `out.len()` f32s (device must be idle
+    /// for this range: the caller synchronized the writers).
+    pub fn download(&self, start: usize, out: &mut [f32]) -> Result<(), String> {
+        if start + out.len() > self.len {
+            return Err("download past the end of the buffer".into());
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(driver_error_text)?;
+        // SAFETY: range checked above; synchronous copy.
+        unsafe { result::memcpy_dtoh_sync(out, self.at(start)) }.map_err(driver_error_text)
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // A failed free leaks device memory; nothing else to do in drop.
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by cuMemAlloc in this context, freed once.
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
+}
+
+/// Page-locked host memory for async device-to-host copies.
+pub struct PinnedBuffer {
+    ptr: *mut f32,
+    len: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: plain host memory; access is coordinated by the owner.
+unsafe impl Send for PinnedBuffer {}
+
+impl PinnedBuffer {
+    pub fn alloc(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, String> {
+        ctx.bind_to_thread().map_err(driver_error_text)?;
+        let bytes = len.max(1) * 4;
+        // SAFETY: context current; flags 0 = portable-less default pinning.
+        let ptr = unsafe { result::malloc_host(bytes, 0) }
+            .map_err(|e| format!("cuMemHostAlloc of {bytes} bytes: {}", driver_error_text(e)))?;
+        Ok(PinnedBuffer {
+            ptr: ptr.cast(),
+            len,
+            ctx: ctx.clone(),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Enqueue a copy of `count` f32s from `src` into the buffer's start.
+    ///
+    /// # Safety
+    /// `src` must address `count` readable f32s that stay valid, and the
+    /// buffer must not be read until the stream has passed this copy.
+    pub unsafe fn fill_async(
+        &mut self,
+        src: sys::CUdeviceptr,
+        count: usize,
+        stream: &CudaStream,
+    ) -> Result<(), String> {
+        if count > self.len {
+            return Err("pinned copy larger than the buffer".into());
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        // SAFETY: per the contract above; the pinned region holds `count`.
+        let r = unsafe {
+            sys::cuMemcpyDtoHAsync_v2(self.ptr.cast(), src, count * 4, stream.cu_stream())
+        };
+        r.result().map_err(driver_error_text)
+    }
+
+    /// The first `count` values (only after the filling copy completed).
+    pub fn values(&self, count: usize) -> &[f32] {
+        let count = count.min(self.len);
+        // SAFETY: `ptr` holds `len` f32s for the buffer's lifetime.
+        unsafe { std::slice::from_raw_parts(self.ptr, count) }
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by cuMemHostAlloc, freed once.
+            let _ = unsafe { result::free_host(self.ptr.cast()) };
+        }
+    }
+}
+
+/// Enqueue a device-to-device copy of `count` f32s.
+///
+/// # Safety
+/// Both ranges must be valid device memory of the stream's context for the
+/// copy's stream-ordered lifetime and must not overlap.
+pub unsafe fn copy_d2d(
+    dst: sys::CUdeviceptr,
+    src: sys::CUdeviceptr,
+    count: usize,
+    stream: &CudaStream,
+) -> Result<(), String> {
+    if count == 0 {
+        return Ok(());
+    }
+    // SAFETY: per the contract above.
+    unsafe { result::memcpy_dtod_async(dst, src, count * 4, stream.cu_stream()) }
+        .map_err(|e| format!("device-to-device copy: {}", driver_error_text(e)))
+}

@@ -1,0 +1,565 @@
+//! The CUDA loopback backend: all W ranks on one GPU, data generated on the
+//! device, the fold compiled by NVRTC at run time with pinned options,
+//! digests hashed on the host while the next chunk is copied back.
+//!
+//! Nothing here panics when CUDA is missing: [`probe`] opens the libraries
+//! cudarc would open and checks their symbols before cudarc is used.
+
+pub mod bench;
+pub mod device;
+pub mod kernels;
+pub mod libs;
+mod mem;
+pub mod probe;
+pub mod world;
+
+pub use device::{Device, LaunchTuning};
+pub use kernels::{CompileOptions, KernelVariant, Target};
+pub use probe::{probe, CudaProbe};
+
+use super::{Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
+use crate::experiment::Case;
+use crate::fold::{mean_scale, shard_plan, Contract};
+use kernels::FoldMode;
+use mem::DeviceBuffer;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+use world::{Reader, RoundSpec, WorldBuffers};
+
+const NAME: &str = "cuda";
+
+/// `CUDA_ERROR_X: text` for a driver error.
+pub(crate) fn driver_error_text(e: cudarc::driver::DriverError) -> String {
+    let name = e
+        .error_name()
+        .map(|c| c.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("{:?}", e.0));
+    match e.error_string() {
+        Ok(t) => format!("{name} ({})", t.to_string_lossy()),
+        Err(_) => name,
+    }
+}
+
+/// How the backend runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct CudaConfig {
+    pub ordinal: usize,
+    pub variant: KernelVariant,
+    pub compile: CompileOptions,
+    /// Streams the exchange copies are spread over; below 2 they are issued
+    /// in delivery order on one stream.
+    pub copy_streams: usize,
+    pub tuning: LaunchTuning,
+    /// Host threads reading back and hashing ranks; 0 = one per core (max 16).
+    pub readers: usize,
+    /// Elements per pinned staging chunk.
+    pub chunk: usize,
+}
+
+impl Default for CudaConfig {
+    fn default() -> Self {
+        CudaConfig {
+            ordinal: 0,
+            variant: KernelVariant::Fast,
+            compile: CompileOptions::default(),
+            copy_streams: 0,
+            tuning: LaunchTuning::default(),
+            readers: 0,
+            chunk: 1 << 21,
+        }
+    }
+}
+
+pub struct CudaBackend {
+    cfg: CudaConfig,
+    dev: Device,
+    main: Arc<cudarc::driver::CudaStream>,
+    copy: Vec<Arc<cudarc::driver::CudaStream>>,
+    readers: Vec<Reader>,
+    /// Rank arenas + scratch per (W, n), reused across rounds.
+    worlds: HashMap<(usize, usize), WorldBuffers>,
+}
+
+fn unavailable(reason: impl Into<String>) -> BackendError {
+    BackendError::Unavailable {
+        backend: NAME,
+        reason: reason.into(),
+    }
+}
+
+fn failed(case: &str, message: impl Into<String>) -> BackendError {
+    BackendError::Failed {
+        case: case.to_string(),
+        message: message.into(),
+    }
+}
+
+impl CudaBackend {
+    /// Open the device and build the kernels; `Unavailable` says what is missing.
+    pub fn new(cfg: CudaConfig) -> Result<Self, BackendError> {
+        let p = probe();
+        if !p.usable {
+            return Err(unavailable(p.reason()));
+        }
+        if cfg.ordinal >= p.device_count {
+            return Err(unavailable(format!(
+                "device {} requested but the driver reports {} device(s)",
+                cfg.ordinal, p.device_count
+            )));
+        }
+        let dev = Device::open(cfg.ordinal, cfg.compile).map_err(unavailable)?;
+        let main = dev.new_stream().map_err(unavailable)?;
+        let mut backend = CudaBackend {
+            cfg: cfg.clone(),
+            dev,
+            main,
+            copy: Vec::new(),
+            readers: Vec::new(),
+            worlds: HashMap::new(),
+        };
+        backend.set_copy_streams(cfg.copy_streams)?;
+        Ok(backend)
+    }
+
+    pub fn config(&self) -> &CudaConfig {
+        &self.cfg
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+
+    pub fn set_variant(&mut self, v: KernelVariant) {
+        self.cfg.variant = v;
+    }
+
+    pub fn set_tuning(&mut self, t: LaunchTuning) {
+        self.cfg.tuning = t;
+    }
+
+    /// Race the exchange copies over `k` streams (k < 2: in order on one).
+    pub fn set_copy_streams(&mut self, k: usize) -> Result<(), BackendError> {
+        let k = if k < 2 { 0 } else { k.min(64) };
+        while self.copy.len() < k {
+            self.copy.push(self.dev.new_stream().map_err(unavailable)?);
+        }
+        self.copy.truncate(k);
+        self.cfg.copy_streams = k;
+        Ok(())
+    }
+
+    fn ensure_readers(&mut self, world: usize) -> Result<(), String> {
+        let cores = std::thread::available_parallelism().map_or(4, |c| c.get());
+        let want = if self.cfg.readers == 0 {
+            cores.min(16)
+        } else {
+            self.cfg.readers
+        };
+        let want = want.min(world).max(1);
+        while self.readers.len() < want {
+            self.readers
+                .push(Reader::new(&self.dev, self.cfg.chunk.max(1024))?);
+        }
+        Ok(())
+    }
+
+    /// Rank arenas and scratch for (W, n), allocating after a memory check.
+    fn ensure_world(&mut self, case: &Case, n: usize, nbuf: usize) -> Result<(), BackendError> {
+        let key = (case.world, n);
+        if self.worlds.contains_key(&key) {
+            return Ok(());
+        }
+        let plan = shard_plan(n, case.world).ok_or_else(|| failed(&case.id, "world = 0"))?;
+        let needed = WorldBuffers::bytes_needed(case.world, n, &plan, nbuf);
+        let (mut free, _) = self.dev.memory().map_err(|e| failed(&case.id, e))?;
+        if needed > free && !self.worlds.is_empty() {
+            // Give back other lengths' buffers before declaring defeat.
+            self.worlds.clear();
+            free = self.dev.memory().map_err(|e| failed(&case.id, e))?.0;
+        }
+        // Keep a margin for the driver, streams and kernels.
+        let margin = 256u64 << 20;
+        if needed.saturating_add(margin) > free {
+            return Err(BackendError::OutOfMemory {
+                case: case.id.clone(),
+                what: "GPU memory",
+                needed: needed + margin,
+                available: free,
+            });
+        }
+        let bufs = WorldBuffers::alloc(&self.dev, case.world, n, &plan, nbuf)
+            .map_err(|e| failed(&case.id, e))?;
+        self.worlds.insert(key, bufs);
+        Ok(())
+    }
+
+    fn contract_program(&self, case: &Case) -> Result<(FoldMode, Vec<u32>), BackendError> {
+        let w = case.world;
+        Ok(match case.contract {
+            Contract::FixedOrder => (FoldMode::Fixed, Vec::new()),
+            Contract::ArrivalOrder => (
+                FoldMode::Order,
+                case.order.sequence(w).iter().map(|&r| r as u32).collect(),
+            ),
+            Contract::PairwiseTree => {
+                let prog = kernels::tree_program(w);
+                if kernels::program_depth(&prog) > kernels::TREE_STACK {
+                    return Err(failed(
+                        &case.id,
+                        "pairwise tree deeper than the device stack",
+                    ));
+                }
+                (FoldMode::Tree, prog)
+            }
+        })
+    }
+
+    fn check_case(&self, case: &Case, opts: &RunOptions) -> Result<(), BackendError> {
+        if case.world == 0 || case.world > u32::MAX as usize {
+            return Err(failed(
+                &case.id,
+                format!("world {} is out of range", case.world),
+            ));
+        }
+        if opts.keep_values {
+            let n = case.arenas.iter().copied().max().unwrap_or(0) as u64 * 4;
+            if let Some(avail) = super::cpu::available_memory() {
+                if n > avail {
+                    return Err(BackendError::OutOfMemory {
+                        case: case.id.clone(),
+                        what: "host memory (kept values)",
+                        needed: n,
+                        available: avail,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn round(
+        &mut self,
+        case: &Case,
+        opts: &RunOptions,
+        mode: FoldMode,
+        prog: &Option<DeviceBuffer>,
+        prog_len: u32,
+    ) -> Result<(Vec<ReducedArena>, RoundTimings), BackendError> {
+        let start = Instant::now();
+        let mut t = RoundTimings::default();
+        let mut out = Vec::with_capacity(case.arenas.len());
+        let order = case.order.sequence(case.world);
+        let scale = case.mean.then(|| mean_scale(case.world));
+        let racing = self.copy.len() >= 2;
+        for (a, &n) in case.arenas.iter().enumerate() {
+            let plan = shard_plan(n, case.world).ok_or_else(|| failed(&case.id, "world = 0"))?;
+            let nonempty = plan.iter().filter(|s| s.len > 0).count();
+            let nbuf = if racing {
+                nonempty.min(2)
+            } else {
+                nonempty.min(1)
+            };
+            self.ensure_world(case, n, nbuf)?;
+            self.ensure_readers(case.world)
+                .map_err(|e| failed(&case.id, e))?;
+            let bufs = &self.worlds[&(case.world, n)];
+            let spec = RoundSpec {
+                plan: &plan,
+                order: &order,
+                mode,
+                prog: prog.as_ref().map_or(0, |p| p.ptr()),
+                prog_len,
+                scale,
+                variant: self.cfg.variant,
+                tuning: self.cfg.tuning,
+                distribution: case.distribution,
+                seed: case.seed,
+                arena: a as u32,
+            };
+            let (gen_ms, reduce_ms) =
+                world::run_round(&self.dev, &self.main, &self.copy, bufs, &spec)
+                    .map_err(|e| failed(&case.id, e))?;
+            t.generate_ms += gen_ms;
+            t.reduce_ms += reduce_ms;
+            let d = Instant::now();
+            let (rank_digests, values) = world::digest_ranks(
+                &self.dev,
+                &mut self.readers,
+                bufs,
+                opts.nan_policy,
+                opts.keep_values,
+            )
+            .map_err(|e| failed(&case.id, e))?;
+            t.digest_ms += d.elapsed().as_secs_f64() * 1e3;
+            out.push(ReducedArena {
+                len: n,
+                rank_digests,
+                values,
+            });
+        }
+        t.total_ms = start.elapsed().as_secs_f64() * 1e3;
+        Ok((out, t))
+    }
+
+    /// Bits of elements `first .. first + n` of one generated lane, made on
+    /// the device (for checking the generator against `data::Lane`).
+    pub fn generate_lane(
+        &mut self,
+        dist: crate::data::Distribution,
+        seed: u64,
+        rank: u32,
+        arena: u32,
+        first: u64,
+        n: usize,
+    ) -> Result<Vec<u32>, BackendError> {
+        let id = "generate-lane";
+        let buf = DeviceBuffer::alloc(&self.dev.ctx, n).map_err(|e| failed(id, e))?;
+        // SAFETY: `buf` holds `n` f32s.
+        unsafe {
+            self.dev
+                .generate(
+                    buf.ptr(),
+                    n as u64,
+                    first,
+                    dist,
+                    seed,
+                    rank,
+                    arena,
+                    &self.main,
+                )
+                .map_err(|e| failed(id, e))?;
+        }
+        self.main
+            .synchronize()
+            .map_err(|e| failed(id, driver_error_text(e)))?;
+        let mut v = vec![0f32; n];
+        buf.download(0, &mut v).map_err(|e| failed(id, e))?;
+        Ok(v.into_iter().map(f32::to_bits).collect())
+    }
+
+    /// The fold kernel alone over host-given addends (slot r = `addends[r]`):
+    /// `order` is the delivery order (used by `arrival-order`).
+    pub fn fold_slices(
+        &mut self,
+        addends: &[&[f32]],
+        contract: Contract,
+        order: &[usize],
+        mean: bool,
+    ) -> Result<Vec<f32>, BackendError> {
+        let id = "fold-slices";
+        let w = addends.len();
+        let n = addends.first().map_or(0, |a| a.len());
+        if w == 0 || addends.iter().any(|a| a.len() != n) || order.len() != w {
+            return Err(failed(
+                id,
+                "need W >= 1 equal-length addends and a W-long order",
+            ));
+        }
+        let ld = world::row_stride(n);
+        let stacked = DeviceBuffer::alloc(&self.dev.ctx, w * ld).map_err(|e| failed(id, e))?;
+        let out = DeviceBuffer::alloc(&self.dev.ctx, n).map_err(|e| failed(id, e))?;
+        let mut host = vec![0f32; w * ld];
+        for (r, a) in addends.iter().enumerate() {
+            host[r * ld..r * ld + n].copy_from_slice(a);
+        }
+        stacked.upload(&host).map_err(|e| failed(id, e))?;
+        let (mode, prog) = match contract {
+            Contract::FixedOrder => (FoldMode::Fixed, Vec::new()),
+            Contract::ArrivalOrder => (FoldMode::Order, order.iter().map(|&r| r as u32).collect()),
+            Contract::PairwiseTree => (FoldMode::Tree, kernels::tree_program(w)),
+        };
+        let prog_buf = upload_prog(&self.dev, &prog).map_err(|e| failed(id, e))?;
+        let args = device::FoldArgs {
+            out: out.ptr(),
+            stacked: stacked.ptr(),
+            ld: ld as u64,
+            len: n as u64,
+            world: w as u32,
+            prog: prog_buf.as_ref().map_or(0, |p| p.ptr()),
+            prog_len: prog.len() as u32,
+            scale: mean.then(|| mean_scale(w)),
+        };
+        // SAFETY: buffers sized above, same (zero) phase.
+        unsafe {
+            self.dev
+                .fold(self.cfg.variant, mode, &args, &self.cfg.tuning, &self.main)
+                .map_err(|e| failed(id, e))?;
+        }
+        self.main
+            .synchronize()
+            .map_err(|e| failed(id, driver_error_text(e)))?;
+        let mut v = vec![0f32; n];
+        out.download(0, &mut v).map_err(|e| failed(id, e))?;
+        Ok(v)
+    }
+
+    /// Write the inputs and output of `case`'s first arena for
+    /// `bench/torch_peer.py`: `addends.f32` (W x n f32 LE, rank-major, as
+    /// generated on the device) and `reduced.f32` (rank 0's reduced arena).
+    pub fn write_peer_files(&mut self, case: &Case, dir: &Path) -> Result<PeerFiles, BackendError> {
+        use std::io::Write as _;
+        let id = case.id.as_str();
+        let n = *case
+            .arenas
+            .first()
+            .ok_or_else(|| failed(id, "case has no arena"))?;
+        std::fs::create_dir_all(dir).map_err(|e| failed(id, format!("{}: {e}", dir.display())))?;
+        let addends = dir.join("addends.f32");
+        let reduced = dir.join("reduced.f32");
+        let write =
+            |path: &PathBuf,
+             vals: &mut dyn FnMut(&mut dyn std::io::Write) -> Result<(), String>| {
+                let f = std::fs::File::create(path)
+                    .map_err(|e| failed(id, format!("{}: {e}", path.display())))?;
+                let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
+                vals(&mut w).map_err(|e| failed(id, e))?;
+                w.flush()
+                    .map_err(|e| failed(id, format!("{}: {e}", path.display())))
+            };
+        {
+            let chunk = 1usize << 22;
+            let buf = DeviceBuffer::alloc(&self.dev.ctx, chunk.min(n.max(1)))
+                .map_err(|e| failed(id, e))?;
+            let mut host = vec![0f32; chunk.min(n.max(1))];
+            let dev = &self.dev;
+            let main = &self.main;
+            write(&addends, &mut |w| {
+                for r in 0..case.world {
+                    let mut first = 0usize;
+                    while first < n {
+                        let k = chunk.min(n - first);
+                        // SAFETY: `buf` holds at least `k` f32s.
+                        unsafe {
+                            dev.generate(
+                                buf.ptr(),
+                                k as u64,
+                                first as u64,
+                                case.distribution,
+                                case.seed,
+                                r as u32,
+                                0,
+                                main,
+                            )?;
+                        }
+                        main.synchronize().map_err(driver_error_text)?;
+                        buf.download(0, &mut host[..k])?;
+                        for v in &host[..k] {
+                            w.write_all(&v.to_le_bytes()).map_err(|e| e.to_string())?;
+                        }
+                        first += k;
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        let mut one = case.clone();
+        one.arenas = vec![n];
+        one.rounds = 1;
+        let run = self.run_case(
+            &one,
+            &RunOptions {
+                keep_values: true,
+                ..RunOptions::default()
+            },
+        )?;
+        let arena = run
+            .arenas
+            .first()
+            .ok_or_else(|| failed(id, "no arena came back"))?;
+        let values = arena
+            .values
+            .as_ref()
+            .ok_or_else(|| failed(id, "values were not kept"))?;
+        write(&reduced, &mut |w| {
+            for v in values {
+                w.write_all(&v.to_le_bytes()).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })?;
+        Ok(PeerFiles {
+            addends,
+            reduced,
+            world: case.world,
+            len: n,
+            digest: arena.digest().to_string(),
+        })
+    }
+}
+
+/// Files written by [`CudaBackend::write_peer_files`].
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerFiles {
+    pub addends: PathBuf,
+    pub reduced: PathBuf,
+    pub world: usize,
+    pub len: usize,
+    /// Digest (canonical NaN policy) of the reduced arena.
+    pub digest: String,
+}
+
+fn upload_prog(dev: &Device, prog: &[u32]) -> Result<Option<DeviceBuffer>, String> {
+    if prog.is_empty() {
+        return Ok(None);
+    }
+    let buf = DeviceBuffer::alloc(&dev.ctx, prog.len())?;
+    buf.upload(prog)?;
+    Ok(Some(buf))
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn environment(&self) -> serde_json::Value {
+        let mut env = self.dev.environment();
+        if let Some(obj) = env.as_object_mut() {
+            obj.insert("kind".into(), "cuda-loopback".into());
+            obj.insert(
+                "config".into(),
+                serde_json::to_value(&self.cfg).unwrap_or(serde_json::Value::Null),
+            );
+            obj.insert(
+                "libraries".into(),
+                serde_json::to_value(libs::loaded_libraries()).unwrap_or(serde_json::Value::Null),
+            );
+            obj.insert(
+                "env".into(),
+                serde_json::to_value(libs::relevant_env()).unwrap_or(serde_json::Value::Null),
+            );
+        }
+        env
+    }
+
+    fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
+        self.check_case(case, opts)?;
+        // Keep only this case's buffers: other shapes would pin memory.
+        self.worlds
+            .retain(|&(w, n), _| w == case.world && case.arenas.contains(&n));
+        let (mode, prog) = self.contract_program(case)?;
+        let prog_buf = upload_prog(&self.dev, &prog).map_err(|e| failed(&case.id, e))?;
+        let mut rounds = Vec::new();
+        // Digests only: cloning kept values of a huge arena would double it.
+        let mut first: Option<Vec<Vec<String>>> = None;
+        let mut identical = true;
+        let mut last = Vec::new();
+        for _ in 0..case.rounds.max(1) {
+            let (arenas, t) = self.round(case, opts, mode, &prog_buf, prog.len() as u32)?;
+            let digests: Vec<Vec<String>> = arenas.iter().map(|a| a.rank_digests.clone()).collect();
+            match &first {
+                None => first = Some(digests),
+                Some(f) => identical &= *f == digests,
+            }
+            rounds.push(t);
+            last = arenas;
+        }
+        Ok(CaseRun {
+            arenas: last,
+            rounds,
+            rounds_identical: identical,
+        })
+    }
+}

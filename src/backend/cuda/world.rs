@@ -1,0 +1,403 @@
+//! The single-GPU loopback world: W rank arenas on one device, exchange and
+//! redistribution as device-to-device copies, the fold in between.
+//!
+//! For each owner o, every rank's copy of shard o goes into a stacked
+//! scratch at slot = source rank, issued in the case's delivery order
+//! (optionally spread over several streams so copies race); the fold then
+//! writes rank o's shard, and the reduced shards are copied to every other
+//! rank. Cross-stream ordering uses events only: no per-rank synchronize.
+
+use super::device::{Device, FoldArgs, LaunchTuning};
+use super::driver_error_text;
+use super::kernels::{FoldMode, KernelVariant};
+use super::mem::{copy_d2d, DeviceBuffer, PinnedBuffer, F32};
+use crate::data::Distribution;
+use crate::digest::{ArenaHasher, NanPolicy};
+use crate::fold::Shard;
+use cudarc::driver::{sys::CUevent_flags, CudaEvent, CudaStream};
+use std::sync::Arc;
+
+/// Rank arenas and reusable scratch for one (W, n).
+pub struct WorldBuffers {
+    pub world: usize,
+    pub len: usize,
+    pub ranks: Vec<DeviceBuffer>,
+    /// `nbuf` scratches of `world * ld` elements each.
+    pub scratch: Vec<DeviceBuffer>,
+    /// Row stride of a scratch (elements; a multiple of 4, room for a phase).
+    pub ld: usize,
+}
+
+/// Row stride for shards of up to `max_shard` elements placed at a phase
+/// of up to 3 elements.
+pub fn row_stride(max_shard: usize) -> usize {
+    (max_shard + 3).div_ceil(4) * 4
+}
+
+impl WorldBuffers {
+    /// Bytes `alloc` would take.
+    pub fn bytes_needed(world: usize, len: usize, plan: &[Shard], nbuf: usize) -> u64 {
+        let max_shard = plan.iter().map(|s| s.len).max().unwrap_or(0);
+        let ld = row_stride(max_shard) as u64;
+        let scratch = if max_shard == 0 {
+            0
+        } else {
+            nbuf as u64 * world as u64 * ld
+        };
+        (world as u64 * len as u64 + scratch) * F32
+    }
+
+    pub fn alloc(
+        dev: &Device,
+        world: usize,
+        len: usize,
+        plan: &[Shard],
+        nbuf: usize,
+    ) -> Result<Self, String> {
+        let max_shard = plan.iter().map(|s| s.len).max().unwrap_or(0);
+        let ld = row_stride(max_shard);
+        let ranks = (0..world)
+            .map(|_| DeviceBuffer::alloc(&dev.ctx, len))
+            .collect::<Result<Vec<_>, _>>()?;
+        let scratch = if max_shard == 0 {
+            Vec::new()
+        } else {
+            (0..nbuf)
+                .map(|_| DeviceBuffer::alloc(&dev.ctx, world * ld))
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        Ok(WorldBuffers {
+            world,
+            len,
+            ranks,
+            scratch,
+            ld,
+        })
+    }
+}
+
+/// What one round needs to know about the case.
+pub struct RoundSpec<'a> {
+    pub plan: &'a [Shard],
+    /// Source ranks in delivery order.
+    pub order: &'a [usize],
+    pub mode: FoldMode,
+    /// Device copy of the order or postfix program (0 for fixed order).
+    pub prog: u64,
+    pub prog_len: u32,
+    pub scale: Option<f32>,
+    pub variant: KernelVariant,
+    pub tuning: LaunchTuning,
+    pub distribution: Distribution,
+    pub seed: u64,
+    pub arena: u32,
+}
+
+fn ev(stream: &CudaStream, timed: bool) -> Result<CudaEvent, String> {
+    let flags = if timed {
+        Some(CUevent_flags::CU_EVENT_DEFAULT)
+    } else {
+        None
+    };
+    stream.record_event(flags).map_err(driver_error_text)
+}
+
+fn wait(stream: &CudaStream, e: &CudaEvent) -> Result<(), String> {
+    stream.wait(e).map_err(driver_error_text)
+}
+
+/// Generate, exchange, fold and redistribute one arena. Returns the
+/// device-measured (generate, reduce) milliseconds; on return every rank
+/// holds the reduced arena and the device is idle for these buffers.
+pub fn run_round(
+    dev: &Device,
+    main: &Arc<CudaStream>,
+    copy: &[Arc<CudaStream>],
+    bufs: &WorldBuffers,
+    spec: &RoundSpec<'_>,
+) -> Result<(f64, f64), String> {
+    dev.ctx.bind_to_thread().map_err(driver_error_text)?;
+    let world = bufs.world;
+    let n = bufs.len;
+    let t0 = ev(main, true)?;
+    for (r, arena) in bufs.ranks.iter().enumerate() {
+        // SAFETY: each rank arena holds `n` f32s.
+        unsafe {
+            dev.generate(
+                arena.ptr(),
+                n as u64,
+                0,
+                spec.distribution,
+                spec.seed,
+                r as u32,
+                spec.arena,
+                main,
+            )?;
+        }
+    }
+    let t1 = ev(main, true)?;
+    let result = exchange_fold_redistribute(dev, main, copy, bufs, spec, world, &t1);
+    // Drain before returning on every path: copies in flight reference
+    // buffers the caller may free next.
+    let synced = main.synchronize().map_err(driver_error_text);
+    for s in copy {
+        let _ = s.synchronize();
+    }
+    let t2 = result?;
+    synced?;
+    let gen_ms = t0.elapsed_ms(&t1).map_err(driver_error_text)? as f64;
+    let reduce_ms = t1.elapsed_ms(&t2).map_err(driver_error_text)? as f64;
+    Ok((gen_ms, reduce_ms))
+}
+
+fn exchange_fold_redistribute(
+    dev: &Device,
+    main: &Arc<CudaStream>,
+    copy: &[Arc<CudaStream>],
+    bufs: &WorldBuffers,
+    spec: &RoundSpec<'_>,
+    world: usize,
+    generated: &CudaEvent,
+) -> Result<CudaEvent, String> {
+    let racing = copy.len() >= 2;
+    if racing {
+        for s in copy {
+            wait(s, generated)?;
+        }
+    }
+    let nbuf = bufs.scratch.len().max(1);
+    let mut last_fold: Vec<Option<CudaEvent>> = (0..nbuf).map(|_| None).collect();
+    let mut used = 0usize;
+    for (o, shard) in spec.plan.iter().enumerate() {
+        if shard.len == 0 {
+            continue;
+        }
+        let b = used % nbuf;
+        used += 1;
+        let scratch = bufs
+            .scratch
+            .get(b)
+            .ok_or("scratch missing for a non-empty shard")?;
+        let out = bufs.ranks[o].at(shard.start);
+        // Rows start at the same 16-byte phase as the owner's shard, so the
+        // fast kernel can use float4 on both sides.
+        let phase = ((out & 15) / F32) as usize;
+        let base = scratch.at(phase);
+        let row = |src: usize| base + (src * bufs.ld) as u64 * F32;
+        if racing {
+            if let Some(e) = &last_fold[b] {
+                for s in copy {
+                    wait(s, e)?;
+                }
+            }
+            for (k, &src) in spec.order.iter().enumerate() {
+                let s = &copy[k % copy.len()];
+                // SAFETY: source shard lies inside rank `src`'s arena, the
+                // slot inside the scratch (ld >= len + phase).
+                unsafe { copy_d2d(row(src), bufs.ranks[src].at(shard.start), shard.len, s)? };
+            }
+            for s in copy {
+                wait(main, &ev(s, false)?)?;
+            }
+        } else {
+            for &src in spec.order {
+                // SAFETY: as above; one stream orders scratch reuse.
+                unsafe { copy_d2d(row(src), bufs.ranks[src].at(shard.start), shard.len, main)? };
+            }
+        }
+        let args = FoldArgs {
+            out,
+            stacked: base,
+            ld: bufs.ld as u64,
+            len: shard.len as u64,
+            world: world as u32,
+            prog: spec.prog,
+            prog_len: spec.prog_len,
+            scale: spec.scale,
+        };
+        // SAFETY: `out` is the owner's shard, `base` its stacked slots with
+        // the same phase; all in this context.
+        unsafe { dev.fold(spec.variant, spec.mode, &args, &spec.tuning, main)? };
+        if racing {
+            last_fold[b] = Some(ev(main, false)?);
+        }
+    }
+
+    // Redistribution: every owner's reduced shard to every other rank.
+    let folded = ev(main, false)?;
+    let movers: Vec<&Arc<CudaStream>> = if racing {
+        for s in copy {
+            wait(s, &folded)?;
+        }
+        copy.iter().collect()
+    } else {
+        vec![main]
+    };
+    let mut k = 0usize;
+    for (o, shard) in spec.plan.iter().enumerate() {
+        if shard.len == 0 {
+            continue;
+        }
+        for (r, dst) in bufs.ranks.iter().enumerate() {
+            if r == o {
+                continue;
+            }
+            let s = movers[k % movers.len()];
+            k += 1;
+            // SAFETY: same shard range in two distinct rank arenas.
+            unsafe {
+                copy_d2d(
+                    dst.at(shard.start),
+                    bufs.ranks[o].at(shard.start),
+                    shard.len,
+                    s,
+                )?
+            };
+        }
+    }
+    if racing {
+        for s in copy {
+            wait(main, &ev(s, false)?)?;
+        }
+    }
+    ev(main, true)
+}
+
+/// A host thread's staging for read-back: its own stream and two pinned
+/// chunks, so one chunk is copied while the other is hashed.
+pub struct Reader {
+    stream: Arc<CudaStream>,
+    bufs: [PinnedBuffer; 2],
+}
+
+impl Reader {
+    pub fn new(dev: &Device, chunk: usize) -> Result<Reader, String> {
+        Ok(Reader {
+            stream: dev.new_stream()?,
+            bufs: [
+                PinnedBuffer::alloc(&dev.ctx, chunk)?,
+                PinnedBuffer::alloc(&dev.ctx, chunk)?,
+            ],
+        })
+    }
+
+    /// Hash `buf` under `policy`; also return its values when `keep`.
+    pub fn digest(
+        &mut self,
+        dev: &Device,
+        buf: &DeviceBuffer,
+        policy: NanPolicy,
+        keep: bool,
+    ) -> Result<(String, Option<Vec<f32>>), String> {
+        dev.ctx.bind_to_thread().map_err(driver_error_text)?;
+        let n = buf.len();
+        let chunk = self.bufs[0].len().max(1);
+        let chunks = n.div_ceil(chunk);
+        let mut hasher = ArenaHasher::new(policy);
+        let mut kept = if keep {
+            Some(Vec::with_capacity(n))
+        } else {
+            None
+        };
+        let count = |k: usize| chunk.min(n - k * chunk);
+        let mut done: [Option<CudaEvent>; 2] = [None, None];
+        let result = (|| -> Result<(), String> {
+            for k in 0..chunks.min(2) {
+                self.issue(buf, k, chunk, count(k), &mut done)?;
+            }
+            for k in 0..chunks {
+                let slot = k % 2;
+                if let Some(e) = &done[slot] {
+                    e.synchronize().map_err(driver_error_text)?;
+                }
+                let vals = self.bufs[slot].values(count(k));
+                hasher.update(vals);
+                if let Some(v) = kept.as_mut() {
+                    v.extend_from_slice(vals);
+                }
+                if k + 2 < chunks {
+                    self.issue(buf, k + 2, chunk, count(k + 2), &mut done)?;
+                }
+            }
+            Ok(())
+        })();
+        // Never leave a copy into our pinned memory in flight.
+        let synced = self.stream.synchronize().map_err(driver_error_text);
+        result?;
+        synced?;
+        Ok((hasher.finish(), kept))
+    }
+
+    fn issue(
+        &mut self,
+        buf: &DeviceBuffer,
+        k: usize,
+        chunk: usize,
+        count: usize,
+        done: &mut [Option<CudaEvent>; 2],
+    ) -> Result<(), String> {
+        let slot = k % 2;
+        // SAFETY: the range lies inside `buf`; the slot is not read again
+        // until `done[slot]` has completed.
+        unsafe { self.bufs[slot].fill_async(buf.at(k * chunk), count, &self.stream)? };
+        done[slot] = Some(ev(&self.stream, false)?);
+        Ok(())
+    }
+}
+
+/// (rank, digest, kept values).
+type RankDigest = (usize, String, Option<Vec<f32>>);
+
+/// Digest every rank's arena with up to `readers.len()` host threads.
+/// Returns rank digests in rank order and rank 0's values when `keep`.
+pub fn digest_ranks(
+    dev: &Device,
+    readers: &mut [Reader],
+    bufs: &WorldBuffers,
+    policy: NanPolicy,
+    keep: bool,
+) -> Result<(Vec<String>, Option<Vec<f32>>), String> {
+    let world = bufs.ranks.len();
+    let workers = readers.len().min(world).max(1);
+    if readers.is_empty() {
+        return Err("no read-back workers".into());
+    }
+    let mut digests: Vec<Option<String>> = vec![None; world];
+    let mut values = None;
+    let outcome: Result<(), String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = readers
+            .iter_mut()
+            .take(workers)
+            .enumerate()
+            .map(|(t, reader)| {
+                let ranks = &bufs.ranks;
+                scope.spawn(move || -> Result<Vec<RankDigest>, String> {
+                    let mut out = Vec::new();
+                    for r in (t..world).step_by(workers) {
+                        let (d, v) = reader.digest(dev, &ranks[r], policy, keep && r == 0)?;
+                        out.push((r, d, v));
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        for h in handles {
+            let part = h
+                .join()
+                .map_err(|_| "read-back thread panicked".to_string())??;
+            for (r, d, v) in part {
+                digests[r] = Some(d);
+                if v.is_some() {
+                    values = v;
+                }
+            }
+        }
+        Ok(())
+    });
+    outcome?;
+    let digests = digests
+        .into_iter()
+        .map(|d| d.ok_or_else(|| "a rank was not digested".to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((digests, values))
+}

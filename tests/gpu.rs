@@ -1,0 +1,682 @@
+//! The CUDA loopback backend against the CPU oracle and the host contract,
+//! on raw bits. Built only with `--features gpu-tests`; every test needs a
+//! usable CUDA GPU and FAILS (never skips) without one. See docs/GPU-TESTING.md.
+
+use foldprint::backend::cpu::CpuBackend;
+use foldprint::backend::cuda::{
+    self, bench, kernels, CompileOptions, CudaBackend, CudaConfig, KernelVariant, LaunchTuning,
+    Target,
+};
+use foldprint::backend::{Backend, BackendError, CaseRun, RunOptions};
+use foldprint::data::{Distribution, Lane, ALL_DISTRIBUTIONS};
+use foldprint::digest::NanPolicy;
+use foldprint::experiment::{Case, DeliveryOrder};
+use foldprint::fold::{mean_scale, reference_fixed, Contract, ALL_CONTRACTS};
+use std::sync::Mutex;
+
+/// Serializes the heavy tests so they do not fight over host memory.
+static HEAVY: Mutex<()> = Mutex::new(());
+
+fn gpu(cfg: CudaConfig) -> CudaBackend {
+    CudaBackend::new(cfg).unwrap_or_else(|e| panic!("the GPU tests need a usable CUDA GPU: {e}"))
+}
+
+fn gpu_variant(variant: KernelVariant) -> CudaBackend {
+    gpu(CudaConfig {
+        variant,
+        ..CudaConfig::default()
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn case(
+    world: usize,
+    arenas: Vec<usize>,
+    dist: Distribution,
+    contract: Contract,
+    order: DeliveryOrder,
+    mean: bool,
+) -> Case {
+    Case {
+        experiment: "gpu-tests".into(),
+        id: format!("W{world}-n{arenas:?}-{dist}-{contract}-{order}-mean{mean}"),
+        world,
+        arenas,
+        order,
+        seed: 42,
+        distribution: dist,
+        contract,
+        mean,
+        rounds: 1,
+    }
+}
+
+fn run(be: &mut dyn Backend, c: &Case, opts: &RunOptions) -> CaseRun {
+    let r = be
+        .run_case(c, opts)
+        .unwrap_or_else(|e| panic!("{} failed on {}: {e}", be.name(), c.id));
+    for a in &r.arenas {
+        assert!(
+            a.ranks_identical(),
+            "{}: ranks differ on {}",
+            be.name(),
+            c.id
+        );
+        assert_eq!(a.rank_digests.len(), c.world);
+    }
+    assert!(
+        r.rounds_identical,
+        "{}: rounds differ on {}",
+        be.name(),
+        c.id
+    );
+    r
+}
+
+fn digests(be: &mut dyn Backend, c: &Case) -> Vec<String> {
+    run(be, c, &RunOptions::default())
+        .arenas
+        .iter()
+        .map(|a| a.digest().to_string())
+        .collect()
+}
+
+fn assert_matches_cpu(gpu: &mut CudaBackend, c: &Case) {
+    let want = digests(&mut CpuBackend::new(), c);
+    let got = digests(gpu, c);
+    assert_eq!(
+        got,
+        want,
+        "GPU ({}) vs CPU on {}",
+        gpu.config().variant,
+        c.id
+    );
+}
+
+fn canon(bits: u32) -> u32 {
+    NanPolicy::Canonical.apply(bits)
+}
+
+#[test]
+fn probe_reports_a_usable_gpu() {
+    let p = cuda::probe();
+    eprintln!("{}", serde_json::to_string_pretty(&p).unwrap());
+    assert!(p.usable, "CUDA not usable: {}", p.reason());
+    assert!(p.device_count >= 1);
+    assert!(p.driver_version.is_some());
+    assert!(p.nvrtc_version.is_some());
+    assert!(
+        p.driver_library.path.is_some(),
+        "libcuda path not found in /proc/self/maps"
+    );
+    assert!(
+        p.nvrtc_library.path.is_some(),
+        "libnvrtc path not found in /proc/self/maps"
+    );
+}
+
+#[test]
+fn generator_matches_host_bits_for_every_distribution() {
+    let mut be = gpu(CudaConfig::default());
+    let n = 100_003usize;
+    for dist in ALL_DISTRIBUTIONS {
+        for (seed, rank, arena) in [(0u64, 0u32, 0u32), (42, 1, 0), (7, 4, 2), (u64::MAX, 5, 1)] {
+            for first in [0u64, (1 << 31) - 17, (1 << 32) + 5] {
+                let got = be
+                    .generate_lane(dist, seed, rank, arena, first, n)
+                    .expect("device generator");
+                let lane = Lane::new(dist, seed, rank, arena);
+                let bad = (0..n).find(|&i| got[i] != lane.bits(first + i as u64));
+                assert!(
+                    bad.is_none(),
+                    "{dist} seed {seed} rank {rank} arena {arena}: element {} is {:#010x}, host {:#010x}",
+                    first + bad.unwrap() as u64,
+                    got[bad.unwrap()],
+                    lane.bits(first + bad.unwrap() as u64)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn world_grid_matches_cpu_oracle() {
+    let worlds = [1usize, 2, 3, 4, 5, 7, 8, 13, 16, 31, 64];
+    for variant in KernelVariant::ALL {
+        let mut be = gpu_variant(variant);
+        for &w in &worlds {
+            let mut lens = vec![
+                0usize,
+                1,
+                2,
+                3,
+                5,
+                97,
+                1024,
+                4097,
+                10007,
+                w.saturating_sub(1),
+                w + 1,
+            ];
+            lens.sort_unstable();
+            lens.dedup();
+            for &n in &lens {
+                let c = case(
+                    w,
+                    vec![n],
+                    Distribution::MixedMagnitude,
+                    Contract::FixedOrder,
+                    DeliveryOrder::Descending,
+                    false,
+                );
+                assert_matches_cpu(&mut be, &c);
+            }
+        }
+    }
+}
+
+#[test]
+fn raw_bits_equal_the_host_reference_fold() {
+    let opts = RunOptions {
+        nan_policy: NanPolicy::Preserve,
+        keep_values: true,
+    };
+    for variant in KernelVariant::ALL {
+        let mut be = gpu_variant(variant);
+        for dist in ALL_DISTRIBUTIONS {
+            for &(w, n) in &[(3usize, 4099usize), (8, 4099), (64, 1031)] {
+                let c = case(
+                    w,
+                    vec![n],
+                    dist,
+                    Contract::FixedOrder,
+                    DeliveryOrder::Shuffle(3),
+                    false,
+                );
+                let r = run(&mut be, &c, &opts);
+                let got = r.arenas[0].values.as_ref().expect("values kept");
+                let lanes: Vec<Vec<f32>> = (0..w)
+                    .map(|rk| {
+                        let l = Lane::new(dist, c.seed, rk as u32, 0);
+                        (0..n as u64).map(|i| l.value(i)).collect()
+                    })
+                    .collect();
+                let refs: Vec<&[f32]> = lanes.iter().map(|v| v.as_slice()).collect();
+                let mut want = vec![0f32; n];
+                reference_fixed(&refs, &mut want);
+                for i in 0..n {
+                    // NaN payloads differ between CPU and GPU by design.
+                    assert_eq!(
+                        canon(got[i].to_bits()),
+                        canon(want[i].to_bits()),
+                        "{variant} {dist} W={w} element {i}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_distribution_contract_and_mean_matches_cpu() {
+    for variant in KernelVariant::ALL {
+        let mut be = gpu_variant(variant);
+        for dist in ALL_DISTRIBUTIONS {
+            for contract in ALL_CONTRACTS {
+                for mean in [false, true] {
+                    for w in [3usize, 8, 13] {
+                        let c = case(
+                            w,
+                            vec![10007, 3, 0],
+                            dist,
+                            contract,
+                            DeliveryOrder::Shuffle(5),
+                            mean,
+                        );
+                        assert_matches_cpu(&mut be, &c);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn delivery_orders_and_racing_copies_keep_fixed_order_bits() {
+    let w = 8;
+    let n = 100_003;
+    let orders = [
+        DeliveryOrder::Ascending,
+        DeliveryOrder::Descending,
+        DeliveryOrder::Rotate(3),
+        DeliveryOrder::Shuffle(1),
+        DeliveryOrder::Explicit(vec![5, 0, 7, 2, 1, 6, 3, 4]),
+    ];
+    let fixed = |o: &DeliveryOrder| {
+        case(
+            w,
+            vec![n],
+            Distribution::MixedMagnitude,
+            Contract::FixedOrder,
+            o.clone(),
+            false,
+        )
+    };
+    let want = digests(&mut CpuBackend::new(), &fixed(&DeliveryOrder::Ascending));
+    for variant in KernelVariant::ALL {
+        let mut be = gpu_variant(variant);
+        for streams in [0usize, 2, 3, 8] {
+            be.set_copy_streams(streams).expect("copy streams");
+            for o in &orders {
+                assert_eq!(
+                    digests(&mut be, &fixed(o)),
+                    want,
+                    "{variant} streams={streams} order={o}"
+                );
+            }
+        }
+    }
+    // Negative control: arrival order must see the order, and match the
+    // CPU's arrival-order fold for the same order.
+    let mut be = gpu(CudaConfig {
+        copy_streams: 4,
+        ..CudaConfig::default()
+    });
+    let mut seen = Vec::new();
+    for o in &orders {
+        let c = case(
+            w,
+            vec![n],
+            Distribution::MixedMagnitude,
+            Contract::ArrivalOrder,
+            o.clone(),
+            false,
+        );
+        let d = digests(&mut be, &c);
+        assert_eq!(d, digests(&mut CpuBackend::new(), &c), "arrival-order {o}");
+        seen.push(d);
+    }
+    assert_ne!(
+        seen[0], seen[1],
+        "arrival-order ascending vs descending must differ"
+    );
+    assert_eq!(seen[0], want, "arrival-order ascending is the fixed order");
+}
+
+#[test]
+fn launch_configuration_does_not_change_bits() {
+    let c = case(
+        5,
+        vec![1_000_003],
+        Distribution::MixedMagnitude,
+        Contract::FixedOrder,
+        DeliveryOrder::Rotate(2),
+        false,
+    );
+    let want = digests(&mut CpuBackend::new(), &c);
+    let mut be = gpu(CudaConfig::default());
+    for variant in KernelVariant::ALL {
+        be.set_variant(variant);
+        for (seed_block, fast_block, per_sm) in
+            [(32, 32, 1), (128, 64, 2), (256, 256, 16), (1024, 1024, 64)]
+        {
+            be.set_tuning(LaunchTuning {
+                seed_block,
+                fast_block,
+                fast_blocks_per_sm: per_sm,
+            });
+            assert_eq!(
+                digests(&mut be, &c),
+                want,
+                "{variant} {seed_block}/{fast_block}/{per_sm}"
+            );
+        }
+    }
+}
+
+#[test]
+fn ptx_for_compute_75_and_cubin_for_the_device_agree() {
+    let probe = cuda::probe();
+    let dev = probe.devices.first().expect("a device");
+    let arch = (dev.compute_capability.0 * 10 + dev.compute_capability.1) as u32;
+    let cases: Vec<Case> = [
+        Distribution::MixedMagnitude,
+        Distribution::SubnormalHeavy,
+        Distribution::Specials,
+    ]
+    .into_iter()
+    .flat_map(|d| {
+        [Contract::FixedOrder, Contract::PairwiseTree]
+            .map(|k| case(8, vec![100_003, 17], d, k, DeliveryOrder::Descending, true))
+    })
+    .collect();
+    let mut targets = Vec::new();
+    for target in [Target::Ptx(75), Target::Cubin(arch), Target::Auto] {
+        for variant in KernelVariant::ALL {
+            let mut be = gpu(CudaConfig {
+                variant,
+                compile: CompileOptions {
+                    target,
+                    ..CompileOptions::default()
+                },
+                ..CudaConfig::default()
+            });
+            let img = &be.device().fold.program.image;
+            targets.push(format!("{} {}", img.target.kind, img.target.arch_option()));
+            for c in &cases {
+                assert_matches_cpu(&mut be, c);
+            }
+        }
+    }
+    eprintln!("targets checked: {targets:?}");
+    assert!(targets.iter().any(|t| t == "ptx -arch=compute_75"));
+    assert!(targets
+        .iter()
+        .any(|t| t == &format!("cubin -arch=sm_{arch}")));
+}
+
+#[test]
+fn ftz_changes_subnormal_digests_and_the_pinned_defaults_do_not() {
+    let c = case(
+        8,
+        vec![100_003],
+        Distribution::SubnormalHeavy,
+        Contract::FixedOrder,
+        DeliveryOrder::Ascending,
+        false,
+    );
+    let want = digests(&mut CpuBackend::new(), &c);
+    let with = |fmad: bool, ftz: bool| {
+        let mut be = gpu(CudaConfig {
+            compile: CompileOptions {
+                fmad,
+                ftz,
+                target: Target::Auto,
+            },
+            ..CudaConfig::default()
+        });
+        let d = digests(&mut be, &c);
+        let img = be.device().fold.program.image.clone();
+        (d, img)
+    };
+    let (defaults, img_default) = with(false, false);
+    assert_eq!(defaults, want, "pinned defaults must equal the CPU oracle");
+    assert!(img_default.options.contains(&"--ftz=false".to_string()));
+    assert!(img_default.options.contains(&"--fmad=false".to_string()));
+    let (ftz, img_ftz) = with(false, true);
+    assert!(img_ftz.options.contains(&"--ftz=true".to_string()));
+    assert_ne!(
+        img_ftz.sha256, img_default.sha256,
+        "ftz build must be a different image"
+    );
+    assert_ne!(ftz, want, "--ftz=true must change a subnormal-heavy digest");
+    // fmad has nothing to contract in a pure add chain: record what it does.
+    let (fmad, img_fmad) = with(true, false);
+    eprintln!(
+        "fmad=true: digest {} CPU ({}), image {} default",
+        if fmad == want {
+            "equals"
+        } else {
+            "differs from"
+        },
+        want[0],
+        if img_fmad.sha256 == img_default.sha256 {
+            "equals"
+        } else {
+            "differs from"
+        }
+    );
+}
+
+#[test]
+fn modules_are_compiled_once_per_device_and_options() {
+    let a = gpu(CudaConfig::default());
+    let b = gpu(CudaConfig::default());
+    let c = gpu_variant(KernelVariant::Seed);
+    let prog = |x: &CudaBackend| x.device().fold.program.clone();
+    assert!(
+        std::sync::Arc::ptr_eq(&prog(&a), &prog(&b)),
+        "same options must reuse the cached module"
+    );
+    assert!(
+        std::sync::Arc::ptr_eq(&prog(&a), &prog(&c)),
+        "the variant is a function of one module"
+    );
+    assert!(std::sync::Arc::ptr_eq(
+        &a.device().generator,
+        &b.device().generator
+    ));
+    assert!(kernels::compile_count() >= 2);
+}
+
+#[test]
+fn pinned_upstream_example_and_signed_zero() {
+    for variant in KernelVariant::ALL {
+        let mut be = gpu_variant(variant);
+        let a = [1e8f32, 2.5];
+        let b = [-1e8f32, 0.5];
+        let c = [1f32, -1.0];
+        let asc = be
+            .fold_slices(&[&a, &b, &c], Contract::FixedOrder, &[2, 1, 0], false)
+            .unwrap();
+        assert_eq!(asc[0].to_bits(), 1f32.to_bits(), "{variant}");
+        assert_eq!(asc[1].to_bits(), 2f32.to_bits(), "{variant}");
+        let rev = be
+            .fold_slices(&[&a, &b, &c], Contract::ArrivalOrder, &[2, 1, 0], false)
+            .unwrap();
+        assert_eq!(rev[0].to_bits(), 0f32.to_bits(), "{variant}");
+        let z = [-0.0f32; 5];
+        let zs = be
+            .fold_slices(&[&z, &z, &z], Contract::FixedOrder, &[0, 1, 2], false)
+            .unwrap();
+        assert!(
+            zs.iter().all(|v| v.to_bits() == (-0.0f32).to_bits()),
+            "{variant}: -0.0 chain"
+        );
+    }
+}
+
+#[test]
+fn kernel_alone_matches_host_sum_and_mean() {
+    for variant in KernelVariant::ALL {
+        let mut be = gpu_variant(variant);
+        for (w, n, mean) in [
+            (2usize, 4099usize, false),
+            (3, 4099, false),
+            (5, 4099, false),
+            (4, 2053, true),
+            (7, 1, true),
+        ] {
+            let lanes: Vec<Vec<f32>> = (0..w)
+                .map(|r| {
+                    let l = Lane::new(Distribution::MixedMagnitude, 9, r as u32, 0);
+                    (0..n as u64).map(|i| l.value(i)).collect()
+                })
+                .collect();
+            let refs: Vec<&[f32]> = lanes.iter().map(|v| v.as_slice()).collect();
+            let order: Vec<usize> = (0..w).collect();
+            let got = be
+                .fold_slices(&refs, Contract::FixedOrder, &order, mean)
+                .unwrap();
+            let mut want = vec![0f32; n];
+            reference_fixed(&refs, &mut want);
+            if mean {
+                let s = mean_scale(w);
+                want.iter_mut().for_each(|v| *v *= s);
+            }
+            for i in 0..n {
+                assert_eq!(
+                    got[i].to_bits(),
+                    want[i].to_bits(),
+                    "{variant} W={w} n={n} i={i}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn out_of_memory_is_reported_before_allocating() {
+    let mut be = gpu(CudaConfig::default());
+    let c = case(
+        64,
+        vec![1 << 30],
+        Distribution::MixedMagnitude,
+        Contract::FixedOrder,
+        DeliveryOrder::Ascending,
+        false,
+    );
+    match be.run_case(&c, &RunOptions::default()) {
+        Err(BackendError::OutOfMemory {
+            needed, available, ..
+        }) => assert!(needed > available),
+        other => panic!(
+            "expected OutOfMemory, got {other:?}",
+            other = other.map(|r| r.arenas.len())
+        ),
+    }
+    // The backend is still usable afterwards.
+    let small = case(
+        4,
+        vec![1000],
+        Distribution::MixedMagnitude,
+        Contract::FixedOrder,
+        DeliveryOrder::Ascending,
+        false,
+    );
+    assert_matches_cpu(&mut be, &small);
+}
+
+#[test]
+fn rounds_repeat_bit_for_bit() {
+    let mut c = case(
+        6,
+        vec![65_537, 5],
+        Distribution::Cancellation,
+        Contract::FixedOrder,
+        DeliveryOrder::Shuffle(9),
+        true,
+    );
+    c.rounds = 3;
+    let mut be = gpu(CudaConfig {
+        copy_streams: 3,
+        ..CudaConfig::default()
+    });
+    let r = run(&mut be, &c, &RunOptions::default());
+    assert_eq!(r.rounds.len(), 3);
+    assert!(r
+        .rounds
+        .iter()
+        .all(|t| t.total_ms > 0.0 && t.reduce_ms > 0.0 && t.generate_ms >= 0.0));
+    assert_matches_cpu(&mut be, &c);
+}
+
+#[test]
+fn environment_names_device_libraries_and_options() {
+    let be = gpu(CudaConfig::default());
+    let env = be.environment();
+    eprintln!("{}", serde_json::to_string_pretty(&env).unwrap());
+    assert!(env["gpu"]["name"].as_str().is_some_and(|s| !s.is_empty()));
+    assert!(env["gpu"]["uuid"]
+        .as_str()
+        .is_some_and(|s| s.starts_with("GPU-")));
+    assert!(env["gpu"]["sm_count"].as_i64().is_some_and(|s| s > 0));
+    let opts: Vec<String> = serde_json::from_value(env["fold_program"]["options"].clone()).unwrap();
+    for o in [
+        "--fmad=false",
+        "--ftz=false",
+        "--prec-div=true",
+        "--prec-sqrt=true",
+    ] {
+        assert!(opts.iter().any(|x| x == o), "{o} missing from {opts:?}");
+    }
+    assert_eq!(
+        env["fold_program"]["sha256"].as_str().map(str::len),
+        Some(64)
+    );
+    let libs = env["libraries"].as_array().expect("libraries");
+    for fam in ["cuda", "nvrtc"] {
+        let l = libs
+            .iter()
+            .find(|l| l["family"] == fam)
+            .unwrap_or_else(|| panic!("no {fam} library in {libs:?}"));
+        assert_eq!(l["sha256"].as_str().map(str::len), Some(64), "{fam}");
+    }
+}
+
+#[test]
+fn arena_beyond_2_pow_31_elements() {
+    let _g = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
+    let n = (1usize << 31) + 3;
+    let c = case(
+        2,
+        vec![n],
+        Distribution::MixedMagnitude,
+        Contract::FixedOrder,
+        DeliveryOrder::Descending,
+        false,
+    );
+    // Open the GPU first so a machine without one fails at once.
+    let mut backends: Vec<CudaBackend> =
+        KernelVariant::ALL.iter().map(|&v| gpu_variant(v)).collect();
+    let t = std::time::Instant::now();
+    let want = digests(&mut CpuBackend::new(), &c);
+    eprintln!(
+        "CPU oracle W=2 n=2^31+3: {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    for be in &mut backends {
+        let variant = be.config().variant;
+        let t = std::time::Instant::now();
+        let r = run(be, &c, &RunOptions::default());
+        eprintln!(
+            "GPU {variant}: {:.1} s, {:?}",
+            t.elapsed().as_secs_f64(),
+            r.rounds[0]
+        );
+        let got: Vec<String> = r.arenas.iter().map(|a| a.digest().to_string()).collect();
+        assert_eq!(got, want, "{variant} beyond 2^31");
+    }
+}
+
+/// `cargo test --release --features gpu-tests --test gpu -- --ignored bench_fold_rows`
+#[test]
+#[ignore = "benchmark: run explicitly with --ignored"]
+fn bench_fold_rows() {
+    let _g = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
+    let report = bench::bench_fold(&bench::BenchConfig::default()).expect("bench");
+    let json = serde_json::to_string_pretty(&report).unwrap();
+    println!("{json}");
+    if let Ok(path) = std::env::var("FOLDPRINT_BENCH_JSON") {
+        std::fs::write(path, &json).unwrap();
+    }
+    for r in &report.rows {
+        println!(
+            "W={:<3} n={:<9} {:<9} median {:>9.4} ms  min {:>9.4} ms  {:>6.3} TB/s  bits_ok={:?}",
+            r.world, r.n, r.what, r.median_ms, r.min_ms, r.effective_tb_s, r.bits_ok
+        );
+        assert_ne!(r.bits_ok, Some(false), "{r:?}");
+    }
+}
+
+/// Writes addends.f32 and reduced.f32 for bench/torch_peer.py into
+/// $FOLDPRINT_PEER_DIR (W=8, n=2^25, mixed-magnitude, fixed order).
+#[test]
+#[ignore = "writes ~1 GiB for bench/torch_peer.py: run explicitly with --ignored"]
+fn write_torch_peer_files() {
+    let _g = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = std::env::var("FOLDPRINT_PEER_DIR").expect("set FOLDPRINT_PEER_DIR");
+    let mut be = gpu(CudaConfig::default());
+    let c = case(
+        8,
+        vec![1 << 25],
+        Distribution::MixedMagnitude,
+        Contract::FixedOrder,
+        DeliveryOrder::Ascending,
+        false,
+    );
+    let files = be
+        .write_peer_files(&c, std::path::Path::new(&dir))
+        .expect("peer files");
+    println!("{}", serde_json::to_string_pretty(&files).unwrap());
+}
