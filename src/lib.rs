@@ -9,6 +9,7 @@ pub use atomic::write as atomic_write;
 pub mod backend;
 pub mod data;
 pub mod digest;
+pub mod dist;
 pub mod env;
 pub mod experiment;
 pub mod fold;

@@ -383,3 +383,24 @@ fn provenance_file_is_embedded_in_the_report() {
         "cuda12_8-nccl2_28_9"
     );
 }
+
+#[test]
+fn launch_propagates_the_first_failure_and_names_the_rank() {
+    fp().args([
+        "launch",
+        "-n",
+        "3",
+        "--exec",
+        "--",
+        "sh",
+        "-c",
+        "[ $FOLDPRINT_RANK != 1 ] || exit 5; sleep 20",
+    ])
+    .timeout(std::time::Duration::from_secs(15))
+    .assert()
+    .code(5)
+    .stderr(predicate::str::contains("rank 1 of 3 failed first"));
+    fp().args(["launch", "-n", "2", "--", "doctor"])
+        .assert()
+        .success();
+}

@@ -44,6 +44,24 @@ enum Command {
     Doctor(DoctorArgs),
     /// Measure generate + fold and SHA-256 throughput on this machine.
     Bench(bench::BenchArgs),
+    /// Start N local ranks of a command (default: this foldprint); stop all when one fails.
+    Launch(LaunchArgs),
+}
+
+#[derive(Args)]
+struct LaunchArgs {
+    /// Number of ranks to start.
+    #[arg(short = 'n', long = "ranks")]
+    ranks: usize,
+    /// Run ARGS[0] as the program instead of this foldprint binary.
+    #[arg(long)]
+    exec: bool,
+    /// Let every rank print to stdout (default: rank 0 only).
+    #[arg(long)]
+    all_output: bool,
+    /// Arguments of each rank, after `--`.
+    #[arg(last = true, required = true)]
+    args: Vec<std::ffi::OsString>,
 }
 
 #[derive(Args)]
@@ -146,6 +164,7 @@ pub fn main() -> i32 {
         Command::Golden(a) => cmd_golden(a),
         Command::Doctor(a) => doctor::run(a.json),
         Command::Bench(a) => bench::run(a),
+        Command::Launch(a) => cmd_launch(a),
     };
     match result {
         Ok(code) => code,
@@ -386,6 +405,34 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
         );
     }
     Ok(if problems.is_empty() { 0 } else { 1 })
+}
+
+fn cmd_launch(a: LaunchArgs) -> Result<i32> {
+    let (program, args) = if a.exec {
+        let (p, rest) = a
+            .args
+            .split_first()
+            .context("--exec needs a program after `--`")?;
+        (p.clone(), rest.to_vec())
+    } else {
+        let me = std::env::current_exe().context("locating the foldprint binary")?;
+        (me.into_os_string(), a.args.clone())
+    };
+    let spec = foldprint::dist::launch::LaunchSpec {
+        ranks: a.ranks,
+        program,
+        args,
+        all_stdout: a.all_output,
+        grace: std::time::Duration::from_secs(5),
+    };
+    let outcome = foldprint::dist::launch::launch(&spec)?;
+    if let Some((rank, what)) = &outcome.first_failure {
+        eprintln!(
+            "error: rank {rank} of {} failed first ({what}); the other ranks were stopped",
+            a.ranks
+        );
+    }
+    Ok(outcome.code)
 }
 
 fn cmd_golden(a: GoldenArgs) -> Result<i32> {

@@ -1,0 +1,492 @@
+//! Getting NCCL's unique id from rank 0 to every rank, and making every rank
+//! agree on the work first: a length mismatch in NCCL point-to-point calls
+//! hangs rather than errors, so disagreement must be caught here.
+//!
+//! TCP: rank 0 listens; each peer connects and presents the job token, its
+//! rank and its plan (a digest of the cases it is about to run plus a short
+//! description). Rank 0 answers nobody until all W-1 peers have presented
+//! matching plans, then sends the id to all; on a mismatch it tells all of
+//! them and everyone fails with the same message. Wrong tokens are turned
+//! away without disturbing the job. Everything runs under a deadline.
+//!
+//! Directory: rank 0 writes `<job>.id` atomically; peers read it, compare
+//! plans and acknowledge with `<job>.ack.<rank>`; rank 0 waits for the acks.
+
+use super::DistError;
+use sha2::{Digest, Sha256};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const MAGIC: &[u8; 5] = b"FPRV1";
+const OK: u8 = 0;
+const BAD_TOKEN: u8 = 1;
+const DISAGREE: u8 = 2;
+const BAD_RANK: u8 = 3;
+
+/// What the ranks must agree on before any collective.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub digest: [u8; 32],
+    /// Short human description, for messages.
+    pub summary: String,
+}
+
+impl Plan {
+    /// A plan over `lines` (one per case: its key and anything else that must match).
+    pub fn new(lines: &[String], summary: impl Into<String>) -> Plan {
+        let mut h = Sha256::new();
+        for l in lines {
+            h.update(l.as_bytes());
+            h.update(b"\n");
+        }
+        Plan {
+            digest: h.finalize().into(),
+            summary: summary.into(),
+        }
+    }
+}
+
+fn err(role: &str, message: impl Into<String>) -> DistError {
+    DistError::Rendezvous {
+        role: role.into(),
+        message: message.into(),
+    }
+}
+
+fn same_token(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn left(deadline: Instant) -> Option<Duration> {
+    deadline
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+}
+
+fn write_frame(s: &mut TcpStream, bytes: &[u8]) -> std::io::Result<()> {
+    s.write_all(&(bytes.len() as u32).to_le_bytes())?;
+    s.write_all(bytes)
+}
+
+fn read_frame(s: &mut TcpStream, max: usize) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "frame too large",
+        ));
+    }
+    let mut buf = vec![0u8; len];
+    s.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+struct Hello {
+    rank: usize,
+    token: Vec<u8>,
+    plan: Plan,
+}
+
+fn read_hello(s: &mut TcpStream) -> std::io::Result<Hello> {
+    let mut magic = [0u8; 5];
+    s.read_exact(&mut magic)?;
+    if &magic != MAGIC {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not a foldprint rendezvous client",
+        ));
+    }
+    let mut rank = [0u8; 4];
+    s.read_exact(&mut rank)?;
+    let token = read_frame(s, 1024)?;
+    let mut digest = [0u8; 32];
+    s.read_exact(&mut digest)?;
+    let summary = String::from_utf8_lossy(&read_frame(s, 4096)?).into_owned();
+    Ok(Hello {
+        rank: u32::from_le_bytes(rank) as usize,
+        token,
+        plan: Plan { digest, summary },
+    })
+}
+
+fn reply(s: &mut TcpStream, status: u8, body: &[u8]) {
+    let _ = s.write_all(&[status]).and_then(|_| write_frame(s, body));
+}
+
+/// Rank 0: accept W-1 peers on `listener`, check tokens and plans, then send
+/// `payload` (the NCCL unique id) to all of them.
+pub fn serve(
+    listener: &TcpListener,
+    world: usize,
+    token: &[u8],
+    plan: &Plan,
+    payload: &[u8],
+    deadline: Instant,
+) -> Result<(), DistError> {
+    let role = "rank 0";
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| err(role, format!("listener: {e}")))?;
+    let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+    let mut joined = 0;
+    let mut disagreement: Option<String> = None;
+    // After a disagreement, keep accepting until every peer has heard it
+    // (or the deadline passes), so all ranks fail with the same message.
+    while joined < world - 1 {
+        let Some(rest) = left(deadline) else {
+            if disagreement.is_some() {
+                break;
+            }
+            let missing: Vec<usize> = (1..world).filter(|&r| peers[r].is_none()).collect();
+            return Err(err(
+                role,
+                format!(
+                    "{joined} of {} peers joined before the deadline; missing ranks {missing:?}",
+                    world - 1
+                ),
+            ));
+        };
+        let (mut s, from) = match listener.accept() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            Err(e) => return Err(err(role, format!("accept: {e}"))),
+        };
+        // A silent client must not stall the job: bound each handshake.
+        let _ = s.set_nonblocking(false);
+        let _ = s.set_read_timeout(Some(rest.min(Duration::from_secs(5))));
+        let hello = match read_hello(&mut s) {
+            Ok(h) => h,
+            Err(_) => continue,
+        };
+        if !same_token(&hello.token, token) {
+            reply(
+                &mut s,
+                BAD_TOKEN,
+                format!("wrong job token from {from}").as_bytes(),
+            );
+            continue;
+        }
+        if hello.rank == 0 || hello.rank >= world || peers[hello.rank].is_some() {
+            reply(
+                &mut s,
+                BAD_RANK,
+                format!(
+                    "rank {} is not a free peer rank of a world of {world}",
+                    hello.rank
+                )
+                .as_bytes(),
+            );
+            continue;
+        }
+        if hello.plan.digest != plan.digest {
+            disagreement = Some(format!(
+                "rank {} would run `{}` but rank 0 would run `{}` (plan {} vs {})",
+                hello.rank,
+                hello.plan.summary,
+                plan.summary,
+                &hex::encode(hello.plan.digest)[..16],
+                &hex::encode(plan.digest)[..16]
+            ));
+        }
+        peers[hello.rank] = Some(s);
+        joined += 1;
+    }
+    match disagreement {
+        Some(msg) => {
+            for s in peers.iter_mut().flatten() {
+                reply(s, DISAGREE, msg.as_bytes());
+            }
+            Err(DistError::Disagree(msg))
+        }
+        None => {
+            for s in peers.iter_mut().flatten() {
+                reply(s, OK, payload);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// A peer: connect to rank 0 (retrying until it listens), present the
+/// token and plan, and receive the payload.
+pub fn join(
+    addr: SocketAddr,
+    rank: usize,
+    token: &[u8],
+    plan: &Plan,
+    deadline: Instant,
+) -> Result<Vec<u8>, DistError> {
+    let role = format!("rank {rank}");
+    let mut s = loop {
+        let Some(rest) = left(deadline) else {
+            return Err(err(
+                &role,
+                format!("rank 0 at {addr} did not answer before the deadline"),
+            ));
+        };
+        match TcpStream::connect_timeout(&addr, rest.min(Duration::from_secs(1))) {
+            Ok(s) => break s,
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let io = |e: std::io::Error| err(&role, format!("talking to rank 0 at {addr}: {e}"));
+    let mut hello = Vec::new();
+    hello.extend_from_slice(MAGIC);
+    hello.extend_from_slice(&(rank as u32).to_le_bytes());
+    s.write_all(&hello).map_err(io)?;
+    write_frame(&mut s, token).map_err(io)?;
+    s.write_all(&plan.digest).map_err(io)?;
+    write_frame(&mut s, plan.summary.as_bytes()).map_err(io)?;
+    let rest = left(deadline).unwrap_or(Duration::from_millis(1));
+    s.set_read_timeout(Some(rest)).map_err(io)?;
+    let mut status = [0u8; 1];
+    s.read_exact(&mut status).map_err(|e| {
+        err(
+            &role,
+            format!(
+                "no answer from rank 0 at {addr} before the deadline ({e}); are all ranks started?"
+            ),
+        )
+    })?;
+    let body = read_frame(&mut s, 1 << 16).map_err(io)?;
+    match status[0] {
+        OK => Ok(body),
+        DISAGREE => Err(DistError::Disagree(
+            String::from_utf8_lossy(&body).into_owned(),
+        )),
+        _ => Err(err(
+            &role,
+            format!("rank 0 refused: {}", String::from_utf8_lossy(&body)),
+        )),
+    }
+}
+
+/// Rank 0, directory mode: publish the payload, then wait for every peer's ack.
+pub fn publish_dir(
+    dir: &Path,
+    job: &str,
+    world: usize,
+    plan: &Plan,
+    payload: &[u8],
+    deadline: Instant,
+) -> Result<(), DistError> {
+    let role = "rank 0";
+    let id = dir.join(format!("{job}.id"));
+    if id.exists() {
+        return Err(err(
+            role,
+            format!(
+                "{} already exists: a stale file from an earlier job? use a new job id",
+                id.display()
+            ),
+        ));
+    }
+    let body = format!(
+        "{}\n{}\n{}\n",
+        hex::encode(plan.digest),
+        hex::encode(payload),
+        plan.summary
+    );
+    crate::atomic::write(&id, body.as_bytes())
+        .map_err(|e| err(role, format!("{}: {e}", id.display())))?;
+    let mut acked = vec![false; world];
+    acked[0] = true;
+    loop {
+        for (r, done) in acked.iter_mut().enumerate().skip(1) {
+            if *done {
+                continue;
+            }
+            if let Ok(text) = std::fs::read_to_string(dir.join(format!("{job}.ack.{r}"))) {
+                if let Some(theirs) = text.strip_prefix("mismatch ") {
+                    return Err(DistError::Disagree(format!(
+                        "rank {r} would run `{}` but rank 0 would run `{}`",
+                        theirs.trim(),
+                        plan.summary
+                    )));
+                }
+                *done = text.starts_with("ok");
+            }
+        }
+        if acked.iter().all(|&a| a) {
+            return Ok(());
+        }
+        if left(deadline).is_none() {
+            let missing: Vec<usize> = (0..world).filter(|&r| !acked[r]).collect();
+            return Err(err(
+                role,
+                format!(
+                    "ranks {missing:?} did not acknowledge {} before the deadline",
+                    id.display()
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A peer, directory mode: wait for rank 0's file, compare plans, acknowledge.
+pub fn join_dir(
+    dir: &Path,
+    job: &str,
+    rank: usize,
+    plan: &Plan,
+    deadline: Instant,
+) -> Result<Vec<u8>, DistError> {
+    let role = format!("rank {rank}");
+    let id = dir.join(format!("{job}.id"));
+    let text = loop {
+        match std::fs::read_to_string(&id) {
+            Ok(t) => break t,
+            Err(_) if left(deadline).is_some() => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => {
+                return Err(err(
+                    &role,
+                    format!("{} did not appear before the deadline ({e})", id.display()),
+                ))
+            }
+        }
+    };
+    let mut lines = text.lines();
+    let (digest, payload, summary) = (lines.next(), lines.next(), lines.next().unwrap_or(""));
+    let payload = payload
+        .and_then(|p| hex::decode(p).ok())
+        .ok_or_else(|| err(&role, format!("{} is malformed", id.display())))?;
+    let ack = dir.join(format!("{job}.ack.{rank}"));
+    let agrees = digest == Some(hex::encode(plan.digest).as_str());
+    let body = if agrees {
+        "ok\n".to_string()
+    } else {
+        format!("mismatch {}\n", plan.summary)
+    };
+    crate::atomic::write(&ack, body.as_bytes())
+        .map_err(|e| err(&role, format!("{}: {e}", ack.display())))?;
+    if !agrees {
+        return Err(DistError::Disagree(format!(
+            "rank {rank} would run `{}` but rank 0 would run `{summary}`",
+            plan.summary
+        )));
+    }
+    Ok(payload)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(s: &str) -> Plan {
+        Plan::new(&[s.to_string()], s)
+    }
+
+    fn tcp_job(
+        world: usize,
+        plans: Vec<Plan>,
+        tokens: Vec<&'static [u8]>,
+        secs: u64,
+    ) -> (Result<(), DistError>, Vec<Result<Vec<u8>, DistError>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let peers: Vec<_> = (1..world)
+            .map(|r| {
+                let p = plans[r].clone();
+                let t = tokens[r];
+                std::thread::spawn(move || join(addr, r, t, &p, deadline))
+            })
+            .collect();
+        let served = serve(
+            &listener,
+            world,
+            tokens[0],
+            &plans[0],
+            &[7u8; 128],
+            deadline,
+        );
+        (
+            served,
+            peers.into_iter().map(|h| h.join().unwrap()).collect(),
+        )
+    }
+
+    #[test]
+    fn every_peer_gets_the_id_when_plans_and_tokens_match() {
+        let (s, peers) = tcp_job(4, vec![plan("a"); 4], vec![b"tok"; 4], 10);
+        s.unwrap();
+        for p in peers {
+            assert_eq!(p.unwrap(), vec![7u8; 128]);
+        }
+    }
+
+    #[test]
+    fn a_plan_mismatch_fails_every_rank_with_the_same_story() {
+        let (s, peers) = tcp_job(
+            3,
+            vec![plan("a"), plan("a"), plan("b")],
+            vec![b"tok"; 3],
+            10,
+        );
+        let e = s.unwrap_err().to_string();
+        assert!(e.contains("rank 2 would run `b`"), "{e}");
+        for p in peers {
+            assert!(p.unwrap_err().to_string().contains("rank 2 would run `b`"));
+        }
+    }
+
+    #[test]
+    fn a_stranger_with_the_wrong_token_is_turned_away_and_the_job_times_out() {
+        let (s, peers) = tcp_job(2, vec![plan("a"); 2], vec![b"right", b"wrong"], 1);
+        assert!(s.unwrap_err().to_string().contains("missing ranks [1]"));
+        assert!(peers[0]
+            .as_ref()
+            .unwrap_err()
+            .to_string()
+            .contains("wrong job token"));
+    }
+
+    #[test]
+    fn a_peer_without_rank_zero_hits_the_deadline() {
+        let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let t = Instant::now();
+        let e = join(
+            addr,
+            1,
+            b"t",
+            &plan("a"),
+            Instant::now() + Duration::from_millis(300),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("deadline"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(3));
+    }
+
+    #[test]
+    fn directory_rendezvous_agrees_and_refuses_stale_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_path_buf();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let peers: Vec<_> = (1..3)
+            .map(|r| {
+                let d = d.clone();
+                std::thread::spawn(move || join_dir(&d, "job1", r, &plan("a"), deadline))
+            })
+            .collect();
+        publish_dir(&d, "job1", 3, &plan("a"), &[1, 2, 3], deadline).unwrap();
+        for p in peers {
+            assert_eq!(p.join().unwrap().unwrap(), vec![1, 2, 3]);
+        }
+        let e = publish_dir(&d, "job1", 3, &plan("a"), &[1], deadline).unwrap_err();
+        assert!(e.to_string().contains("stale"), "{e}");
+        // A peer with another plan refuses, and rank 0 hears about it.
+        let d2 = d.clone();
+        let peer = std::thread::spawn(move || join_dir(&d2, "job2", 1, &plan("b"), deadline));
+        let e = publish_dir(&d, "job2", 2, &plan("a"), &[1], deadline).unwrap_err();
+        assert!(e.to_string().contains("rank 1 would run `b`"), "{e}");
+        assert!(peer.join().unwrap().is_err());
+    }
+}
