@@ -404,3 +404,51 @@ fn launch_propagates_the_first_failure_and_names_the_rank() {
         .assert()
         .success();
 }
+
+#[test]
+fn compare_of_dumps_localizes_a_single_differing_element() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "tiny.toml", TINY);
+    let (da, db) = (dir.path().join("a"), dir.path().join("b"));
+    for d in [&da, &db] {
+        fp().args(["run", "--backend", "cpu", "--dump"])
+            .arg(d)
+            .arg(&exp)
+            .assert()
+            .success();
+    }
+    fp().arg("compare")
+        .arg(&da)
+        .arg(&db)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("dumps are identical"));
+    // Change element 100 of one arena by one ULP, and its SHA256SUMS line.
+    let sums = std::fs::read_to_string(db.join("SHA256SUMS")).unwrap();
+    let name = sums
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    let mut bytes = std::fs::read(db.join(&name)).unwrap();
+    let old = u32::from_le_bytes(bytes[400..404].try_into().unwrap());
+    bytes[400..404].copy_from_slice(&(old + 1).to_le_bytes());
+    std::fs::write(db.join(&name), &bytes).unwrap();
+    let new_hash = foldprint::digest::sha256_hex(&bytes);
+    let first = sums.lines().next().unwrap().to_string();
+    let sums = sums.replacen(&first, &format!("{new_hash}  {name}"), 1);
+    std::fs::write(db.join("SHA256SUMS"), sums).unwrap();
+    fp().arg("compare")
+        .arg(&da)
+        .arg(&db)
+        .assert()
+        .code(1)
+        .stdout(predicate::str::contains(format!(
+            "DIFFER {name}: 1 of 257 elements differ"
+        )))
+        .stdout(predicate::str::contains(format!("0x{old:08x}")))
+        .stdout(predicate::str::is_match(r"\s100\s.*\s1\n").unwrap());
+}

@@ -97,7 +97,8 @@ struct RunArgs {
 
 #[derive(Args)]
 struct CompareArgs {
-    /// Two or more report files; all are compared with the first.
+    /// Two or more report files (or `--dump` directories, compared element
+    /// by element); all are compared with the first.
     #[arg(required = true, num_args = 2..)]
     reports: Vec<PathBuf>,
     /// Compare only the cases present in every report.
@@ -285,6 +286,16 @@ fn cmd_run(a: RunArgs) -> Result<i32> {
 }
 
 fn cmd_compare(a: CompareArgs) -> Result<i32> {
+    use foldprint::report::localize;
+    if a.reports.iter().all(localize::is_dump_dir) {
+        let mut ok = true;
+        for other in &a.reports[1..] {
+            let cmp = localize::compare_dumps(&a.reports[0], other, 10)?;
+            table::print_dump_comparison(&a.reports[0], other, &cmp);
+            ok &= cmp.differing.is_empty() && cmp.unmatched.is_empty();
+        }
+        return Ok(if ok { 0 } else { 1 });
+    }
     let mut reports = Vec::new();
     for p in &a.reports {
         reports.push((p.display().to_string(), Report::read(p)?));

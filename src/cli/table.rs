@@ -192,3 +192,50 @@ pub fn print_verify(goldens: &[PathBuf], r: &Report, problems: &[String]) {
         }
     }
 }
+
+pub fn print_dump_comparison(
+    a: &Path,
+    b: &Path,
+    cmp: &foldprint::report::localize::DumpComparison,
+) {
+    println!(
+        "{} vs {}: {} identical file(s)",
+        a.display(),
+        b.display(),
+        cmp.identical
+    );
+    for u in &cmp.unmatched {
+        println!("  only one side: {u}");
+    }
+    for d in &cmp.differing {
+        let ulp = d
+            .max_ulp
+            .map_or("NaN involved".to_string(), |u| u.to_string());
+        println!(
+            "  DIFFER {}: {} of {} elements differ (lengths {} / {}), max ULP distance {ulp}",
+            d.name,
+            d.differing,
+            d.lens.0.max(d.lens.1),
+            d.lens.0,
+            d.lens.1
+        );
+        println!(
+            "    {:>12}  {:>10} {:>16}  {:>10} {:>16}  {:>8}",
+            "INDEX", "LEFT", "", "RIGHT", "", "ULP"
+        );
+        for e in &d.first {
+            println!(
+                "    {:>12}  0x{:08x} {:>16e}  0x{:08x} {:>16e}  {:>8}",
+                e.index,
+                e.left,
+                f32::from_bits(e.left),
+                e.right,
+                f32::from_bits(e.right),
+                e.ulp.map_or("-".into(), |u| u.to_string())
+            );
+        }
+    }
+    if cmp.differing.is_empty() && cmp.unmatched.is_empty() {
+        println!("ok: dumps are identical");
+    }
+}

@@ -6,6 +6,7 @@ mod compare;
 mod golden;
 mod groups;
 mod junit;
+pub mod localize;
 
 pub use compare::{compare, Comparison, Mismatch};
 pub use golden::{Golden, GoldenCase, GOLDEN_FORMAT};

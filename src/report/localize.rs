@@ -1,0 +1,159 @@
+//! Where two results differ: element-level comparison of dumped arenas
+//! (index, both values, ULP distance, counts).
+
+use super::ReportError;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Distance in units in the last place between two f32 bit patterns, on the
+/// ordered line where -0.0 and +0.0 are adjacent-equal. `None` if either is NaN.
+pub fn ulp_distance(a: u32, b: u32) -> Option<u64> {
+    let nan = |x: u32| x & 0x7FFF_FFFF > 0x7F80_0000;
+    if nan(a) || nan(b) {
+        return None;
+    }
+    let ordered = |x: u32| -> i64 {
+        if x & 0x8000_0000 != 0 {
+            -((x & 0x7FFF_FFFF) as i64)
+        } else {
+            x as i64
+        }
+    };
+    Some(ordered(a).abs_diff(ordered(b)))
+}
+
+#[derive(Debug, Clone)]
+pub struct ElementDiff {
+    pub index: usize,
+    pub left: u32,
+    pub right: u32,
+    pub ulp: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct FileDiff {
+    pub name: String,
+    /// Elements compared (the shorter length) and lengths of both files.
+    pub lens: (usize, usize),
+    pub differing: usize,
+    pub max_ulp: Option<u64>,
+    pub first: Vec<ElementDiff>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct DumpComparison {
+    pub identical: usize,
+    pub differing: Vec<FileDiff>,
+    /// Files listed in only one SHA256SUMS.
+    pub unmatched: Vec<String>,
+}
+
+fn read_sums(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
+    let path = dir.join("SHA256SUMS");
+    let text = std::fs::read_to_string(&path).map_err(|source| ReportError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let mut out = BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let Some((hash, name)) = line.split_once("  ") else {
+            return Err(ReportError::Malformed {
+                path: path.clone(),
+                message: format!("line {} is not `<sha256>  <file>`", i + 1),
+            });
+        };
+        out.insert(name.to_string(), hash.to_string());
+    }
+    Ok(out)
+}
+
+fn read_f32(path: &Path) -> Result<Vec<u32>, ReportError> {
+    let bytes = std::fs::read(path).map_err(|source| ReportError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if bytes.len() % 4 != 0 {
+        return Err(ReportError::Malformed {
+            path: path.to_path_buf(),
+            message: format!("{} bytes is not a whole number of f32 values", bytes.len()),
+        });
+    }
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// Compare two `--dump` directories file by file; `keep` first differences per file.
+pub fn compare_dumps(a: &Path, b: &Path, keep: usize) -> Result<DumpComparison, ReportError> {
+    let (sa, sb) = (read_sums(a)?, read_sums(b)?);
+    let mut out = DumpComparison::default();
+    for (name, ha) in &sa {
+        let Some(hb) = sb.get(name) else {
+            out.unmatched
+                .push(format!("{name} (only in {})", a.display()));
+            continue;
+        };
+        if ha == hb {
+            out.identical += 1;
+            continue;
+        }
+        let (va, vb) = (read_f32(&a.join(name))?, read_f32(&b.join(name))?);
+        let mut d = FileDiff {
+            name: name.clone(),
+            lens: (va.len(), vb.len()),
+            differing: va.len().abs_diff(vb.len()),
+            max_ulp: None,
+            first: Vec::new(),
+        };
+        for (i, (&x, &y)) in va.iter().zip(&vb).enumerate() {
+            if x != y {
+                d.differing += 1;
+                let ulp = ulp_distance(x, y);
+                d.max_ulp = d.max_ulp.max(ulp);
+                if d.first.len() < keep {
+                    d.first.push(ElementDiff {
+                        index: i,
+                        left: x,
+                        right: y,
+                        ulp,
+                    });
+                }
+            }
+        }
+        out.differing.push(d);
+    }
+    for name in sb.keys().filter(|n| !sa.contains_key(*n)) {
+        out.unmatched
+            .push(format!("{name} (only in {})", b.display()));
+    }
+    Ok(out)
+}
+
+/// True when `p` looks like a dump directory.
+pub fn is_dump_dir(p: &PathBuf) -> bool {
+    p.is_dir() && p.join("SHA256SUMS").is_file()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ulp_distance_on_the_ordered_line() {
+        assert_eq!(ulp_distance(1.0f32.to_bits(), 1.0f32.to_bits()), Some(0));
+        assert_eq!(
+            ulp_distance(
+                1.0f32.to_bits(),
+                f32::from_bits(1.0f32.to_bits() + 3).to_bits()
+            ),
+            Some(3)
+        );
+        assert_eq!(ulp_distance(0.0f32.to_bits(), (-0.0f32).to_bits()), Some(0));
+        assert_eq!(
+            ulp_distance(f32::from_bits(1).to_bits(), (-f32::from_bits(1)).to_bits()),
+            Some(2)
+        );
+        assert_eq!(ulp_distance(f32::NAN.to_bits(), 1.0f32.to_bits()), None);
+    }
+}
