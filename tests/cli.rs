@@ -452,3 +452,64 @@ fn compare_of_dumps_localizes_a_single_differing_element() {
         .stdout(predicate::str::contains(format!("0x{old:08x}")))
         .stdout(predicate::str::is_match(r"\s100\s.*\s1\n").unwrap());
 }
+
+#[test]
+fn attestation_is_a_canonical_in_toto_statement_over_report_and_dumps() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "tiny.toml", TINY);
+    let (report, dump, st) = (
+        dir.path().join("r.json"),
+        dir.path().join("d"),
+        dir.path().join("st.json"),
+    );
+    fp().args(["run", "--backend", "cpu", "--out"])
+        .arg(&report)
+        .arg("--dump")
+        .arg(&dump)
+        .arg(&exp)
+        .assert()
+        .success();
+    fp().arg("attest")
+        .arg(&report)
+        .arg("--dump")
+        .arg(&dump)
+        .arg("--out")
+        .arg(&st)
+        .assert()
+        .success();
+    let text = std::fs::read_to_string(&st).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["_type"], "https://in-toto.io/Statement/v1");
+    assert_eq!(v["predicateType"], "urn:foldprint:predicate:run:v1");
+    let subjects = v["subject"].as_array().unwrap();
+    assert_eq!(subjects.len(), 1 + 12);
+    assert_eq!(subjects[0]["name"], "r.json");
+    assert_eq!(
+        subjects[0]["digest"]["sha256"],
+        foldprint::digest::sha256_hex(&std::fs::read(&report).unwrap())
+    );
+    assert_eq!(v["predicate"]["cases"].as_array().unwrap().len(), 6);
+    // Canonical: re-canonicalizing the parsed statement gives the same bytes.
+    assert_eq!(foldprint::report::attest::canonical(&v), text);
+    assert!(!text.contains(": ") && !text.contains('\n'));
+    // A tampered dump is refused.
+    let sums = std::fs::read_to_string(dump.join("SHA256SUMS")).unwrap();
+    let f = sums
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap();
+    std::fs::write(dump.join(f), b"tampered").unwrap();
+    fp().arg("attest")
+        .arg(&report)
+        .arg("--dump")
+        .arg(&dump)
+        .arg("--out")
+        .arg(dir.path().join("x.json"))
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("SHA256SUMS says"));
+    assert!(!dir.path().join("x.json").exists());
+}

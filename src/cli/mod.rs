@@ -44,8 +44,22 @@ enum Command {
     Doctor(DoctorArgs),
     /// Measure generate + fold and SHA-256 throughput on this machine.
     Bench(bench::BenchArgs),
+    /// Write an in-toto Statement v1 (RFC 8785 JSON) about a report and its dumps.
+    Attest(AttestArgs),
     /// Start N local ranks of a command (default: this foldprint); stop all when one fails.
     Launch(LaunchArgs),
+}
+
+#[derive(Args)]
+struct AttestArgs {
+    /// The report to attest.
+    report: PathBuf,
+    /// A `--dump` directory of the same run: its arenas become subjects too.
+    #[arg(long)]
+    dump: Option<PathBuf>,
+    /// Where to write the statement.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -166,6 +180,7 @@ pub fn main() -> i32 {
         Command::Doctor(a) => doctor::run(a.json),
         Command::Bench(a) => bench::run(a),
         Command::Launch(a) => cmd_launch(a),
+        Command::Attest(a) => cmd_attest(a),
     };
     match result {
         Ok(code) => code,
@@ -416,6 +431,61 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
         );
     }
     Ok(if problems.is_empty() { 0 } else { 1 })
+}
+
+fn cmd_attest(a: AttestArgs) -> Result<i32> {
+    use foldprint::report::attest;
+    let report = Report::read(&a.report)?;
+    let bytes =
+        std::fs::read(&a.report).with_context(|| format!("{}: cannot read", a.report.display()))?;
+    let name = a
+        .report
+        .file_name()
+        .map_or("report.json".into(), |n| n.to_string_lossy().into_owned());
+    let mut subjects = vec![attest::Subject {
+        name,
+        sha256: foldprint::digest::sha256_hex(&bytes),
+    }];
+    if let Some(dir) = &a.dump {
+        let sums_path = dir.join("SHA256SUMS");
+        let sums = std::fs::read_to_string(&sums_path)
+            .with_context(|| format!("{}: cannot read", sums_path.display()))?;
+        for line in sums.lines() {
+            let (hash, file) = line.split_once("  ").ok_or_else(|| {
+                Exit(
+                    2,
+                    format!("{}: malformed line `{line}`", sums_path.display()),
+                )
+            })?;
+            let data = std::fs::read(dir.join(file))
+                .with_context(|| format!("{}: cannot read", dir.join(file).display()))?;
+            let actual = foldprint::digest::sha256_hex(&data);
+            if actual != hash {
+                return Err(Exit(
+                    1,
+                    format!(
+                        "{}: SHA-256 is {actual}, SHA256SUMS says {hash}",
+                        dir.join(file).display()
+                    ),
+                )
+                .into());
+            }
+            subjects.push(attest::Subject {
+                name: file.to_string(),
+                sha256: actual,
+            });
+        }
+    }
+    let text = attest::canonical(&attest::statement(&report, &subjects));
+    foldprint::atomic_write(&a.out, text.as_bytes())
+        .with_context(|| format!("{}: cannot write", a.out.display()))?;
+    println!(
+        "wrote {} ({} subjects, predicate {})",
+        a.out.display(),
+        subjects.len(),
+        attest::PREDICATE_TYPE
+    );
+    Ok(0)
 }
 
 fn cmd_launch(a: LaunchArgs) -> Result<i32> {

@@ -7,6 +7,7 @@ mod golden;
 mod groups;
 mod junit;
 pub mod localize;
+pub mod attest;
 
 pub use compare::{compare, Comparison, Mismatch};
 pub use golden::{Golden, GoldenCase, GOLDEN_FORMAT};

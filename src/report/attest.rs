@@ -1,0 +1,193 @@
+//! Attestations: an in-toto Statement v1 about a run, serialized as RFC 8785
+//! (JCS) canonical JSON so any signer hashes the same bytes.
+//! Subjects: the report file and every dumped arena, with their SHA-256.
+//! Predicate: what was run (experiments, case parameters, digests) and where.
+
+use super::Report;
+use serde_json::{json, Map, Value};
+
+pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
+pub const PREDICATE_TYPE: &str = "urn:foldprint:predicate:run:v1";
+
+/// One attested artifact.
+pub struct Subject {
+    pub name: String,
+    pub sha256: String,
+}
+
+pub fn statement(report: &Report, subjects: &[Subject]) -> Value {
+    let cases: Vec<Value> = report
+        .cases
+        .iter()
+        .map(|c| {
+            json!({
+                "key": c.key,
+                "experiment": c.experiment,
+                "id": c.id,
+                "params": c.params,
+                "arenas_sha256": c.digests(),
+                "ranks_identical": c.ranks_identical,
+            })
+        })
+        .collect();
+    json!({
+        "_type": STATEMENT_TYPE,
+        "subject": subjects.iter().map(|s| json!({"name": s.name, "digest": {"sha256": s.sha256}})).collect::<Vec<_>>(),
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "foldprint": report.foldprint,
+            "backend": report.backend,
+            "nan_policy": report.nan_policy,
+            "experiments": report.experiments,
+            "cases": cases,
+            "verdict": {"ok": report.summary.ok, "failures": report.summary.failures},
+            "environment": strip_floats(&report.environment),
+        }
+    })
+}
+
+/// Environment blocks hold no meaningful fractions; drop floats so the
+/// canonical form never depends on float formatting corner cases.
+fn strip_floats(v: &Value) -> Value {
+    match v {
+        Value::Number(n) if n.is_f64() => Value::String(n.to_string()),
+        Value::Array(a) => Value::Array(a.iter().map(strip_floats).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, v)| (k.clone(), strip_floats(v)))
+                .collect::<Map<_, _>>(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// RFC 8785 canonical JSON: object members sorted by UTF-16 code units, no
+/// insignificant whitespace, minimal string escapes, ECMAScript numbers.
+pub fn canonical(v: &Value) -> String {
+    let mut out = String::new();
+    write_value(v, &mut out);
+    out
+}
+
+fn write_value(v: &Value, out: &mut String) {
+    match v {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                out.push_str(&i.to_string());
+            } else if let Some(u) = n.as_u64() {
+                out.push_str(&u.to_string());
+            } else {
+                out.push_str(&es_number(n.as_f64().unwrap_or(0.0)));
+            }
+        }
+        Value::String(s) => write_string(s, out),
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_value(x, out);
+            }
+            out.push(']');
+        }
+        Value::Object(o) => {
+            let mut keys: Vec<&String> = o.keys().collect();
+            keys.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16()));
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_string(k, out);
+                out.push(':');
+                write_value(&o[*k], out);
+            }
+            out.push('}');
+        }
+    }
+}
+
+fn write_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0C}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// ECMAScript Number::toString for finite doubles (JSON has no others).
+fn es_number(x: f64) -> String {
+    if x == 0.0 {
+        return "0".into();
+    }
+    let sci = format!("{:e}", x.abs()); // shortest round-trip digits, e.g. "1.2345e-7"
+    let (mant, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let digits: String = mant.chars().filter(|c| *c != '.').collect();
+    let k = digits.len() as i32;
+    let n = exp.parse::<i32>().unwrap_or(0) + 1; // x = 0.d1d2.. x 10^n
+    let body = if k <= n && n <= 21 {
+        format!("{digits}{}", "0".repeat((n - k) as usize))
+    } else if 0 < n && n <= 21 {
+        format!("{}.{}", &digits[..n as usize], &digits[n as usize..])
+    } else if -6 < n && n <= 0 {
+        format!("0.{}{digits}", "0".repeat((-n) as usize))
+    } else {
+        let e = n - 1;
+        let sign = if e < 0 { '-' } else { '+' };
+        if k == 1 {
+            format!("{digits}e{sign}{}", e.abs())
+        } else {
+            format!("{}.{}e{sign}{}", &digits[..1], &digits[1..], e.abs())
+        }
+    };
+    if x < 0.0 {
+        format!("-{body}")
+    } else {
+        body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_follow_ecmascript() {
+        for (x, want) in [
+            (1e30, "1e+30"),
+            (4.5, "4.5"),
+            (0.002, "0.002"),
+            (1e-7, "1e-7"),
+            (1e21, "1e+21"),
+            (1e20, "100000000000000000000"),
+            (-1.5e-9, "-1.5e-9"),
+            (123456.789, "123456.789"),
+            (5e-324, "5e-324"),
+        ] {
+            assert_eq!(es_number(x), want, "{x}");
+        }
+    }
+
+    #[test]
+    fn canonical_sorts_keys_by_utf16_and_escapes_minimally() {
+        let v: Value = serde_json::from_str(r#"{"b": [1, {"z": null, "a": true}], "a": "x\n\u0001é", "\ufb33": 3, "\u20ac": 1, "\ud83d\ude00": 2}"#).unwrap();
+        // U+1F600 (surrogates D83D DE00) sorts before U+FB33 in UTF-16 order,
+        // though not in code point order.
+        assert_eq!(canonical(&v), "{\"a\":\"x\\n\\u0001é\",\"b\":[1,{\"a\":true,\"z\":null}],\"€\":1,\"😀\":2,\"\u{fb33}\":3}");
+        let again: Value = serde_json::from_str(&canonical(&v)).unwrap();
+        assert_eq!(canonical(&again), canonical(&v));
+    }
+}
