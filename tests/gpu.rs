@@ -404,12 +404,20 @@ fn ftz_changes_subnormal_digests_and_the_pinned_defaults_do_not() {
     assert!(img_default.options.contains(&"--ftz=false".to_string()));
     assert!(img_default.options.contains(&"--fmad=false".to_string()));
     let (ftz, img_ftz) = with(false, true);
+    eprintln!(
+        "ftz=true: image {} ({}), digest {} (CPU {})",
+        img_ftz.sha256,
+        img_ftz.target.arch_option(),
+        ftz[0],
+        want[0]
+    );
+    eprintln!("ftz=true image note: {:?}", img_ftz.note);
     assert!(img_ftz.options.contains(&"--ftz=true".to_string()));
+    assert_ne!(ftz, want, "--ftz=true must change a subnormal-heavy digest");
     assert_ne!(
         img_ftz.sha256, img_default.sha256,
         "ftz build must be a different image"
     );
-    assert_ne!(ftz, want, "--ftz=true must change a subnormal-heavy digest");
     // fmad has nothing to contract in a pure add chain: record what it does.
     let (fmad, img_fmad) = with(true, false);
     eprintln!(
@@ -426,6 +434,51 @@ fn ftz_changes_subnormal_digests_and_the_pinned_defaults_do_not() {
             "differs from"
         }
     );
+}
+
+/// An explicit target either carries `--ftz=true` (the digest changes) or
+/// is refused with the reason; it never silently builds the default code.
+#[test]
+fn explicit_targets_never_drop_ftz_silently() {
+    let probe = cuda::probe();
+    let dev = probe.devices.first().expect("a device");
+    let arch = (dev.compute_capability.0 * 10 + dev.compute_capability.1) as u32;
+    let c = case(
+        8,
+        vec![100_003],
+        Distribution::SubnormalHeavy,
+        Contract::FixedOrder,
+        DeliveryOrder::Descending,
+        false,
+    );
+    let want = digests(&mut CpuBackend::new(), &c);
+    for target in [Target::Ptx(arch), Target::Ptx(75), Target::Cubin(arch)] {
+        let cfg = CudaConfig {
+            compile: CompileOptions {
+                fmad: false,
+                ftz: true,
+                target,
+            },
+            ..CudaConfig::default()
+        };
+        match CudaBackend::new(cfg) {
+            Ok(mut be) => {
+                let kind = be.device().fold.program.image.target.kind;
+                assert_ne!(
+                    digests(&mut be, &c),
+                    want,
+                    "{target:?} ({kind}) ignored --ftz=true"
+                );
+                eprintln!("{target:?}: built {kind}, ftz visible in the digest");
+            }
+            Err(BackendError::Unavailable { reason, .. }) => {
+                assert!(matches!(target, Target::Cubin(_)), "{target:?}: {reason}");
+                assert!(reason.contains("same CUBIN"), "{reason}");
+                eprintln!("{target:?}: refused: {reason}");
+            }
+            Err(e) => panic!("{target:?}: {e}"),
+        }
+    }
 }
 
 #[test]
@@ -679,4 +732,73 @@ fn write_torch_peer_files() {
         .write_peer_files(&c, std::path::Path::new(&dir))
         .expect("peer files");
     println!("{}", serde_json::to_string_pretty(&files).unwrap());
+}
+
+/// `--ignored bench_fast_tuning_sweep`: launch shapes of the fast fold.
+#[test]
+#[ignore = "benchmark: run explicitly with --ignored"]
+fn bench_fast_tuning_sweep() {
+    let _g = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
+    let mut extra = Vec::new();
+    for fast_block in [128u32, 256, 512, 1024] {
+        for fast_blocks_per_sm in [2u32, 4, 8, 16, 64] {
+            extra.push(LaunchTuning {
+                seed_block: 256,
+                fast_block,
+                fast_blocks_per_sm,
+            });
+        }
+    }
+    let cfg = bench::BenchConfig {
+        shapes: vec![(8, 1 << 25), (64, 1 << 20)],
+        iters: 50,
+        extra_fast: extra,
+        ..bench::BenchConfig::default()
+    };
+    let report = bench::bench_fold(&cfg).expect("bench");
+    for r in &report.rows {
+        println!(
+            "W={:<3} n={:<9} {:<18} median {:>8.4} ms {:>6.3} TB/s bits_ok={:?}",
+            r.world, r.n, r.what, r.median_ms, r.effective_tb_s, r.bits_ok
+        );
+        assert_ne!(r.bits_ok, Some(false), "{r:?}");
+    }
+}
+
+/// `--ignored dump_fold_images`: the fold as NVRTC builds it with ftz off
+/// and on, as PTX and CUBIN, into $FOLDPRINT_DUMP_DIR (for cuobjdump).
+#[test]
+#[ignore = "diagnostic: run explicitly with --ignored"]
+fn dump_fold_images() {
+    let dir = std::path::PathBuf::from(
+        std::env::var("FOLDPRINT_DUMP_DIR").expect("set FOLDPRINT_DUMP_DIR"),
+    );
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = cuda::probe();
+    let d = p.devices.first().expect("a device");
+    let arch = (d.compute_capability.0 * 10 + d.compute_capability.1) as u32;
+    let plain = kernels::FOLD_SRC
+        .replace("__fadd_rn(a, b)", "a + b")
+        .replace("__fmul_rn(a, s)", "a * s");
+    for (src_name, src) in [("fold", kernels::FOLD_SRC.to_string()), ("plainadd", plain)] {
+        for ftz in [false, true] {
+            for kind in ["ptx", "cubin"] {
+                let t = kernels::ResolvedTarget { kind, arch };
+                let opts = kernels::option_list(false, ftz, t);
+                let img = kernels::nvrtc_compile("dump", &src, &opts, t).expect("compile");
+                let name = format!("{src_name}-ftz{ftz}.{kind}");
+                let data = img.data.strip_suffix(&[0]).unwrap_or(&img.data).to_vec();
+                std::fs::write(dir.join(&name), &data).unwrap();
+                let text = String::from_utf8_lossy(&data);
+                println!(
+                    "{name}: nvrtc {:?} sha {} add.rn.ftz.f32 x{} add.rn.f32 x{} add.ftz.f32 x{}",
+                    img.nvrtc_version,
+                    &img.sha256[..16],
+                    text.matches("add.rn.ftz.f32").count(),
+                    text.matches("add.rn.f32").count(),
+                    text.matches("add.ftz.f32").count()
+                );
+            }
+        }
+    }
 }

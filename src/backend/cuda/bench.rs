@@ -24,6 +24,8 @@ pub struct BenchConfig {
     pub seed: u64,
     pub compile: CompileOptions,
     pub tuning: LaunchTuning,
+    /// Extra `fast` rows with these launch shapes (a tuning sweep).
+    pub extra_fast: Vec<LaunchTuning>,
 }
 
 impl Default for BenchConfig {
@@ -37,6 +39,7 @@ impl Default for BenchConfig {
             seed: 1,
             compile: CompileOptions::default(),
             tuning: LaunchTuning::default(),
+            extra_fast: Vec::new(),
         }
     }
 }
@@ -202,11 +205,16 @@ fn bench_shape(
             bits_ok,
         }
     };
+    let mut runs: Vec<(String, KernelVariant, &DeviceBuffer, LaunchTuning)> = vec![
+        ("seed".into(), KernelVariant::Seed, &out_seed, cfg.tuning),
+        ("fast".into(), KernelVariant::Fast, &out_fast, cfg.tuning),
+    ];
+    for t in &cfg.extra_fast {
+        let label = format!("fast {}x{}/SM", t.fast_block, t.fast_blocks_per_sm);
+        runs.push((label, KernelVariant::Fast, &out_fast, *t));
+    }
     let mut outputs = Vec::new();
-    for (variant, out) in [
-        (KernelVariant::Seed, &out_seed),
-        (KernelVariant::Fast, &out_fast),
-    ] {
+    for (label, variant, out, tuning) in runs {
         let args = FoldArgs {
             out: out.ptr(),
             stacked: stacked.ptr(),
@@ -219,11 +227,11 @@ fn bench_shape(
         };
         let times = time_each(stream, cfg.warmup, cfg.iters, || {
             // SAFETY: buffers sized above, both at phase 0.
-            unsafe { dev.fold(variant, FoldMode::Fixed, &args, &cfg.tuning, stream) }
+            unsafe { dev.fold(variant, FoldMode::Fixed, &args, &tuning, stream) }
         })?;
         let mut host = vec![0f32; n];
         out.download(0, &mut host)?;
-        outputs.push((variant, times, host));
+        outputs.push((label, times, host));
     }
     // The copy: half the counted bytes read, half written.
     let times = time_each(stream, cfg.warmup, cfg.iters, || {
@@ -246,12 +254,12 @@ fn bench_shape(
         })
     };
     let seed_vals = outputs[0].2.clone();
-    for (variant, times, host) in outputs {
+    for (label, times, host) in outputs {
         let same = host
             .iter()
             .zip(&seed_vals)
             .all(|(a, b)| a.to_bits() == b.to_bits());
-        rows.push(row(variant.name(), times, Some(same && sample_ok(&host))));
+        rows.push(row(&label, times, Some(same && sample_ok(&host))));
     }
     rows.push(row("d2d-copy", times, None));
     Ok(rows)

@@ -26,7 +26,7 @@ impl Default for LaunchTuning {
         LaunchTuning {
             seed_block: 256,
             fast_block: 256,
-            fast_blocks_per_sm: 16,
+            fast_blocks_per_sm: 64,
         }
     }
 }
@@ -113,6 +113,8 @@ impl Device {
         let fold = FoldKernels {
             program: kernels::fold_program(&ctx, options, fold_target)?,
         };
+        // What was actually built (a flag check may have chosen PTX).
+        let fold_target = fold.program.image.target;
         let generator = kernels::generator_program(&ctx, gen_target)?;
         Ok(Device {
             ctx,
@@ -296,5 +298,6 @@ fn image_json(i: &kernels::Image) -> serde_json::Value {
         "bytes": i.bytes,
         "nvrtc_version": format!("{}.{}", i.nvrtc_version.0, i.nvrtc_version.1),
         "log": i.log,
+        "note": i.note,
     })
 }

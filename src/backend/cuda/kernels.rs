@@ -90,9 +90,9 @@ extern "C" __global__ void fp_generate(u32* __restrict__ out, u64 n, u64 first,
 /// The fold. `stacked` holds `world` rows of stride `ld` (a multiple of 4)
 /// with slot = source rank; `out + i` and every `stacked + r*ld + i` share
 /// one 16-byte phase (the host places rows so), which lets `fast` use
-/// float4 on both sides. Every add is a plain `+` in program order; with
-/// --fmad=false nothing is contracted and the mean scale stays its own
-/// rounding.
+/// float4 on both sides. Every add is an explicit round-to-nearest add in
+/// program order, so nothing is contracted and the mean scale stays its
+/// own rounding.
 pub const FOLD_SRC: &str = r#"
 typedef unsigned long long u64;
 typedef unsigned int u32;
@@ -100,13 +100,16 @@ typedef unsigned int u32;
 #define FP_ADD_OP 0xFFFFFFFFu
 #define FP_STACK 40
 
-__device__ __forceinline__ float fp_add(float a, float b) { return a + b; }
+// __fadd_rn/__fmul_rn: never contracted into an FMA whatever --fmad says;
+// their denormal handling follows --ftz (through NVVM reflect).
+__device__ __forceinline__ float fp_add(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ float4 fp_add(float4 a, float4 b) {
-    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z),
+                       __fadd_rn(a.w, b.w));
 }
-__device__ __forceinline__ float fp_scale(float a, float s) { return a * s; }
+__device__ __forceinline__ float fp_scale(float a, float s) { return __fmul_rn(a, s); }
 __device__ __forceinline__ float4 fp_scale(float4 a, float s) {
-    return make_float4(a.x * s, a.y * s, a.z * s, a.w * s);
+    return make_float4(__fmul_rn(a.x, s), __fmul_rn(a.y, s), __fmul_rn(a.z, s), __fmul_rn(a.w, s));
 }
 
 template <typename V> __device__ __forceinline__ V fp_load(const float* p);
@@ -414,6 +417,9 @@ pub struct Image {
     pub sha256: String,
     pub bytes: usize,
     pub log: String,
+    /// Why the image differs from what was asked (e.g. PTX instead of a
+    /// CUBIN that ignored a flag).
+    pub note: Option<String>,
     #[serde(skip)]
     pub data: Vec<u8>,
 }
@@ -488,6 +494,7 @@ pub fn nvrtc_compile(
         sha256: hex::encode(Sha256::digest(hashed)),
         bytes: hashed.len(),
         log,
+        note: None,
         data,
     })
 }
@@ -602,6 +609,8 @@ struct CacheKey {
     fmad: bool,
     ftz: bool,
     target: ResolvedTarget,
+    /// The caller named the target (no fallback allowed).
+    explicit: bool,
 }
 
 type Cache = Mutex<HashMap<CacheKey, Arc<LoadedProgram>>>;
@@ -629,12 +638,73 @@ fn cached(
     if let Some(p) = map.get(&key) {
         return Ok(p.clone());
     }
-    let options = option_list(key.fmad, key.ftz, key.target);
-    let image = nvrtc_compile(key.program, src, &options, key.target)?;
+    let image = build_image(key, src)?;
     COMPILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let loaded = Arc::new(load(ctx, image, entries)?);
     map.insert(key, loaded.clone());
     Ok(loaded)
+}
+
+/// Compile for `key`, checking that non-default flags really reach a CUBIN.
+///
+/// Seen with NVRTC 13.0: `--ftz=true` changes the PTX but the CUBIN comes
+/// out byte-identical to the `--ftz=false` one. A report must not claim a
+/// flag the code does not carry, so when a non-default option set yields
+/// the default CUBIN while its PTX differs, an `Auto` target falls back to
+/// that PTX (the driver compiles it) and says so; an explicit CUBIN target
+/// is refused.
+fn build_image(key: CacheKey, src: &str) -> Result<Image, String> {
+    let options = option_list(key.fmad, key.ftz, key.target);
+    let mut image = nvrtc_compile(key.program, src, &options, key.target)?;
+    let pinned = !key.fmad && !key.ftz;
+    if pinned || key.target.kind != "cubin" {
+        return Ok(image);
+    }
+    let default_opts = option_list(false, false, key.target);
+    let default_cubin = nvrtc_compile(key.program, src, &default_opts, key.target)?;
+    if default_cubin.sha256 != image.sha256 {
+        return Ok(image);
+    }
+    let ptx_target = ResolvedTarget {
+        kind: "ptx",
+        arch: key.target.arch,
+    };
+    let ptx = nvrtc_compile(
+        key.program,
+        src,
+        &option_list(key.fmad, key.ftz, ptx_target),
+        ptx_target,
+    )?;
+    let ptx_default = nvrtc_compile(
+        key.program,
+        src,
+        &option_list(false, false, ptx_target),
+        ptx_target,
+    )?;
+    let (v0, v1) = image.nvrtc_version;
+    if ptx.sha256 == ptx_default.sha256 {
+        image.note = Some(format!(
+            "{} do not change this program's code (NVRTC {v0}.{v1}: same PTX and CUBIN as the pinned defaults)",
+            options[..2].join(" ")
+        ));
+        return Ok(image);
+    }
+    let what = format!(
+        "NVRTC {v0}.{v1} emitted the same CUBIN for {} as for the pinned defaults, although the PTX differs",
+        options[..2].join(" ")
+    );
+    if key.explicit {
+        return Err(format!(
+            "{what}; choose a PTX target (e.g. compute_{}) for these options",
+            key.target.arch
+        ));
+    }
+    let mut ptx = ptx;
+    ptx.note = Some(format!(
+        "{what}; using PTX for compute_{} so the flags take effect",
+        key.target.arch
+    ));
+    Ok(ptx)
 }
 
 /// The fold program for one device and option set (compiled once per process).
@@ -649,6 +719,7 @@ pub fn fold_program(
         fmad: opts.fmad,
         ftz: opts.ftz,
         target,
+        explicit: opts.target != Target::Auto,
     };
     cached(ctx, key, FOLD_SRC, &FOLD_ENTRIES)
 }
@@ -664,6 +735,7 @@ pub fn generator_program(
         fmad: false,
         ftz: false,
         target,
+        explicit: false,
     };
     cached(ctx, key, GENERATOR_SRC, &["fp_generate"])
 }
