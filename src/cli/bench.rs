@@ -24,6 +24,46 @@ pub struct BenchArgs {
     /// Print rows as JSON.
     #[arg(long)]
     json: bool,
+    /// `cuda`: time the GPU fold kernel alone (seed and fast variants, plus
+    /// a device-to-device copy of the same bytes); `auto` picks cuda when
+    /// usable.
+    #[arg(long, value_enum, default_value_t = foldprint::backend::BackendChoice::Cpu)]
+    backend: foldprint::backend::BackendChoice,
+}
+
+/// The GPU fold benchmark (src/backend/cuda/bench.rs), printed.
+fn run_cuda(json: bool) -> Result<i32> {
+    use foldprint::backend::cuda::bench::{bench_fold, BenchConfig};
+    let report = bench_fold(&BenchConfig::default())?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(0);
+    }
+    println!(
+        "{} · driver {} · NVRTC {} · {}",
+        report.device, report.driver, report.nvrtc, report.target
+    );
+    println!(
+        "{:>3} {:>9} {:<9} {:>10} {:>10} {:>7} BITS",
+        "W", "n", "WHAT", "MEDIAN ms", "MIN ms", "TB/s"
+    );
+    for r in &report.rows {
+        println!(
+            "{:>3} {:>9} {:<9} {:>10.4} {:>10.4} {:>7.3} {}",
+            r.world,
+            r.n,
+            r.what,
+            r.median_ms,
+            r.min_ms,
+            r.effective_tb_s,
+            r.bits_ok.map_or("-", |ok| if ok { "ok" } else { "DIFFER" })
+        );
+    }
+    Ok(if report.rows.iter().any(|r| r.bits_ok == Some(false)) {
+        1
+    } else {
+        0
+    })
 }
 
 #[derive(serde::Serialize)]
@@ -87,6 +127,12 @@ fn openssl_row() -> Option<Row> {
 }
 
 pub fn run(a: BenchArgs) -> Result<i32> {
+    use foldprint::backend::BackendChoice;
+    match a.backend {
+        BackendChoice::Cuda => return run_cuda(a.json),
+        BackendChoice::Auto if foldprint::backend::cuda::probe().usable => return run_cuda(a.json),
+        _ => {}
+    }
     let n = 1usize
         .checked_shl(a.log2_len)
         .filter(|_| a.log2_len <= 32)

@@ -140,7 +140,10 @@ pub fn version_text(v: i32) -> String {
     format!("{}.{}", v / 1000, (v % 1000) / 10)
 }
 
-fn open_library(names: Vec<String>, symbols: &[&str], family: &str) -> LibraryProbe {
+fn open_library(mut names: Vec<String>, symbols: &[&str], family: &str) -> LibraryProbe {
+    // cudarc's list repeats some names; trying one twice tells nothing.
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(n.clone()));
     let mut probe = LibraryProbe {
         names_tried: names.clone(),
         opened_name: None,
@@ -170,8 +173,11 @@ fn open_library(names: Vec<String>, symbols: &[&str], family: &str) -> LibraryPr
             }
             Err(e) => {
                 // libloading's Display hides dlerror(); it is the source.
-                let detail = std::error::Error::source(&e).map(|s| s.to_string());
-                probe.error = Some(detail.unwrap_or_else(|| e.to_string()));
+                // Keep the first failure: it names the plain library name.
+                if probe.error.is_none() {
+                    let detail = std::error::Error::source(&e).map(|s| s.to_string());
+                    probe.error = Some(detail.unwrap_or_else(|| e.to_string()));
+                }
             }
         }
     }
