@@ -35,7 +35,10 @@ impl fmt::Display for BackendChoice {
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("backend `{backend}` is not usable here: {reason}")]
-    Unavailable { backend: &'static str, reason: String },
+    Unavailable {
+        backend: &'static str,
+        reason: String,
+    },
     #[error("case `{case}` needs {needed} bytes of {what} but only {available} are available")]
     OutOfMemory {
         case: String,
@@ -107,13 +110,19 @@ pub trait Backend {
 pub fn select(choice: BackendChoice) -> Result<(Box<dyn Backend>, Option<String>), BackendError> {
     match choice {
         BackendChoice::Cpu => Ok((Box::new(cpu::CpuBackend::new()), None)),
-        BackendChoice::Cuda => Ok((Box::new(cuda::CudaBackend::new(cuda::CudaConfig::default())?), None)),
+        BackendChoice::Cuda => Ok((
+            Box::new(cuda::CudaBackend::new(cuda::CudaConfig::default())?),
+            None,
+        )),
         BackendChoice::Auto => {
             let probe = cuda::probe();
             if !probe.usable {
                 return Ok((
                     Box::new(cpu::CpuBackend::new()),
-                    Some(format!("auto: CUDA not usable ({}); using the CPU oracle", probe.reason())),
+                    Some(format!(
+                        "auto: CUDA not usable ({}); using the CPU oracle",
+                        probe.reason()
+                    )),
                 ));
             }
             match cuda::CudaBackend::new(cuda::CudaConfig::default()) {
@@ -130,8 +139,7 @@ pub fn select(choice: BackendChoice) -> Result<(Box<dyn Backend>, Option<String>
 /// Compare the digests of successive rounds.
 pub(crate) fn same_digests(a: &[ReducedArena], b: &[ReducedArena]) -> bool {
     a.len() == b.len()
-        && a
-            .iter()
+        && a.iter()
             .zip(b)
             .all(|(x, y)| x.rank_digests == y.rank_digests)
 }
