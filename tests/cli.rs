@@ -513,3 +513,24 @@ fn attestation_is_a_canonical_in_toto_statement_over_report_and_dumps() {
         .stderr(predicate::str::contains("SHA256SUMS says"));
     assert!(!dir.path().join("x.json").exists());
 }
+
+/// On a machine without CUDA (CI), `--backend cuda` must fail with exit 3 and
+/// say what is missing, and `auto` must fall back with a note. Where CUDA is
+/// usable, the same commands must succeed instead.
+#[test]
+fn cuda_backend_without_a_gpu_fails_clearly_and_auto_falls_back() {
+    let doctor = fp().args(["doctor", "--json"]).assert().success();
+    let v: serde_json::Value = serde_json::from_slice(&doctor.get_output().stdout).unwrap();
+    let usable = v["cuda"]["usable"].as_bool().unwrap();
+    let cuda = fp().args(["run", "--backend", "cuda", "experiments/smoke.toml"]).assert();
+    let auto = fp().args(["run", "experiments/smoke.toml"]).assert().success();
+    if usable {
+        cuda.success();
+    } else {
+        cuda.code(3)
+            .stderr(predicate::str::contains("backend `cuda` is not usable here"))
+            .stderr(predicate::str::contains("libcuda.so"));
+        auto.stderr(predicate::str::contains("auto: CUDA not usable"))
+            .stderr(predicate::str::contains("using the CPU oracle"));
+    }
+}

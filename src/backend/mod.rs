@@ -106,14 +106,20 @@ pub trait Backend {
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError>;
 }
 
+/// Backend settings chosen on the command line.
+#[derive(Debug, Clone, Default)]
+pub struct BackendOptions {
+    pub cuda: cuda::CudaConfig,
+}
+
 /// Pick a backend for `choice`; the note says why when `auto` fell back.
-pub fn select(choice: BackendChoice) -> Result<(Box<dyn Backend>, Option<String>), BackendError> {
+pub fn select(
+    choice: BackendChoice,
+    opts: &BackendOptions,
+) -> Result<(Box<dyn Backend>, Option<String>), BackendError> {
     match choice {
         BackendChoice::Cpu => Ok((Box::new(cpu::CpuBackend::new()), None)),
-        BackendChoice::Cuda => Ok((
-            Box::new(cuda::CudaBackend::new(cuda::CudaConfig::default())?),
-            None,
-        )),
+        BackendChoice::Cuda => Ok((Box::new(cuda::CudaBackend::new(opts.cuda.clone())?), None)),
         BackendChoice::Auto => {
             let probe = cuda::probe();
             if !probe.usable {
@@ -121,11 +127,11 @@ pub fn select(choice: BackendChoice) -> Result<(Box<dyn Backend>, Option<String>
                     Box::new(cpu::CpuBackend::new()),
                     Some(format!(
                         "auto: CUDA not usable ({}); using the CPU oracle",
-                        probe.reason()
+                        probe.short_reason()
                     )),
                 ));
             }
-            match cuda::CudaBackend::new(cuda::CudaConfig::default()) {
+            match cuda::CudaBackend::new(opts.cuda.clone()) {
                 Ok(b) => Ok((Box::new(b), None)),
                 Err(e) => Ok((
                     Box::new(cpu::CpuBackend::new()),

@@ -1,6 +1,31 @@
 //! `doctor`: which backends can run here, and what is missing.
 
 use anyhow::Result;
+use foldprint::backend::cuda::{probe, probe::version_text};
+
+fn lib_line(name: &str, l: &foldprint::backend::cuda::probe::LibraryProbe) -> String {
+    match (&l.opened_name, &l.path) {
+        (Some(n), Some(p)) => format!("{name}: {n} -> {p}"),
+        (Some(n), None) => format!("{name}: {n}"),
+        (None, _) => format!(
+            "{name}: NOT FOUND (tried {}{}){}",
+            l.names_tried
+                .iter()
+                .take(3)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", "),
+            if l.names_tried.len() > 3 {
+                format!(" and {} more", l.names_tried.len() - 3)
+            } else {
+                String::new()
+            },
+            l.error
+                .as_ref()
+                .map_or(String::new(), |e| format!("; loader: {e}"))
+        ),
+    }
+}
 
 pub fn run(json: bool) -> Result<i32> {
     let host = foldprint::env::host();
@@ -9,23 +34,61 @@ pub fn run(json: bool) -> Result<i32> {
         "threads": rayon::current_num_threads(),
         "available_memory": foldprint::backend::cpu::available_memory(),
     });
-    let v = serde_json::json!({ "host": host, "cpu": cpu });
+    let cuda = probe();
     if json {
+        let v = serde_json::json!({ "host": host, "cpu": cpu, "cuda": cuda });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
     }
     println!(
-        "host  {} · {} · {} cores",
+        "host   {} · {} · {} cores",
         host["os"].as_str().unwrap_or(""),
         host["cpu"].as_str().unwrap_or(""),
         host["cores"]
     );
     println!(
-        "cpu   usable · {} threads · {} MiB available",
+        "cpu    usable · {} threads · {} MiB available",
         cpu["threads"],
         cpu["available_memory"]
             .as_u64()
             .map_or("?".into(), |b| (b >> 20).to_string())
+    );
+    println!(
+        "cuda   {}",
+        if cuda.usable {
+            "usable".to_string()
+        } else {
+            format!("NOT usable: {}", cuda.short_reason())
+        }
+    );
+    println!("       {}", lib_line("driver", &cuda.driver_library));
+    if let Some(v) = cuda.driver_version {
+        println!("       driver API {}", version_text(v));
+    }
+    if let Some(e) = &cuda.driver_error {
+        println!("       driver error: {e}");
+    }
+    for d in &cuda.devices {
+        println!(
+            "       device {}: {} · sm_{}{} · {} SMs · {} MiB",
+            d.ordinal,
+            d.name,
+            d.compute_capability.0,
+            d.compute_capability.1,
+            d.sm_count,
+            d.total_memory_bytes >> 20
+        );
+    }
+    println!("       {}", lib_line("nvrtc", &cuda.nvrtc_library));
+    if let Some((a, b)) = cuda.nvrtc_version {
+        println!("       NVRTC {a}.{b}");
+    }
+    if let Some(e) = &cuda.nvrtc_error {
+        println!("       NVRTC error: {e}");
+    }
+    println!(
+        "auto   would use {}",
+        if cuda.usable { "cuda" } else { "cpu" }
     );
     Ok(0)
 }

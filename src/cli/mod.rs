@@ -98,6 +98,66 @@ struct Common {
     /// Also write the result as JUnit XML (one testcase per case and group).
     #[arg(long)]
     junit: Option<PathBuf>,
+    #[command(flatten)]
+    cuda: CudaArgs,
+}
+
+/// Settings of the CUDA backend (ignored by the CPU backend).
+#[derive(Args, Clone)]
+struct CudaArgs {
+    /// Fold kernel variant: `fast` (vectorized) or `seed` (one thread per element).
+    #[arg(long, default_value = "fast", value_parser = ["fast", "seed"])]
+    kernel: String,
+    /// Compile target: `auto` (CUBIN for the device's sm_XY when NVRTC can),
+    /// `sm_XY` (CUBIN) or `compute_XY` (PTX, JIT-compiled by the driver).
+    #[arg(long, default_value = "auto", value_parser = parse_target)]
+    target: foldprint::backend::cuda::Target,
+    /// Threads per block of the fold kernel.
+    #[arg(long)]
+    block: Option<u32>,
+    /// Streams the exchange copies race on (0: one stream, in delivery order).
+    #[arg(long, default_value_t = 0)]
+    copy_streams: usize,
+    /// Negative control: compile the fold with --ftz=true (flushes subnormals).
+    #[arg(long)]
+    ftz: bool,
+}
+
+fn parse_target(s: &str) -> Result<foldprint::backend::cuda::Target, String> {
+    use foldprint::backend::cuda::Target;
+    let num = |t: &str| {
+        t.parse::<u32>()
+            .map_err(|_| format!("`{s}`: expected auto, sm_XY or compute_XY"))
+    };
+    if s == "auto" {
+        Ok(Target::Auto)
+    } else if let Some(x) = s.strip_prefix("sm_") {
+        Ok(Target::Cubin(num(x)?))
+    } else if let Some(x) = s.strip_prefix("compute_") {
+        Ok(Target::Ptx(num(x)?))
+    } else {
+        Err(format!("`{s}`: expected auto, sm_XY or compute_XY"))
+    }
+}
+
+impl CudaArgs {
+    fn options(&self) -> backend::BackendOptions {
+        use foldprint::backend::cuda::{CudaConfig, KernelVariant};
+        let mut cuda = CudaConfig::default();
+        cuda.variant = if self.kernel == "seed" {
+            KernelVariant::Seed
+        } else {
+            KernelVariant::Fast
+        };
+        cuda.compile.target = self.target;
+        cuda.compile.ftz = self.ftz;
+        cuda.copy_streams = self.copy_streams;
+        if let Some(b) = self.block {
+            cuda.tuning.fast_block = b;
+            cuda.tuning.seed_block = b;
+        }
+        backend::BackendOptions { cuda }
+    }
 }
 
 #[derive(Args)]
@@ -261,7 +321,7 @@ fn execute(
     experiments: &[Experiment],
     dump: Option<&std::path::Path>,
 ) -> Result<Report> {
-    let (mut be, note) = backend::select(common.backend)?;
+    let (mut be, note) = backend::select(common.backend, &common.cuda.options())?;
     if let Some(n) = &note {
         eprintln!("note: {n}");
     }
@@ -525,6 +585,13 @@ fn cmd_golden(a: GoldenArgs) -> Result<i32> {
         json: false,
         out: None,
         junit: None,
+        cuda: CudaArgs {
+            kernel: "fast".into(),
+            target: foldprint::backend::cuda::Target::Auto,
+            block: None,
+            copy_streams: 0,
+            ftz: false,
+        },
     };
     let report = execute(&common, &exps, None)?;
     if !report.summary.ok {

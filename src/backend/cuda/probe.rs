@@ -129,6 +129,26 @@ impl CudaProbe {
         }
     }
 
+    /// Like `reason`, without the lists of names tried (for one-line notes).
+    pub fn short_reason(&self) -> String {
+        let mut parts = Vec::new();
+        if self.driver_library.opened_name.is_none() {
+            parts.push("no CUDA driver library (libcuda.so)".to_string());
+        } else if let Some(e) = &self.driver_error {
+            parts.push(format!("driver: {e}"));
+        } else if self.device_count == 0 {
+            parts.push("no CUDA device".to_string());
+        }
+        if self.nvrtc_library.opened_name.is_none() {
+            parts.push("no NVRTC library (libnvrtc.so)".to_string());
+        }
+        if parts.is_empty() {
+            self.reason()
+        } else {
+            parts.join(", ")
+        }
+    }
+
     /// Driver version as `major.minor`.
     pub fn driver_version_text(&self) -> Option<String> {
         self.driver_version.map(version_text)

@@ -1,0 +1,58 @@
+# The foldprint binary, built once for every library combination.
+#
+# No CUDA at build time: cudarc is built with `dynamic-loading`, so the binary
+# dlopens libcuda, libnvrtc and libnccl when a CUDA backend starts. Which
+# NVRTC and NCCL it finds is decided by the thin wrappers in combination.nix.
+#
+# `clippy = true` turns the same derivation (same vendored dependencies)
+# into the lint check: it runs clippy like .ci/run does and installs nothing.
+{
+  lib,
+  rustPlatform,
+  coreutils,
+  src,
+  version,
+  gitRev,
+  clippy ? false,
+}:
+rustPlatform.buildRustPackage (
+  {
+    pname = if clippy then "foldprint-clippy" else "foldprint";
+    inherit version src;
+
+    cargoLock.lockFile = ../Cargo.lock;
+
+    # Recorded in every report as `foldprint.git` (src/report/mod.rs).
+    env.FOLDPRINT_GIT_REV = gitRev;
+
+    # The CPU test suite runs in the build (`cargo test --release`); the CLI
+    # tests check dumps with `sha256sum -c`. tests/gpu.rs needs the
+    # `gpu-tests` feature and a GPU: it is not built here.
+    nativeCheckInputs = [ coreutils ];
+
+    meta = {
+      description = "Bitwise-reproducible fixed-order float32 reduction harness with SHA-256 digests";
+      license = with lib.licenses; [
+        mit
+        asl20
+      ];
+      mainProgram = "foldprint";
+      platforms = lib.platforms.linux;
+    };
+  }
+  // lib.optionalAttrs clippy {
+    buildPhase = ''
+      runHook preBuild
+      cargo clippy --frozen --all-targets -- -D warnings
+      cargo clippy --frozen --all-targets --features gpu-tests -- -D warnings
+      runHook postBuild
+    '';
+    doCheck = false;
+    installPhase = ''
+      runHook preInstall
+      touch "$out"
+      runHook postInstall
+    '';
+    dontFixup = true;
+  }
+)
