@@ -31,6 +31,14 @@ fn os_release() -> String {
         .unwrap_or_else(|| std::env::consts::OS.to_string())
 }
 
+/// The NVIDIA kernel driver release (e.g. 580.159.04), when one is loaded.
+fn nvidia_driver() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/driver/nvidia/version").ok()?;
+    let line = text.lines().next()?;
+    let after = line.split("Kernel Module").nth(1)?;
+    after.split_whitespace().next().map(str::to_string)
+}
+
 pub fn host() -> Value {
     json!({
         "hostname": read_trimmed("/proc/sys/kernel/hostname").unwrap_or_default(),
@@ -39,6 +47,7 @@ pub fn host() -> Value {
         "arch": std::env::consts::ARCH,
         "cpu": cpu_model(),
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "nvidia_kernel_driver": nvidia_driver(),
     })
 }
 

@@ -51,12 +51,16 @@ pub enum Contract {
     ArrivalOrder,
     /// Negative control: deterministic pairwise tree over source ranks.
     PairwiseTree,
+    /// Negative control: NCCL's own all-reduce sum (NCCL backend only);
+    /// its bits may move with NCCL_ALGO, NCCL_PROTO and message size.
+    NcclAllreduce,
 }
 
-pub const ALL_CONTRACTS: [Contract; 3] = [
+pub const ALL_CONTRACTS: [Contract; 4] = [
     Contract::FixedOrder,
     Contract::ArrivalOrder,
     Contract::PairwiseTree,
+    Contract::NcclAllreduce,
 ];
 
 impl Contract {
@@ -65,6 +69,7 @@ impl Contract {
             Contract::FixedOrder => "fixed-order",
             Contract::ArrivalOrder => "arrival-order",
             Contract::PairwiseTree => "pairwise-tree",
+            Contract::NcclAllreduce => "nccl-allreduce",
         }
     }
 
@@ -89,7 +94,7 @@ impl FromStr for Contract {
             .find(|c| c.name() == s)
             .ok_or_else(|| {
                 format!(
-                    "unknown contract `{s}` (expected fixed-order, arrival-order or pairwise-tree)"
+                    "unknown contract `{s}` (expected fixed-order, arrival-order, pairwise-tree or nccl-allreduce)"
                 )
             })
     }

@@ -4,7 +4,7 @@ use crate::backend::{Backend, BackendError, RunOptions};
 use crate::digest::{hashed_bytes, sha256_hex, NanPolicy};
 use crate::experiment::{Case, Experiment};
 use crate::report::{
-    build_groups, CaseReport, ExperimentInfo, Report, Summary, ToolInfo, REPORT_FORMAT,
+    build_groups, CaseReport, ExperimentInfo, Report, SkippedCase, Summary, ToolInfo, REPORT_FORMAT,
     REPORT_VERSION,
 };
 use std::path::{Path, PathBuf};
@@ -49,8 +49,19 @@ pub fn run(
     let all: Vec<&Case> = experiments.iter().flat_map(|e| &e.cases).collect();
     let mut dumps = Vec::new();
     let mut cases = Vec::with_capacity(all.len());
+    let mut skipped = Vec::new();
     for (i, case) in all.iter().enumerate() {
         progress.start(case, i, all.len());
+        if let Some(reason) = backend.skip_reason(case) {
+            skipped.push(SkippedCase {
+                key: case.key(),
+                experiment: case.experiment.clone(),
+                id: case.id.clone(),
+                reason,
+            });
+            progress.done(case);
+            continue;
+        }
         let mut out = backend.run_case(case, &opts)?;
         let sensitivity = crate::sensitivity::measure(case);
         if let Some(dir) = cfg.dump {
@@ -97,6 +108,7 @@ pub fn run(
         environment,
         experiments: experiments.iter().map(ExperimentInfo::from).collect(),
         cases,
+        skipped,
         groups,
         summary: Summary::default(),
     };

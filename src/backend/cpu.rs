@@ -45,7 +45,14 @@ impl Backend for CpuBackend {
         serde_json::json!({ "kind": "cpu", "threads": self.threads })
     }
 
+    fn skip_reason(&self, case: &Case) -> Option<String> {
+        super::nccl_only(case)
+    }
+
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
+        if let Some(why) = self.skip_reason(case) {
+            return Err(BackendError::Failed { case: case.id.clone(), message: why });
+        }
         check_memory(case)?;
         let mut rounds = Vec::new();
         let mut first: Option<Vec<ReducedArena>> = None;
@@ -275,6 +282,8 @@ fn fold_stacked(
                 }
             }
         }
+        // Never reached: `skip_reason` keeps NCCL-only cases away.
+        Contract::NcclAllreduce => out.fill(f32::NAN),
         Contract::PairwiseTree => {
             let mut slots = vec![0f32; world];
             for (i, o) in out.iter_mut().enumerate() {

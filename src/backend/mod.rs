@@ -4,6 +4,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod nccl;
 
 use crate::digest::NanPolicy;
 use crate::experiment::Case;
@@ -20,6 +21,8 @@ pub enum BackendChoice {
     Cpu,
     /// All W ranks emulated on one GPU (CUDA loopback).
     Cuda,
+    /// One rank per GPU over a live NCCL communicator.
+    Nccl,
 }
 
 impl fmt::Display for BackendChoice {
@@ -28,6 +31,7 @@ impl fmt::Display for BackendChoice {
             BackendChoice::Auto => "auto",
             BackendChoice::Cpu => "cpu",
             BackendChoice::Cuda => "cuda",
+            BackendChoice::Nccl => "nccl",
         })
     }
 }
@@ -104,12 +108,46 @@ pub trait Backend {
     /// What this backend runs on, for the report's environment block.
     fn environment(&self) -> serde_json::Value;
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError>;
+    /// Why this backend cannot run `case` (e.g. W differs from its world).
+    fn skip_reason(&self, _case: &Case) -> Option<String> {
+        None
+    }
+    /// Whether this process writes reports (false on NCCL ranks other than 0).
+    fn is_reporting_rank(&self) -> bool {
+        true
+    }
+}
+
+/// Skip reason shared by the backends that cannot run NCCL's own sum.
+pub(crate) fn nccl_only(case: &Case) -> Option<String> {
+    (case.contract == crate::fold::Contract::NcclAllreduce)
+        .then(|| "nccl-allreduce runs only on the NCCL backend".to_string())
 }
 
 /// Backend settings chosen on the command line.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct BackendOptions {
     pub cuda: cuda::CudaConfig,
+    /// NCCL: GPUs of a one-process job (ignored under a launcher).
+    pub gpus: usize,
+    pub init_timeout: std::time::Duration,
+    pub timeout: std::time::Duration,
+    /// The lines all NCCL ranks must agree on (one per case).
+    pub plan: Vec<String>,
+    pub plan_summary: String,
+}
+
+impl Default for BackendOptions {
+    fn default() -> Self {
+        BackendOptions {
+            cuda: cuda::CudaConfig::default(),
+            gpus: 1,
+            init_timeout: std::time::Duration::from_secs(120),
+            timeout: std::time::Duration::from_secs(300),
+            plan: Vec::new(),
+            plan_summary: String::new(),
+        }
+    }
 }
 
 /// Pick a backend for `choice`; the note says why when `auto` fell back.
@@ -120,6 +158,16 @@ pub fn select(
     match choice {
         BackendChoice::Cpu => Ok((Box::new(cpu::CpuBackend::new()), None)),
         BackendChoice::Cuda => Ok((Box::new(cuda::CudaBackend::new(opts.cuda.clone())?), None)),
+        BackendChoice::Nccl => {
+            let cfg = nccl::NcclConfig {
+                cuda: opts.cuda.clone(),
+                gpus: opts.gpus,
+                init_timeout: opts.init_timeout,
+                timeout: opts.timeout,
+                plan: crate::dist::rendezvous::Plan::new(&opts.plan, opts.plan_summary.clone()),
+            };
+            Ok((Box::new(nccl::NcclBackend::new(cfg)?), None))
+        }
         BackendChoice::Auto => {
             let probe = cuda::probe();
             if !probe.usable {

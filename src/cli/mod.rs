@@ -121,6 +121,16 @@ struct CudaArgs {
     /// Negative control: compile the fold with --ftz=true (flushes subnormals).
     #[arg(long)]
     ftz: bool,
+    /// NCCL backend, one process: number of GPUs (one thread and rank each).
+    /// Under torchrun, Slurm, Open MPI or `foldprint launch` the launcher decides.
+    #[arg(long, default_value_t = 1)]
+    gpus: usize,
+    /// NCCL backend: seconds allowed for rendezvous + communicator init.
+    #[arg(long, default_value_t = 120)]
+    init_timeout: u64,
+    /// NCCL backend: seconds allowed for each collective window.
+    #[arg(long, default_value_t = 300)]
+    timeout: u64,
 }
 
 fn parse_target(s: &str) -> Result<foldprint::backend::cuda::Target, String> {
@@ -141,7 +151,7 @@ fn parse_target(s: &str) -> Result<foldprint::backend::cuda::Target, String> {
 }
 
 impl CudaArgs {
-    fn options(&self) -> backend::BackendOptions {
+    fn options(&self, experiments: &[Experiment]) -> backend::BackendOptions {
         use foldprint::backend::cuda::{CudaConfig, KernelVariant};
         let mut cuda = CudaConfig::default();
         cuda.variant = if self.kernel == "seed" {
@@ -156,7 +166,19 @@ impl CudaArgs {
             cuda.tuning.fast_block = b;
             cuda.tuning.seed_block = b;
         }
-        backend::BackendOptions { cuda }
+        // What every NCCL rank must be about to run, bit for bit.
+        let mut plan: Vec<String> = experiments.iter().map(|e| format!("experiment\t{}\t{}", e.name, e.sha256)).collect();
+        plan.extend(experiments.iter().flat_map(|e| &e.cases).map(|c| format!("{}\t{}", c.key(), c.id)));
+        let names: Vec<String> = experiments.iter().map(|e| format!("{}@{}", e.name, &e.sha256[..12])).collect();
+        let cases: usize = experiments.iter().map(|e| e.cases.len()).sum();
+        backend::BackendOptions {
+            cuda,
+            gpus: self.gpus,
+            init_timeout: std::time::Duration::from_secs(self.init_timeout),
+            timeout: std::time::Duration::from_secs(self.timeout),
+            plan,
+            plan_summary: format!("{cases} cases of {}", names.join(", ")),
+        }
     }
 }
 
@@ -316,12 +338,16 @@ impl Drop for Bar {
     }
 }
 
+/// Run the experiments; `None` on an NCCL rank other than 0, which only
+/// takes part (rank 0 writes and prints the one report).
 fn execute(
     common: &Common,
     experiments: &[Experiment],
     dump: Option<&std::path::Path>,
-) -> Result<Report> {
-    let (mut be, note) = backend::select(common.backend, &common.cuda.options())?;
+) -> Result<Option<Report>> {
+    let (mut be, note) = backend::select(common.backend, &common.cuda.options(experiments))?;
+    let reporting = be.is_reporting_rank();
+    let dump = dump.filter(|_| reporting);
     if let Some(n) = &note {
         eprintln!("note: {n}");
     }
@@ -334,10 +360,17 @@ fn execute(
     };
     let report = runner::run(experiments, be.as_mut(), &cfg, &mut bar)?;
     drop(bar);
+    if !reporting {
+        return if report.summary.ok {
+            Ok(None)
+        } else {
+            Err(Exit(1, format!("this rank's checks failed: {}", report.summary.failures.join("; "))).into())
+        };
+    }
     if let Some(out) = &common.out {
         report.write(out)?;
     }
-    Ok(report)
+    Ok(Some(report))
 }
 
 fn write_junit(common: &Common, report: &Report, problems: &[String]) -> Result<()> {
@@ -350,7 +383,9 @@ fn write_junit(common: &Common, report: &Report, problems: &[String]) -> Result<
 
 fn cmd_run(a: RunArgs) -> Result<i32> {
     let exps = load(&a.common.paths)?;
-    let report = execute(&a.common, &exps, a.dump.as_deref())?;
+    let Some(report) = execute(&a.common, &exps, a.dump.as_deref())? else {
+        return Ok(0);
+    };
     write_junit(&a.common, &report, &[])?;
     if a.common.json {
         print!("{}", report.to_json());
@@ -423,7 +458,9 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
         }
         goldens.push((path, g));
     }
-    let report = execute(&a.common, &exps, None)?;
+    let Some(report) = execute(&a.common, &exps, None)? else {
+        return Ok(0);
+    };
     let mut problems = Vec::new();
     for (path, g) in &goldens {
         let want: std::collections::BTreeMap<&str, &foldprint::report::GoldenCase> =
@@ -466,8 +503,13 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
                 }
             }
         }
+        let declared: std::collections::BTreeSet<String> = exps
+            .iter()
+            .filter(|e| e.name == g.experiment)
+            .flat_map(|e| e.cases.iter().map(|c| c.key()))
+            .collect();
         for gc in &g.cases {
-            if !mine.iter().any(|c| c.key == gc.key) {
+            if !declared.contains(&gc.key) {
                 problems.push(format!(
                     "golden {} lists case `{}` ({}) that the experiment no longer declares",
                     path.display(),
@@ -591,9 +633,12 @@ fn cmd_golden(a: GoldenArgs) -> Result<i32> {
             block: None,
             copy_streams: 0,
             ftz: false,
+            gpus: 1,
+            init_timeout: 120,
+            timeout: 300,
         },
     };
-    let report = execute(&common, &exps, None)?;
+    let report = execute(&common, &exps, None)?.context("goldens come from the CPU oracle")?;
     if !report.summary.ok {
         table::print_report(&report, None, None);
         return Err(Exit(

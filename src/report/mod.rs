@@ -60,8 +60,19 @@ pub struct Report {
     pub environment: serde_json::Value,
     pub experiments: Vec<ExperimentInfo>,
     pub cases: Vec<CaseReport>,
+    /// Cases this backend could not run, with the reason (never silent).
+    #[serde(default)]
+    pub skipped: Vec<SkippedCase>,
     pub groups: Vec<Group>,
     pub summary: Summary,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SkippedCase {
+    pub key: String,
+    pub experiment: String,
+    pub id: String,
+    pub reason: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -188,6 +199,8 @@ impl CaseReport {
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct Summary {
     pub cases: usize,
+    #[serde(default)]
+    pub skipped: usize,
     pub groups: usize,
     /// Human-readable reasons this run failed its own checks.
     pub failures: Vec<String>,
@@ -215,6 +228,7 @@ impl Report {
         }
         self.summary = Summary {
             cases: self.cases.len(),
+            skipped: self.skipped.len(),
             groups: self.groups.len(),
             ok: failures.is_empty(),
             failures,

@@ -9,7 +9,7 @@ pub mod bench;
 pub mod device;
 pub mod kernels;
 pub mod libs;
-mod mem;
+pub(crate) mod mem;
 pub mod probe;
 pub mod world;
 
@@ -204,6 +204,9 @@ impl CudaBackend {
                 FoldMode::Order,
                 case.order.sequence(w).iter().map(|&r| r as u32).collect(),
             ),
+            Contract::NcclAllreduce => {
+                return Err(failed(&case.id, "nccl-allreduce needs the NCCL backend"))
+            }
             Contract::PairwiseTree => {
                 let prog = kernels::tree_program(w);
                 if kernels::program_depth(&prog) > kernels::TREE_STACK {
@@ -370,6 +373,7 @@ impl CudaBackend {
             Contract::FixedOrder => (FoldMode::Fixed, Vec::new()),
             Contract::ArrivalOrder => (FoldMode::Order, order.iter().map(|&r| r as u32).collect()),
             Contract::PairwiseTree => (FoldMode::Tree, kernels::tree_program(w)),
+            Contract::NcclAllreduce => return Err(failed(id, "nccl-allreduce needs the NCCL backend")),
         };
         let prog_buf = upload_prog(&self.dev, &prog).map_err(|e| failed(id, e))?;
         let args = device::FoldArgs {
@@ -532,6 +536,10 @@ impl Backend for CudaBackend {
             );
         }
         env
+    }
+
+    fn skip_reason(&self, case: &Case) -> Option<String> {
+        super::nccl_only(case)
     }
 
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
