@@ -4,8 +4,8 @@ use crate::backend::{Backend, BackendError, RunOptions};
 use crate::digest::{hashed_bytes, sha256_hex, NanPolicy};
 use crate::experiment::{Case, Experiment};
 use crate::report::{
-    build_groups, CaseReport, ExperimentInfo, Report, SkippedCase, Summary, ToolInfo, REPORT_FORMAT,
-    REPORT_VERSION,
+    build_groups, CaseReport, ExperimentInfo, Report, SkippedCase, Summary, ToolInfo,
+    REPORT_FORMAT, REPORT_VERSION,
 };
 use std::path::{Path, PathBuf};
 

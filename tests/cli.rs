@@ -522,13 +522,20 @@ fn cuda_backend_without_a_gpu_fails_clearly_and_auto_falls_back() {
     let doctor = fp().args(["doctor", "--json"]).assert().success();
     let v: serde_json::Value = serde_json::from_slice(&doctor.get_output().stdout).unwrap();
     let usable = v["cuda"]["usable"].as_bool().unwrap();
-    let cuda = fp().args(["run", "--backend", "cuda", "experiments/smoke.toml"]).assert();
-    let auto = fp().args(["run", "experiments/smoke.toml"]).assert().success();
+    let cuda = fp()
+        .args(["run", "--backend", "cuda", "experiments/smoke.toml"])
+        .assert();
+    let auto = fp()
+        .args(["run", "experiments/smoke.toml"])
+        .assert()
+        .success();
     if usable {
         cuda.success();
     } else {
         cuda.code(3)
-            .stderr(predicate::str::contains("backend `cuda` is not usable here"))
+            .stderr(predicate::str::contains(
+                "backend `cuda` is not usable here",
+            ))
             .stderr(predicate::str::contains("libcuda.so"));
         auto.stderr(predicate::str::contains("auto: CUDA not usable"))
             .stderr(predicate::str::contains("using the CPU oracle"));

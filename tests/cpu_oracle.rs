@@ -76,9 +76,9 @@ fn sharded_fold_equals_straight_line_fold() {
                 Contract::FixedOrder,
             );
             let got = reduced(&c);
-            for a in 0..2 {
+            for (a, arena) in got.iter().enumerate() {
                 assert_eq!(
-                    bits(&got[a]),
+                    bits(arena),
                     bits(&straight_line(&c, a)),
                     "W={world} n={n} arena {a}"
                 );

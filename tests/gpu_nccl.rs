@@ -40,7 +40,9 @@ fn case(arenas: Vec<usize>, dist: usize, contract: Contract, mean: bool) -> Case
 }
 
 fn digests(be: &mut dyn Backend, c: &Case) -> Vec<Vec<String>> {
-    let r = be.run_case(c, &RunOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", be.name()));
+    let r = be
+        .run_case(c, &RunOptions::default())
+        .unwrap_or_else(|e| panic!("{}: {e}", be.name()));
     assert!(r.rounds_identical);
     r.arenas.iter().map(|a| a.rank_digests.clone()).collect()
 }

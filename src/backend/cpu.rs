@@ -51,7 +51,10 @@ impl Backend for CpuBackend {
 
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
         if let Some(why) = self.skip_reason(case) {
-            return Err(BackendError::Failed { case: case.id.clone(), message: why });
+            return Err(BackendError::Failed {
+                case: case.id.clone(),
+                message: why,
+            });
         }
         check_memory(case)?;
         let mut rounds = Vec::new();

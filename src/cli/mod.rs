@@ -153,23 +153,36 @@ fn parse_target(s: &str) -> Result<foldprint::backend::cuda::Target, String> {
 impl CudaArgs {
     fn options(&self, experiments: &[Experiment]) -> backend::BackendOptions {
         use foldprint::backend::cuda::{CudaConfig, KernelVariant};
-        let mut cuda = CudaConfig::default();
-        cuda.variant = if self.kernel == "seed" {
-            KernelVariant::Seed
-        } else {
-            KernelVariant::Fast
+        let mut cuda = CudaConfig {
+            variant: if self.kernel == "seed" {
+                KernelVariant::Seed
+            } else {
+                KernelVariant::Fast
+            },
+            copy_streams: self.copy_streams,
+            ..CudaConfig::default()
         };
         cuda.compile.target = self.target;
         cuda.compile.ftz = self.ftz;
-        cuda.copy_streams = self.copy_streams;
         if let Some(b) = self.block {
             cuda.tuning.fast_block = b;
             cuda.tuning.seed_block = b;
         }
         // What every NCCL rank must be about to run, bit for bit.
-        let mut plan: Vec<String> = experiments.iter().map(|e| format!("experiment\t{}\t{}", e.name, e.sha256)).collect();
-        plan.extend(experiments.iter().flat_map(|e| &e.cases).map(|c| format!("{}\t{}", c.key(), c.id)));
-        let names: Vec<String> = experiments.iter().map(|e| format!("{}@{}", e.name, &e.sha256[..12])).collect();
+        let mut plan: Vec<String> = experiments
+            .iter()
+            .map(|e| format!("experiment\t{}\t{}", e.name, e.sha256))
+            .collect();
+        plan.extend(
+            experiments
+                .iter()
+                .flat_map(|e| &e.cases)
+                .map(|c| format!("{}\t{}", c.key(), c.id)),
+        );
+        let names: Vec<String> = experiments
+            .iter()
+            .map(|e| format!("{}@{}", e.name, &e.sha256[..12]))
+            .collect();
         let cases: usize = experiments.iter().map(|e| e.cases.len()).sum();
         backend::BackendOptions {
             cuda,
@@ -364,7 +377,14 @@ fn execute(
         return if report.summary.ok {
             Ok(None)
         } else {
-            Err(Exit(1, format!("this rank's checks failed: {}", report.summary.failures.join("; "))).into())
+            Err(Exit(
+                1,
+                format!(
+                    "this rank's checks failed: {}",
+                    report.summary.failures.join("; ")
+                ),
+            )
+            .into())
         };
     }
     if let Some(out) = &common.out {
@@ -397,7 +417,7 @@ fn cmd_run(a: RunArgs) -> Result<i32> {
 
 fn cmd_compare(a: CompareArgs) -> Result<i32> {
     use foldprint::report::localize;
-    if a.reports.iter().all(localize::is_dump_dir) {
+    if a.reports.iter().all(|p| localize::is_dump_dir(p)) {
         let mut ok = true;
         for other in &a.reports[1..] {
             let cmp = localize::compare_dumps(&a.reports[0], other, 10)?;

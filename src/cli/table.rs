@@ -19,7 +19,9 @@ fn fmt_ms(ms: f64) -> String {
 pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
     let threads = r.environment["backend"]["threads"].as_u64();
     let b = &r.environment["backend"];
-    let device = b["gpu"]["name"].as_str().or(b["devices"][0]["gpu"]["name"].as_str());
+    let device = b["gpu"]["name"]
+        .as_str()
+        .or(b["devices"][0]["gpu"]["name"].as_str());
     let on = match (device, threads) {
         (Some(d), _) => d.to_string(),
         (None, Some(t)) => format!("{t} threads"),
@@ -102,7 +104,11 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
         reasons.sort_unstable();
         reasons.dedup();
         println!();
-        println!("skipped {} case(s) this backend cannot run: {}", r.skipped.len(), truncate(&reasons.join("; "), 300));
+        println!(
+            "skipped {} case(s) this backend cannot run: {}",
+            r.skipped.len(),
+            truncate(&reasons.join("; "), 300)
+        );
     }
     let blind: Vec<&str> = r
         .cases
@@ -192,7 +198,14 @@ pub fn print_verify(goldens: &[PathBuf], r: &Report, problems: &[String]) {
             "verify ok: {} cases match {} golden file(s){}",
             r.cases.len(),
             goldens.len(),
-            if r.skipped.is_empty() { String::new() } else { format!(" ({} skipped by this backend, not verified)", r.skipped.len()) }
+            if r.skipped.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " ({} skipped by this backend, not verified)",
+                    r.skipped.len()
+                )
+            }
         );
     } else {
         println!("verify FAILED: {} problem(s)", problems.len());

@@ -384,12 +384,9 @@ mod tests {
         Plan::new(&[s.to_string()], s)
     }
 
-    fn tcp_job(
-        world: usize,
-        plans: Vec<Plan>,
-        tokens: Vec<&'static [u8]>,
-        secs: u64,
-    ) -> (Result<(), DistError>, Vec<Result<Vec<u8>, DistError>>) {
+    type Outcome = (Result<(), DistError>, Vec<Result<Vec<u8>, DistError>>);
+
+    fn tcp_job(world: usize, plans: Vec<Plan>, tokens: Vec<&'static [u8]>, secs: u64) -> Outcome {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let deadline = Instant::now() + Duration::from_secs(secs);

@@ -3,7 +3,7 @@
 
 use super::ReportError;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Distance in units in the last place between two f32 bit patterns, on the
 /// ordered line where -0.0 and +0.0 are adjacent-equal. `None` if either is NaN.
@@ -131,7 +131,7 @@ pub fn compare_dumps(a: &Path, b: &Path, keep: usize) -> Result<DumpComparison, 
 }
 
 /// True when `p` looks like a dump directory.
-pub fn is_dump_dir(p: &PathBuf) -> bool {
+pub fn is_dump_dir(p: &Path) -> bool {
     p.is_dir() && p.join("SHA256SUMS").is_file()
 }
 

@@ -2,12 +2,12 @@
 //! `verify`. Cases are keyed by [`Case::key`], which depends on the numeric
 //! parameters only, so reports from different machines line up.
 
+pub mod attest;
 mod compare;
 mod golden;
 mod groups;
 mod junit;
 pub mod localize;
-pub mod attest;
 
 pub use compare::{compare, Comparison, Mismatch};
 pub use golden::{Golden, GoldenCase, GOLDEN_FORMAT};

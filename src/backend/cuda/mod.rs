@@ -373,7 +373,9 @@ impl CudaBackend {
             Contract::FixedOrder => (FoldMode::Fixed, Vec::new()),
             Contract::ArrivalOrder => (FoldMode::Order, order.iter().map(|&r| r as u32).collect()),
             Contract::PairwiseTree => (FoldMode::Tree, kernels::tree_program(w)),
-            Contract::NcclAllreduce => return Err(failed(id, "nccl-allreduce needs the NCCL backend")),
+            Contract::NcclAllreduce => {
+                return Err(failed(id, "nccl-allreduce needs the NCCL backend"))
+            }
         };
         let prog_buf = upload_prog(&self.dev, &prog).map_err(|e| failed(id, e))?;
         let args = device::FoldArgs {

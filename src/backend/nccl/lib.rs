@@ -38,9 +38,26 @@ pub struct Nccl {
     pub get_error_string: unsafe extern "C" fn(NcclResult) -> *const c_char,
     pub send: Send,
     pub recv: Recv,
-    pub broadcast: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> NcclResult,
-    pub all_gather: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, Stream) -> NcclResult,
-    pub all_reduce: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, Stream) -> NcclResult,
+    pub broadcast: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        Comm,
+        Stream,
+    ) -> NcclResult,
+    pub all_gather:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, Stream) -> NcclResult,
+    pub all_reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        Comm,
+        Stream,
+    ) -> NcclResult,
     pub group_start: unsafe extern "C" fn() -> NcclResult,
     pub group_end: unsafe extern "C" fn() -> NcclResult,
 }
@@ -77,7 +94,10 @@ impl Nccl {
             ($name:literal) => {
                 // SAFETY: the type matches NCCL's public C prototype.
                 *unsafe { lib.get($name) }.map_err(|e| {
-                    format!("{opened} lacks {}: {e}", String::from_utf8_lossy(&$name[..$name.len() - 1]))
+                    format!(
+                        "{opened} lacks {}: {e}",
+                        String::from_utf8_lossy(&$name[..$name.len() - 1])
+                    )
                 })?
             };
         }

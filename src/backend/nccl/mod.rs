@@ -118,7 +118,11 @@ fn job_identity() -> (Vec<u8>, String, &'static str) {
         .unwrap_or_else(|| "foldprint".into());
     match get("FOLDPRINT_JOB_TOKEN") {
         Some(t) => (t.into_bytes(), job, "FOLDPRINT_JOB_TOKEN"),
-        None => (job.clone().into_bytes(), job, "job id (set FOLDPRINT_JOB_TOKEN for a secret token)"),
+        None => (
+            job.clone().into_bytes(),
+            job,
+            "job id (set FOLDPRINT_JOB_TOKEN for a secret token)",
+        ),
     }
 }
 
@@ -130,11 +134,14 @@ impl NcclBackend {
         }
         let nccl = Arc::new(Nccl::load().map_err(unavailable)?);
         let version = nccl.version().map_err(unavailable)?;
-        let env = crate::dist::launcher::from_process_env().map_err(|e| unavailable(e.to_string()))?;
+        let env =
+            crate::dist::launcher::from_process_env().map_err(|e| unavailable(e.to_string()))?;
         let comms: Arc<Mutex<Vec<CommPtr>>> = Arc::new(Mutex::new(Vec::new()));
         let watchdog = {
             let (nccl, comms) = (nccl.clone(), comms.clone());
-            let me = env.as_ref().map_or("rank 0".to_string(), |e| format!("rank {}", e.rank));
+            let me = env
+                .as_ref()
+                .map_or("rank 0".to_string(), |e| format!("rank {}", e.rank));
             Watchdog::new(move |phase| {
                 eprintln!("error: {me}: watchdog: `{phase}` did not finish in time; aborting the communicator");
                 for c in comms.lock().unwrap_or_else(|p| p.into_inner()).iter() {
@@ -183,7 +190,10 @@ impl NcclBackend {
     }
 
     fn init_comm(nccl: &Nccl, ctx: &mut RankCtx, world: usize, id: UniqueId) -> Result<(), String> {
-        ctx.dev.ctx.bind_to_thread().map_err(super::cuda::driver_error_text)?;
+        ctx.dev
+            .ctx
+            .bind_to_thread()
+            .map_err(super::cuda::driver_error_text)?;
         let mut comm: Comm = std::ptr::null_mut();
         // SAFETY: out-parameter; id is the job's unique id.
         nccl.check(
@@ -198,24 +208,45 @@ impl NcclBackend {
     fn init_threads(&mut self, gpus: usize) -> Result<(), BackendError> {
         let probe = super::cuda::probe();
         if gpus > probe.device_count {
-            return Err(unavailable(format!("--gpus {gpus} but the driver reports {} device(s)", probe.device_count)));
+            return Err(unavailable(format!(
+                "--gpus {gpus} but the driver reports {} device(s)",
+                probe.device_count
+            )));
         }
-        let mut ranks = (0..gpus).map(|r| self.open_rank(r, r)).collect::<Result<Vec<_>, _>>()?;
+        let mut ranks = (0..gpus)
+            .map(|r| self.open_rank(r, r))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut id = UniqueId { internal: [0; 128] };
         // SAFETY: out-parameter.
         self.nccl
-            .check(unsafe { (self.nccl.get_unique_id)(&mut id) }, "ncclGetUniqueId")
+            .check(
+                unsafe { (self.nccl.get_unique_id)(&mut id) },
+                "ncclGetUniqueId",
+            )
             .map_err(unavailable)?;
         let nccl = &self.nccl;
-        let _g = self.watchdog.guard("communicator init", self.cfg.init_timeout);
+        let _g = self
+            .watchdog
+            .guard("communicator init", self.cfg.init_timeout);
         let results: Vec<Result<(), String>> = std::thread::scope(|s| {
-            let hs: Vec<_> = ranks.iter_mut().map(|ctx| s.spawn(move || Self::init_comm(nccl, ctx, gpus, id))).collect();
-            hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("init thread panicked".into()))).collect()
+            let hs: Vec<_> = ranks
+                .iter_mut()
+                .map(|ctx| s.spawn(move || Self::init_comm(nccl, ctx, gpus, id)))
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("init thread panicked".into()))
+                })
+                .collect()
         });
         for r in results {
             r.map_err(unavailable)?;
         }
-        self.comms.lock().unwrap_or_else(|p| p.into_inner()).extend(ranks.iter().map(|r| r.comm));
+        self.comms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(ranks.iter().map(|r| r.comm));
         self.world = gpus;
         self.ranks = ranks;
         self.rendezvous = "in-process".into();
@@ -228,14 +259,19 @@ impl NcclBackend {
         let deadline = Instant::now() + self.cfg.init_timeout;
         let (token, job, _) = job_identity();
         let dist_err = |err: crate::dist::DistError| match err {
-            crate::dist::DistError::Disagree(m) => unavailable(format!("ranks disagree on the work: {m}")),
+            crate::dist::DistError::Disagree(m) => {
+                unavailable(format!("ranks disagree on the work: {m}"))
+            }
             other => unavailable(other.to_string()),
         };
         let payload = if e.rank == 0 {
             let mut id = UniqueId { internal: [0; 128] };
             // SAFETY: out-parameter.
             self.nccl
-                .check(unsafe { (self.nccl.get_unique_id)(&mut id) }, "ncclGetUniqueId")
+                .check(
+                    unsafe { (self.nccl.get_unique_id)(&mut id) },
+                    "ncclGetUniqueId",
+                )
                 .map_err(unavailable)?;
             id_bytes(&id)
         } else {
@@ -245,10 +281,12 @@ impl NcclBackend {
             let dir = std::path::PathBuf::from(dir);
             self.rendezvous = format!("directory {} (job {job})", dir.display());
             if e.rank == 0 {
-                rendezvous::publish_dir(&dir, &job, e.world, &self.cfg.plan, &payload, deadline).map_err(dist_err)?;
+                rendezvous::publish_dir(&dir, &job, e.world, &self.cfg.plan, &payload, deadline)
+                    .map_err(dist_err)?;
                 payload
             } else {
-                rendezvous::join_dir(&dir, &job, e.rank, &self.cfg.plan, deadline).map_err(dist_err)?
+                rendezvous::join_dir(&dir, &job, e.rank, &self.cfg.plan, deadline)
+                    .map_err(dist_err)?
             }
         } else {
             let (host, port) = rendezvous_addr(e).map_err(unavailable)?;
@@ -256,23 +294,41 @@ impl NcclBackend {
             if e.rank == 0 {
                 let listener = std::net::TcpListener::bind((host.as_str(), port))
                     .or_else(|_| std::net::TcpListener::bind(("0.0.0.0", port)))
-                    .map_err(|err| unavailable(format!("rank 0 cannot listen on {host}:{port}: {err}")))?;
-                rendezvous::serve(&listener, e.world, &token, &self.cfg.plan, &payload, deadline).map_err(dist_err)?;
+                    .map_err(|err| {
+                        unavailable(format!("rank 0 cannot listen on {host}:{port}: {err}"))
+                    })?;
+                rendezvous::serve(
+                    &listener,
+                    e.world,
+                    &token,
+                    &self.cfg.plan,
+                    &payload,
+                    deadline,
+                )
+                .map_err(dist_err)?;
                 payload
             } else {
                 let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
                     .ok()
                     .and_then(|mut a| a.next())
-                    .ok_or_else(|| unavailable(format!("cannot resolve rendezvous address {host}:{port}")))?;
-                rendezvous::join(addr, e.rank, &token, &self.cfg.plan, deadline).map_err(dist_err)?
+                    .ok_or_else(|| {
+                        unavailable(format!("cannot resolve rendezvous address {host}:{port}"))
+                    })?;
+                rendezvous::join(addr, e.rank, &token, &self.cfg.plan, deadline)
+                    .map_err(dist_err)?
             }
         };
         let id = id_from(&id_payload).map_err(unavailable)?;
         {
-            let _g = self.watchdog.guard("communicator init", self.cfg.init_timeout);
+            let _g = self
+                .watchdog
+                .guard("communicator init", self.cfg.init_timeout);
             Self::init_comm(&self.nccl, &mut ctx, e.world, id).map_err(unavailable)?;
         }
-        self.comms.lock().unwrap_or_else(|p| p.into_inner()).push(ctx.comm);
+        self.comms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(ctx.comm);
         self.world = e.world;
         self.ranks = vec![ctx];
         Ok(())
@@ -293,11 +349,15 @@ impl NcclBackend {
 fn rendezvous_addr(e: &RankEnv) -> Result<(String, u16), String> {
     let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     if let (Some(h), Some(p)) = (get("FOLDPRINT_MASTER_ADDR"), get("FOLDPRINT_MASTER_PORT")) {
-        let port = p.parse().map_err(|_| format!("FOLDPRINT_MASTER_PORT={p:?} is not a port"))?;
+        let port = p
+            .parse()
+            .map_err(|_| format!("FOLDPRINT_MASTER_PORT={p:?} is not a port"))?;
         return Ok((h, port));
     }
     if let Some((h, p)) = &e.master {
-        let port = p.checked_add(1).ok_or("MASTER_PORT is 65535: set FOLDPRINT_MASTER_PORT")?;
+        let port = p
+            .checked_add(1)
+            .ok_or("MASTER_PORT is 65535: set FOLDPRINT_MASTER_PORT")?;
         return Ok((h.clone(), port));
     }
     Err(format!(
@@ -329,14 +389,24 @@ fn check_nccl(nccl: &Nccl, r: i32, what: &str) -> Result<(), String> {
     nccl.check(r, what)
 }
 
-fn rank_arena(nccl: &Nccl, ctx: &mut RankCtx, job: &ArenaJob<'_>, prog: u64, prog_len: u32, dog: &Watchdog, timeout: Duration) -> Result<RankOut, String> {
+fn rank_arena(
+    nccl: &Nccl,
+    ctx: &mut RankCtx,
+    job: &ArenaJob<'_>,
+    prog: u64,
+    prog_len: u32,
+    dog: &Watchdog,
+    timeout: Duration,
+) -> Result<RankOut, String> {
     let dev = &ctx.dev;
-    dev.ctx.bind_to_thread().map_err(super::cuda::driver_error_text)?;
+    dev.ctx
+        .bind_to_thread()
+        .map_err(super::cuda::driver_error_text)?;
     let (n, world, me) = (job.n, job.world, ctx.rank);
     let plan = shard_plan(n, world).ok_or("world = 0")?;
     let my = plan[me];
     let max_shard = plan.iter().map(|s| s.len).max().unwrap_or(0);
-    if !ctx.bufs.contains_key(&n) {
+    if let std::collections::hash_map::Entry::Vacant(slot) = ctx.bufs.entry(n) {
         let ld = row_stride(max_shard);
         let need = (n as u64 + (world * ld + 4) as u64) * F32;
         let (free, _) = dev.memory()?;
@@ -345,25 +415,47 @@ fn rank_arena(nccl: &Nccl, ctx: &mut RankCtx, job: &ArenaJob<'_>, prog: u64, pro
         }
         let arena = DeviceBuffer::alloc(&dev.ctx, n.max(1))?;
         let scratch = DeviceBuffer::alloc(&dev.ctx, (world * ld + 4).max(1))?;
-        ctx.bufs.insert(n, RankBufs { arena, scratch, ld });
+        slot.insert(RankBufs { arena, scratch, ld });
     }
     let b = &ctx.bufs[&n];
     let stream = &ctx.stream;
     let cu = stream.cu_stream() as lib::Stream;
     let t0 = Instant::now();
     // SAFETY: the arena holds n f32s of this context.
-    unsafe { dev.generate(b.arena.ptr(), n as u64, 0, job.case.distribution, job.case.seed, me as u32, job.arena, stream)? };
-    stream.synchronize().map_err(super::cuda::driver_error_text)?;
+    unsafe {
+        dev.generate(
+            b.arena.ptr(),
+            n as u64,
+            0,
+            job.case.distribution,
+            job.case.seed,
+            me as u32,
+            job.arena,
+            stream,
+        )?
+    };
+    stream
+        .synchronize()
+        .map_err(super::cuda::driver_error_text)?;
     let generate_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     let t1 = Instant::now();
     {
-        let _g = dog.guard(&format!("case `{}` arena {} on rank {me}", job.case.id, job.arena), timeout);
+        let _g = dog.guard(
+            &format!("case `{}` arena {} on rank {me}", job.case.id, job.arena),
+            timeout,
+        );
         let at = |i: usize| (b.arena.ptr() + i as u64 * F32) as *mut c_void;
         if job.case.contract == Contract::NcclAllreduce {
             // The negative control: NCCL's own sum, in place.
             // SAFETY: n f32s, in place, this rank's stream.
-            check_nccl(nccl, unsafe { (nccl.all_reduce)(at(0), at(0), n, NCCL_FLOAT32, NCCL_SUM, ctx.comm.0, cu) }, "ncclAllReduce")?;
+            check_nccl(
+                nccl,
+                unsafe {
+                    (nccl.all_reduce)(at(0), at(0), n, NCCL_FLOAT32, NCCL_SUM, ctx.comm.0, cu)
+                },
+                "ncclAllReduce",
+            )?;
         } else if n > 0 {
             let out = b.arena.ptr() + my.start as u64 * F32;
             let phase = ((out & 15) / F32) as usize;
@@ -376,10 +468,25 @@ fn rank_arena(nccl: &Nccl, ctx: &mut RankCtx, job: &ArenaJob<'_>, prog: u64, pro
                 check_nccl(nccl, (nccl.group_start)(), "ncclGroupStart")?;
                 for &p in &job.case.order.sequence(world) {
                     if plan[p].len > 0 {
-                        check_nccl(nccl, (nccl.send)(at(plan[p].start), plan[p].len, NCCL_FLOAT32, p as i32, ctx.comm.0, cu), "ncclSend")?;
+                        check_nccl(
+                            nccl,
+                            (nccl.send)(
+                                at(plan[p].start),
+                                plan[p].len,
+                                NCCL_FLOAT32,
+                                p as i32,
+                                ctx.comm.0,
+                                cu,
+                            ),
+                            "ncclSend",
+                        )?;
                     }
                     if my.len > 0 {
-                        check_nccl(nccl, (nccl.recv)(slot(p), my.len, NCCL_FLOAT32, p as i32, ctx.comm.0, cu), "ncclRecv")?;
+                        check_nccl(
+                            nccl,
+                            (nccl.recv)(slot(p), my.len, NCCL_FLOAT32, p as i32, ctx.comm.0, cu),
+                            "ncclRecv",
+                        )?;
                     }
                 }
                 check_nccl(nccl, (nccl.group_end)(), "ncclGroupEnd (exchange)")?;
@@ -402,21 +509,47 @@ fn rank_arena(nccl: &Nccl, ctx: &mut RankCtx, job: &ArenaJob<'_>, prog: u64, pro
                 check_nccl(nccl, (nccl.group_start)(), "ncclGroupStart")?;
                 for (o, s) in plan.iter().enumerate() {
                     if s.len > 0 {
-                        check_nccl(nccl, (nccl.broadcast)(at(s.start), at(s.start), s.len, NCCL_FLOAT32, o as i32, ctx.comm.0, cu), "ncclBroadcast")?;
+                        check_nccl(
+                            nccl,
+                            (nccl.broadcast)(
+                                at(s.start),
+                                at(s.start),
+                                s.len,
+                                NCCL_FLOAT32,
+                                o as i32,
+                                ctx.comm.0,
+                                cu,
+                            ),
+                            "ncclBroadcast",
+                        )?;
                     }
                 }
                 check_nccl(nccl, (nccl.group_end)(), "ncclGroupEnd (redistribute)")?;
             }
         }
-        stream.synchronize().map_err(|e| format!("stream sync after the collectives: {}", super::cuda::driver_error_text(e)))?;
+        stream.synchronize().map_err(|e| {
+            format!(
+                "stream sync after the collectives: {}",
+                super::cuda::driver_error_text(e)
+            )
+        })?;
         if let Some(phase) = dog.fired() {
-            return Err(format!("watchdog fired during `{phase}`; communicator aborted"));
+            return Err(format!(
+                "watchdog fired during `{phase}`; communicator aborted"
+            ));
         }
     }
     let reduce_ms = t1.elapsed().as_secs_f64() * 1e3;
     let keep = job.opts.keep_values && me == 0;
-    let (digest, values) = ctx.reader.digest(dev, &b.arena, job.opts.nan_policy, keep)?;
-    Ok(RankOut { digest, values, generate_ms, reduce_ms })
+    let (digest, values) = ctx
+        .reader
+        .digest(dev, &b.arena, job.opts.nan_policy, keep)?;
+    Ok(RankOut {
+        digest,
+        values,
+        generate_ms,
+        reduce_ms,
+    })
 }
 
 impl NcclBackend {
@@ -427,28 +560,54 @@ impl NcclBackend {
             return Ok(mine.to_vec());
         }
         let ctx = &mut self.ranks[0];
-        ctx.dev.ctx.bind_to_thread().map_err(super::cuda::driver_error_text)?;
+        ctx.dev
+            .ctx
+            .bind_to_thread()
+            .map_err(super::cuda::driver_error_text)?;
         if ctx.gather.is_none() {
-            ctx.gather = Some((DeviceBuffer::alloc(&ctx.dev.ctx, 8)?, DeviceBuffer::alloc(&ctx.dev.ctx, 8 * self.world)?));
+            ctx.gather = Some((
+                DeviceBuffer::alloc(&ctx.dev.ctx, 8)?,
+                DeviceBuffer::alloc(&ctx.dev.ctx, 8 * self.world)?,
+            ));
         }
         let (send, recv) = ctx.gather.as_ref().ok_or("gather buffers")?;
         let bytes = hex::decode(&mine[0]).map_err(|e| e.to_string())?;
-        let words: Vec<u32> = bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let words: Vec<u32> = bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
         send.upload(&words)?;
         {
             let _g = self.watchdog.guard("digest all-gather", self.cfg.timeout);
             // SAFETY: 8 words in, 8 x world words out; pure byte movement.
             self.nccl.check(
-                unsafe { (self.nccl.all_gather)(send.ptr() as *const c_void, recv.ptr() as *mut c_void, 8, NCCL_FLOAT32, ctx.comm.0, ctx.stream.cu_stream() as lib::Stream) },
+                unsafe {
+                    (self.nccl.all_gather)(
+                        send.ptr() as *const c_void,
+                        recv.ptr() as *mut c_void,
+                        8,
+                        NCCL_FLOAT32,
+                        ctx.comm.0,
+                        ctx.stream.cu_stream() as lib::Stream,
+                    )
+                },
                 "ncclAllGather (digests)",
             )?;
-            ctx.stream.synchronize().map_err(super::cuda::driver_error_text)?;
+            ctx.stream
+                .synchronize()
+                .map_err(super::cuda::driver_error_text)?;
         }
         let mut all = vec![0f32; 8 * self.world];
         recv.download(0, &mut all)?;
         Ok(all
             .chunks_exact(8)
-            .map(|w| hex::encode(w.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect::<Vec<u8>>()))
+            .map(|w| {
+                hex::encode(
+                    w.iter()
+                        .flat_map(|v| v.to_bits().to_le_bytes())
+                        .collect::<Vec<u8>>(),
+                )
+            })
             .collect())
     }
 
@@ -456,7 +615,10 @@ impl NcclBackend {
         let w = case.world;
         Ok(match case.contract {
             Contract::FixedOrder | Contract::NcclAllreduce => (FoldMode::Fixed, Vec::new()),
-            Contract::ArrivalOrder => (FoldMode::Order, case.order.sequence(w).iter().map(|&r| r as u32).collect()),
+            Contract::ArrivalOrder => (
+                FoldMode::Order,
+                case.order.sequence(w).iter().map(|&r| r as u32).collect(),
+            ),
             Contract::PairwiseTree => (FoldMode::Tree, super::cuda::kernels::tree_program(w)),
         })
     }
@@ -495,7 +657,10 @@ impl Backend for NcclBackend {
 
     fn skip_reason(&self, case: &Case) -> Option<String> {
         if case.world != self.world {
-            return Some(format!("W = {} but the NCCL world has {} rank(s)", case.world, self.world));
+            return Some(format!(
+                "W = {} but the NCCL world has {} rank(s)",
+                case.world, self.world
+            ));
         }
         if case.contract == Contract::NcclAllreduce && case.mean {
             return Some("nccl-allreduce has no mean variant".into());
@@ -540,7 +705,10 @@ impl Backend for NcclBackend {
                             let job = &job;
                             let prog = &prog;
                             s.spawn(move || -> Result<RankOut, String> {
-                                ctx.dev.ctx.bind_to_thread().map_err(super::cuda::driver_error_text)?;
+                                ctx.dev
+                                    .ctx
+                                    .bind_to_thread()
+                                    .map_err(super::cuda::driver_error_text)?;
                                 let buf = if prog.is_empty() {
                                     None
                                 } else {
@@ -548,11 +716,24 @@ impl Backend for NcclBackend {
                                     b.upload(prog)?;
                                     Some(b)
                                 };
-                                rank_arena(nccl, ctx, job, buf.as_ref().map_or(0, |b| b.ptr()), prog.len() as u32, dog, timeout)
+                                rank_arena(
+                                    nccl,
+                                    ctx,
+                                    job,
+                                    buf.as_ref().map_or(0, |b| b.ptr()),
+                                    prog.len() as u32,
+                                    dog,
+                                    timeout,
+                                )
                             })
                         })
                         .collect();
-                    hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("rank thread panicked".into()))).collect()
+                    hs.into_iter()
+                        .map(|h| {
+                            h.join()
+                                .unwrap_or_else(|_| Err("rank thread panicked".into()))
+                        })
+                        .collect()
                 });
                 let mut mine = Vec::new();
                 let mut values = None;
@@ -568,7 +749,11 @@ impl Backend for NcclBackend {
                 let d = Instant::now();
                 let rank_digests = self.gather(&mine).map_err(|e| failed(&case.id, e))?;
                 t.digest_ms += d.elapsed().as_secs_f64() * 1e3;
-                arenas.push(ReducedArena { len: n, rank_digests, values });
+                arenas.push(ReducedArena {
+                    len: n,
+                    rank_digests,
+                    values,
+                });
             }
             t.total_ms = start.elapsed().as_secs_f64() * 1e3;
             let digests: Vec<Vec<String>> = arenas.iter().map(|a| a.rank_digests.clone()).collect();
@@ -579,7 +764,11 @@ impl Backend for NcclBackend {
             rounds.push(t);
             last = arenas;
         }
-        Ok(CaseRun { arenas: last, rounds, rounds_identical: identical })
+        Ok(CaseRun {
+            arenas: last,
+            rounds,
+            rounds_identical: identical,
+        })
     }
 }
 
