@@ -102,7 +102,10 @@ impl CudaBackend {
     pub fn new(cfg: CudaConfig) -> Result<Self, BackendError> {
         let p = probe();
         if !p.usable {
-            return Err(unavailable(p.reason()));
+            return Err(unavailable(format!(
+                "{} (`foldprint doctor` lists every name tried)",
+                p.short_reason()
+            )));
         }
         if cfg.ordinal >= p.device_count {
             return Err(unavailable(format!(
