@@ -541,9 +541,14 @@ fn rank_arena(
     }
     let reduce_ms = t1.elapsed().as_secs_f64() * 1e3;
     let keep = job.opts.keep_values && me == 0;
-    let (digest, values) = ctx
-        .reader
-        .digest(dev, &b.arena, job.opts.nan_policy, keep)?;
+    // An empty arena still owns a one-element allocation: hash nothing.
+    let (digest, values) = if n == 0 {
+        let d = crate::digest::digest_arena(&[], job.opts.nan_policy);
+        (d, keep.then(Vec::new))
+    } else {
+        ctx.reader
+            .digest(dev, &b.arena, job.opts.nan_policy, keep)?
+    };
     Ok(RankOut {
         digest,
         values,
