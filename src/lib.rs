@@ -6,6 +6,7 @@
 
 mod atomic;
 pub use atomic::write as atomic_write;
+pub mod audit;
 pub mod backend;
 pub mod data;
 pub mod digest;

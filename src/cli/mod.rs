@@ -5,6 +5,7 @@
 //! arguments); 3 the environment cannot run it (backend or library missing,
 //! not enough memory).
 
+mod audit;
 mod bench;
 mod doctor;
 mod table;
@@ -48,6 +49,9 @@ enum Command {
     Attest(AttestArgs),
     /// Start N local ranks of a command (default: this foldprint); stop all when one fails.
     Launch(LaunchArgs),
+    /// Run experiments under a matrix of configurations (libraries, targets,
+    /// kernels, env) and compare every digest with the baseline's.
+    Audit(audit::AuditArgs),
 }
 
 #[derive(Args)]
@@ -276,6 +280,7 @@ pub fn main() -> i32 {
         Command::Bench(a) => bench::run(a),
         Command::Launch(a) => cmd_launch(a),
         Command::Attest(a) => cmd_attest(a),
+        Command::Audit(a) => audit::run(a),
     };
     match result {
         Ok(code) => code,

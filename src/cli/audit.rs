@@ -1,0 +1,483 @@
+//! `foldprint audit MATRIX.toml`: run a matrix of configurations, print the
+//! configurations, the digest matrix against the baseline and the negative
+//! controls, and exit 0 / 1 / 2 / 3 (docs/AUDIT.md).
+
+use super::Exit;
+use anyhow::{Context, Result};
+use clap::Args;
+use foldprint::audit::{
+    self, AuditResult, CaseRow, Cell, Config, ConfigOutcome, ControlCell, Status,
+};
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct AuditArgs {
+    /// The audit matrix (TOML): experiments, [defaults] and [[config]] entries.
+    matrix: PathBuf,
+    /// Write the whole result as JSON here (atomically).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print the result as JSON on stdout instead of the tables.
+    #[arg(long)]
+    json: bool,
+    /// Keep each configuration's library links, report, stderr and command
+    /// line under DIR/<name>/ (DIR must be new or empty).
+    #[arg(long, value_name = "DIR")]
+    keep: Option<PathBuf>,
+}
+
+struct StderrProgress;
+
+impl audit::Progress for StderrProgress {
+    fn oracle_start(&mut self, cases: usize) {
+        eprintln!("audit: CPU oracle and contract controls over {cases} case(s)");
+    }
+    fn oracle_done(&mut self, seconds: f64) {
+        eprintln!("audit: CPU oracle done in {}", fmt_s(seconds));
+    }
+    fn config_start(&mut self, index: usize, total: usize, c: &Config) {
+        eprintln!(
+            "audit: [{}/{total}] {}{}: running (backend {}, {})",
+            index + 1,
+            c.name,
+            if c.control { " (control)" } else { "" },
+            c.backend,
+            c.describe()
+        );
+    }
+    fn config_done(&mut self, o: &ConfigOutcome) {
+        match &o.error {
+            None => eprintln!(
+                "audit:   {}: {}, {} case(s), {}",
+                o.name,
+                status_text(o.status),
+                o.cases,
+                fmt_s(o.duration_s)
+            ),
+            Some(e) => eprintln!("audit:   {}: {e}", o.name),
+        }
+    }
+}
+
+pub fn run(a: AuditArgs) -> Result<i32> {
+    let matrix = audit::load(&a.matrix).map_err(|e| Exit(e.exit_code(), e.to_string()))?;
+    let exe = std::env::current_exe().context("locating the foldprint binary")?;
+    let opts = audit::Options { exe, keep: a.keep };
+    let result = audit::run(&matrix, &opts, &mut StderrProgress)
+        .map_err(|e| Exit(e.exit_code(), e.to_string()))?;
+    if let Some(out) = &a.out {
+        result
+            .write(out)
+            .map_err(|e| Exit(e.exit_code(), e.to_string()))?;
+    }
+    if a.json {
+        print!("{}", result.to_json());
+        for f in &result.failures {
+            eprintln!("audit: {f}");
+        }
+    } else {
+        print_result(&result, &matrix);
+        if let Some(out) = &a.out {
+            println!("wrote {}", out.display());
+        }
+    }
+    if result.exit_code >= 2 {
+        for o in result
+            .configurations
+            .iter()
+            .filter(|o| matches!(o.status, Status::Rejected | Status::CouldNotRun))
+        {
+            eprintln!(
+                "error: configuration `{}` did not give a report: {}",
+                o.name,
+                o.error.as_deref().unwrap_or("no reason recorded")
+            );
+            for line in o.stderr_tail.lines() {
+                eprintln!("  | {line}");
+            }
+        }
+    }
+    Ok(result.exit_code)
+}
+
+fn fmt_s(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.1} s")
+    } else {
+        format!("{:.0} ms", s * 1000.0)
+    }
+}
+
+fn status_text(s: Status) -> &'static str {
+    match s {
+        Status::Ok => "ok",
+        Status::ChecksFailed => "checks failed",
+        Status::Rejected => "rejected",
+        Status::CouldNotRun => "could not run",
+        Status::NotRun => "not run",
+    }
+}
+
+fn short(d: &str) -> &str {
+    &d[..d.len().min(8)]
+}
+
+fn short16(d: &str) -> &str {
+    &d[..d.len().min(16)]
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(n.saturating_sub(1)).collect();
+        t.push('~');
+        t
+    }
+}
+
+/// Column labels: 1, 2 ... for configurations, c1, c2 ... for controls.
+fn labels(r: &AuditResult) -> Vec<String> {
+    let (mut n, mut c) = (0, 0);
+    r.configurations
+        .iter()
+        .map(|o| {
+            if o.control {
+                c += 1;
+                format!("c{c}")
+            } else {
+                n += 1;
+                n.to_string()
+            }
+        })
+        .collect()
+}
+
+fn cell_text(cell: &Cell) -> String {
+    let marked = |prefix: &str, digests: &[String], arena: usize| {
+        let d = digests.get(arena).map_or("none", |d| short(d));
+        if arena == 0 {
+            format!("{prefix}{d}")
+        } else {
+            format!("{prefix}a{arena}:{d}")
+        }
+    };
+    match cell {
+        Cell::Baseline { digests } => digests
+            .first()
+            .map_or("(no arena)".into(), |d| short(d).into()),
+        Cell::Equal => "=".into(),
+        Cell::Differs { digests, arena } => marked("!", digests, *arena),
+        Cell::Unchanged => "UNCHANGED".into(),
+        Cell::Changed { .. } => "changed".into(),
+        Cell::Uncompared { digests } => marked("?", digests, 0),
+        Cell::Skipped { .. } => "skip".into(),
+        Cell::Missing => "MISSING".into(),
+        Cell::NotRun => "-".into(),
+    }
+}
+
+fn control_text(c: &ControlCell) -> &'static str {
+    match c {
+        ControlCell::Changed { .. } => "changed",
+        ControlCell::Unchanged => "UNCHANGED",
+        ControlCell::NotApplicable { .. } => "n/a",
+    }
+}
+
+fn sens_text(row: &CaseRow) -> String {
+    match &row.sensitivity {
+        None => "?".into(),
+        Some(s) if s.verdict == "blind" => "blind".into(),
+        Some(s) => format!("{:.1}%", s.fraction * 100.0),
+    }
+}
+
+/// Print rows of cells under headers, each column as wide as its widest entry.
+fn print_grid(headers: &[String], rows: &[Vec<String>], first_width: usize) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    if let Some(w) = widths.first_mut() {
+        *w = (*w).min(first_width);
+    }
+    let line = |cells: &[String]| {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, &w)| format!("{:<w$}", truncate(c, w)))
+            .collect();
+        println!("  {}", parts.join("  ").trim_end());
+    };
+    line(headers);
+    for r in rows {
+        line(r);
+    }
+}
+
+/// The first object under `key`, depth first (backends nest devices).
+fn find_key<'a>(v: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
+    match v {
+        serde_json::Value::Object(map) => map
+            .get(key)
+            .filter(|x| x.is_object())
+            .or_else(|| map.values().find_map(|x| find_key(x, key))),
+        serde_json::Value::Array(items) => items.iter().find_map(|x| find_key(x, key)),
+        _ => None,
+    }
+}
+
+fn print_result(r: &AuditResult, m: &audit::Matrix) {
+    let labels = labels(r);
+    let controls = r.configurations.iter().filter(|o| o.control).count();
+    println!(
+        "foldprint audit · {} ({}) · {} configuration(s), {} control(s) · {} case(s) · baseline `{}`",
+        r.matrix.path,
+        r.matrix.name,
+        r.configurations.len() - controls,
+        controls,
+        r.cases.len(),
+        r.baseline
+    );
+    if !r.matrix.description.is_empty() {
+        println!("{}", r.matrix.description);
+    }
+
+    println!();
+    println!("configurations");
+    let mut rows = Vec::new();
+    for (o, label) in r.configurations.iter().zip(&labels) {
+        let cfg = m.configs.iter().find(|c| c.name == o.name);
+        rows.push(vec![
+            label.clone(),
+            o.name.clone(),
+            o.backend
+                .clone()
+                .or_else(|| cfg.map(|c| c.backend.clone()))
+                .unwrap_or_default(),
+            status_text(o.status).to_string(),
+            o.ending.clone(),
+            fmt_s(o.duration_s),
+            cfg.map(Config::describe).unwrap_or_default(),
+        ]);
+    }
+    let headers: Vec<String> = [
+        "#", "NAME", "BACKEND", "STATUS", "ENDING", "TIME", "SETTINGS",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    print_grid(&headers, &rows, 8);
+    for (o, label) in r.configurations.iter().zip(&labels) {
+        let mut lines = Vec::new();
+        for check in &o.requested {
+            let version = match check.family {
+                audit::Family::Nvrtc => o.versions.nvrtc.as_deref(),
+                audit::Family::Nccl => o.versions.nccl.as_deref(),
+            };
+            let verdict = if check.ok { "as requested" } else { "MISMATCH" };
+            lines.push(format!(
+                "{} {}  loaded {}  sha256 {}  {verdict}",
+                check.family.name(),
+                version.unwrap_or("?"),
+                if check.loaded.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    check.loaded.join(", ")
+                },
+                check.sha256.as_deref().map_or("-", short16),
+            ));
+            if let Some(msg) = &check.message {
+                lines.push(format!("  {msg}"));
+            }
+        }
+        for lib in &o.libraries {
+            let family = lib.family.as_str();
+            if !matches!(family, "nvrtc" | "nccl")
+                || o.requested.iter().any(|c| c.family.name() == family)
+            {
+                continue;
+            }
+            let version = if family == "nvrtc" {
+                o.versions.nvrtc.as_deref()
+            } else {
+                o.versions.nccl.as_deref()
+            };
+            lines.push(format!(
+                "{family} {}  loaded {}  sha256 {}  (not pinned by the matrix)",
+                version.unwrap_or("?"),
+                lib.path,
+                lib.sha256.as_deref().map_or("-", short16)
+            ));
+        }
+        if let Some(gpu) = find_key(&o.environment, "gpu") {
+            let driver = find_key(&o.environment, "driver");
+            lines.push(format!(
+                "device {} (cc {}), driver {}",
+                gpu["name"].as_str().unwrap_or("?"),
+                gpu["compute_capability"].as_str().unwrap_or("?"),
+                driver
+                    .and_then(|d| d["cuda_driver_api"].as_str())
+                    .unwrap_or("?")
+            ));
+        }
+        if let Some(f) = find_key(&o.environment, "fold_program") {
+            lines.push(format!(
+                "fold program {} (NVRTC {})  sha256 {}{}",
+                f["target"].as_str().unwrap_or("?"),
+                f["nvrtc_version"].as_str().unwrap_or("?"),
+                f["sha256"].as_str().map_or("-", short16),
+                f["note"]
+                    .as_str()
+                    .filter(|n| !n.is_empty())
+                    .map_or(String::new(), |n| format!("  note: {n}"))
+            ));
+        }
+        if let Some(k) = &o.kept {
+            lines.push(format!("kept in {k}"));
+        }
+        for l in lines {
+            println!(
+                "  {:<3} {l}",
+                if l.starts_with("  ") {
+                    ""
+                } else {
+                    label.as_str()
+                }
+            );
+        }
+    }
+
+    let baseline_ran = r
+        .configurations
+        .iter()
+        .any(|o| o.baseline && matches!(o.status, Status::Ok | Status::ChecksFailed));
+    if r.cases.is_empty() || !baseline_ran {
+        println!();
+        println!(
+            "no digest matrix: the baseline `{}` gave no report",
+            r.baseline
+        );
+        print_problems(r);
+        print_verdict(r);
+        return;
+    }
+    let label_width = 60;
+    let case_label = |row: &CaseRow| format!("{}/{}", row.experiment, row.id);
+
+    println!();
+    println!(
+        "digests against the baseline (column {}: first 8 hex of arena 0; = same digests; !hex the first differing arena; skip / MISSING / - not run{})",
+        labels
+            .iter()
+            .zip(&r.configurations)
+            .find(|(_, o)| o.baseline)
+            .map_or("1", |(l, _)| l.as_str()),
+        if r.oracle { "; cpu: the CPU oracle in-process" } else { "" }
+    );
+    let plain: Vec<usize> = (0..r.configurations.len())
+        .filter(|&i| !r.configurations[i].control)
+        .collect();
+    let mut headers = vec!["CASE".to_string(), "SENS".to_string()];
+    headers.extend(plain.iter().map(|&i| labels[i].clone()));
+    if r.oracle {
+        headers.push("cpu".into());
+    }
+    let rows: Vec<Vec<String>> = r
+        .cases
+        .iter()
+        .map(|row| {
+            let mut cells = vec![case_label(row), sens_text(row)];
+            cells.extend(plain.iter().map(|&i| cell_text(&row.cells[i].cell)));
+            if let Some(o) = &row.oracle {
+                cells.push(cell_text(&o.vs_baseline));
+            }
+            cells
+        })
+        .collect();
+    print_grid(&headers, &rows, label_width);
+
+    let control_idx: Vec<usize> = (0..r.configurations.len())
+        .filter(|&i| r.configurations[i].control)
+        .collect();
+    if r.oracle || !control_idx.is_empty() {
+        println!();
+        println!(
+            "negative controls (changed: the digests differ, as a control's must; UNCHANGED: they do not; SENS says whether the data can show a reordering)"
+        );
+        let mut headers = vec!["CASE".to_string(), "SENS".to_string()];
+        if r.oracle {
+            headers.push("ARRIVAL-REVERSED".into());
+            headers.push("PAIRWISE-TREE".into());
+        }
+        headers.extend(
+            control_idx
+                .iter()
+                .map(|&i| format!("{} {}", labels[i], r.configurations[i].name)),
+        );
+        let rows: Vec<Vec<String>> = r
+            .cases
+            .iter()
+            .map(|row| {
+                let mut cells = vec![case_label(row), sens_text(row)];
+                if let Some(o) = &row.oracle {
+                    cells.push(control_text(&o.arrival_reversed).into());
+                    cells.push(control_text(&o.pairwise_tree).into());
+                }
+                cells.extend(control_idx.iter().map(|&i| cell_text(&row.cells[i].cell)));
+                cells
+            })
+            .collect();
+        print_grid(&headers, &rows, label_width);
+        if r.oracle {
+            println!("  (contract controls run on the CPU oracle and compare with the case's own CPU digests; n/a: W <= 2 for a reversed order, W <= 3 or the case itself for the tree)");
+        }
+    }
+
+    print_problems(r);
+    print_verdict(r);
+}
+
+fn print_verdict(r: &AuditResult) {
+    let plain_count = r.configurations.iter().filter(|o| !o.control).count();
+    match r.exit_code {
+        0 => println!(
+            "audit PASSED: {} configuration(s) gave the baseline `{}`'s digests on all {} case(s){}{}",
+            plain_count,
+            r.baseline,
+            r.cases.len(),
+            if r.configurations.iter().any(|o| !o.requested.is_empty()) {
+                "; every requested library was the one loaded"
+            } else {
+                ""
+            },
+            if r.oracle { "; the CPU oracle agrees" } else { "" }
+        ),
+        code => println!(
+            "audit FAILED (exit {code}): {} problem(s), listed above",
+            r.failures.len()
+        ),
+    }
+}
+
+/// Warnings and failures, each under its heading.
+fn print_problems(r: &AuditResult) {
+    if !r.warnings.is_empty() {
+        println!();
+        println!("warnings");
+        for w in &r.warnings {
+            println!("  - {w}");
+        }
+    }
+    if !r.failures.is_empty() {
+        println!();
+        println!("failures");
+        for f in &r.failures {
+            println!("  - {f}");
+        }
+    }
+    println!();
+}

@@ -1,0 +1,426 @@
+//! `foldprint audit` on the CPU: the committed CPU matrix passes, bad
+//! matrices are rejected with file:line:column, a configuration that
+//! changes digests fails and names the cells, and the library pinning is
+//! exercised end to end (the link directory, LD_LIBRARY_PATH, and the
+//! check against what the child reports it mapped) with a stand-in child.
+
+use assert_cmd::Command;
+use foldprint::audit::{self, Cell, Status};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+fn fp() -> Command {
+    Command::cargo_bin("foldprint").unwrap()
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// Two small cases: one whose sums make NaNs (`specials`), one that does not.
+const SPECIALS: &str = r#"
+name = "sp"
+[defaults]
+world = 8
+arenas = [4099, 3]
+seed = 5
+[[case]]
+id = "nan"
+distribution = "specials"
+[[case]]
+id = "plain"
+distribution = "uniform"
+"#;
+
+fn cell<'a>(v: &'a serde_json::Value, case_id: &str, config: &str) -> &'a serde_json::Value {
+    let row = v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == case_id)
+        .unwrap_or_else(|| panic!("no case {case_id}"));
+    row["cells"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["config"] == config)
+        .unwrap_or_else(|| panic!("no cell {config}"))
+}
+
+#[test]
+fn the_cpu_matrix_passes_and_records_every_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("audit.json");
+    let keep = dir.path().join("keep");
+    let a = fp()
+        .args(["audit", "audits/cpu.toml", "--out"])
+        .arg(&out)
+        .arg("--keep")
+        .arg(&keep)
+        .assert()
+        .code(0);
+    let stdout = text(&a.get_output().stdout);
+    assert!(stdout.contains("audit PASSED"), "{stdout}");
+    assert!(stdout.contains("negative controls"), "{stdout}");
+
+    let v = json(&out);
+    assert_eq!(v["format"], "foldprint-audit");
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(v["baseline"], "baseline");
+    let configs = v["configurations"].as_array().unwrap();
+    assert!(configs.len() >= 5);
+    for c in configs {
+        assert_eq!(c["status"], "ok", "{}", c["name"]);
+        assert_eq!(c["exit_code"], 0);
+        assert_eq!(c["backend"], "cpu");
+        assert!(c["cases"].as_u64().unwrap() > 40);
+    }
+    let cases = v["cases"].as_array().unwrap();
+    for row in cases {
+        for c in row["cells"].as_array().unwrap() {
+            let state = c["state"].as_str().unwrap();
+            let control =
+                configs.iter().find(|x| x["name"] == c["config"]).unwrap()["control"] == true;
+            if control {
+                assert!(state == "changed" || state == "unchanged", "{c}");
+            } else {
+                assert!(state == "equal" || state == "baseline", "{row}");
+            }
+        }
+        assert_eq!(row["oracle"]["vs_baseline"]["state"], "equal", "{row}");
+    }
+    // The NaN-policy control changes exactly the NaN-producing cases.
+    assert_eq!(
+        cell(&v, "dist[specials]", "nan-preserve")["state"],
+        "changed"
+    );
+    assert_eq!(
+        cell(&v, "dist[uniform]", "nan-preserve")["state"],
+        "unchanged"
+    );
+    // The contract's own controls can fail: reversing the fold order of a
+    // sensitive fixed-order case changes it, and a blind case cannot.
+    let row = |id: &str| cases.iter().find(|r| r["id"] == id).unwrap();
+    assert_eq!(
+        row("orders[descending,fixed-order]")["oracle"]["arrival_reversed"]["state"],
+        "changed"
+    );
+    assert_eq!(
+        row("dist[exact-integers]")["oracle"]["arrival_reversed"]["state"],
+        "unchanged"
+    );
+    // The environment reached the child: rayon ran one thread there.
+    let r1 = json(&keep.join("threads-1/report.json"));
+    assert_eq!(r1["environment"]["backend"]["threads"], 1);
+    let cmd = std::fs::read_to_string(keep.join("threads-1/command.sh")).unwrap();
+    assert!(cmd.starts_with("RAYON_NUM_THREADS=1 "), "{cmd}");
+    assert!(cmd.contains(" run --json --backend cpu "), "{cmd}");
+}
+
+#[test]
+fn a_requested_nvrtc_that_does_not_exist_is_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write(
+        dir.path(),
+        "m.toml",
+        "experiments = [\"x.toml\"]\n[defaults]\nbackend = \"cuda\"\n[[config]]\nname = \"nv\"\nnvrtc = \"/no/such/dir/libnvrtc.so.12\"\n",
+    );
+    let out = dir.path().join("audit.json");
+    let a = fp()
+        .arg("audit")
+        .arg(&m)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .code(2);
+    let err = text(&a.get_output().stderr);
+    assert!(err.contains("m.toml:6:9"), "{err}");
+    assert!(
+        err.contains("`/no/such/dir/libnvrtc.so.12` does not exist"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!out.exists(), "a rejected matrix must not write a result");
+}
+
+#[test]
+fn an_unknown_key_is_named_with_file_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = write(
+        dir.path(),
+        "bad.toml",
+        "experiments = [\"x.toml\"]\n[defaults]\nbackend = \"cpu\"\n[[config]]\nname = \"a\"\nkernal = \"seed\"\n",
+    );
+    let a = fp().arg("audit").arg(&m).assert().code(2);
+    let err = text(&a.get_output().stderr);
+    assert!(err.contains("bad.toml:6:1"), "{err}");
+    assert!(err.contains("kernal"), "{err}");
+    // An unknown backend is named at its value.
+    let m = write(
+        dir.path(),
+        "bad2.toml",
+        "experiments = [\"x.toml\"]\n[[config]]\nname = \"a\"\nbackend = \"tpu\"\n",
+    );
+    let a = fp().arg("audit").arg(&m).assert().code(2);
+    let err = text(&a.get_output().stderr);
+    assert!(
+        err.contains("bad2.toml:4:11") && err.contains("unknown backend `tpu`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_configuration_that_changes_digests_fails_and_names_the_cells() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "sp.toml", SPECIALS);
+    let matrix = |control: bool| {
+        format!(
+            "experiments = [\"sp.toml\"]\n[defaults]\nbackend = \"cpu\"\n[[config]]\nname = \"canonical\"\n[[config]]\nname = \"preserve\"\nnan_policy = \"preserve\"\ncontrol = {control}\n"
+        )
+    };
+    let m = write(dir.path(), "m.toml", &matrix(false));
+    let out = dir.path().join("audit.json");
+    let a = fp()
+        .arg("audit")
+        .arg(&m)
+        .arg("--out")
+        .arg(&out)
+        .assert()
+        .code(1);
+    let stdout = text(&a.get_output().stdout);
+    assert!(
+        stdout.contains("configuration `preserve`: case `sp/nan` arena 0: digest"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("case `sp/plain`"), "{stdout}");
+    assert!(stdout.contains("audit FAILED (exit 1)"), "{stdout}");
+    let v = json(&out);
+    assert_eq!(v["ok"], false);
+    assert_eq!(cell(&v, "nan", "preserve")["state"], "differs");
+    assert_eq!(cell(&v, "nan", "preserve")["arena"], 0);
+    assert_eq!(cell(&v, "plain", "preserve")["state"], "equal");
+    let base = cell(&v, "nan", "canonical")["digests"][0].as_str().unwrap();
+    let other = cell(&v, "nan", "preserve")["digests"][0].as_str().unwrap();
+    assert_ne!(base, other);
+    // The row in the table shows the differing digest, marked.
+    assert!(stdout.contains(&format!("!{}", &other[..8])), "{stdout}");
+
+    // The same configuration as a control is expected to change: exit 0.
+    let m = write(dir.path(), "m.toml", &matrix(true));
+    let a = fp().arg("audit").arg(&m).arg("--json").assert().code(0);
+    let v: serde_json::Value = serde_json::from_slice(&a.get_output().stdout).unwrap();
+    assert_eq!(cell(&v, "nan", "preserve")["state"], "changed");
+    assert_eq!(cell(&v, "plain", "preserve")["state"], "unchanged");
+}
+
+#[test]
+fn a_pinned_library_the_run_did_not_load_is_a_mismatch() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "sp.toml", SPECIALS);
+    let nv = dir.path().join("nv");
+    std::fs::create_dir(&nv).unwrap();
+    write(&nv, "libnvrtc.so.12", "not a library");
+    write(&nv, "libnvrtc-builtins.so.12.4", "not a library");
+    let m = write(
+        dir.path(),
+        "m.toml",
+        "experiments = [\"sp.toml\"]\noracle = false\n[defaults]\nbackend = \"cpu\"\n[[config]]\nname = \"plain\"\n[[config]]\nname = \"pinned\"\nnvrtc = \"nv\"\n",
+    );
+    let keep = dir.path().join("keep");
+    let a = fp()
+        .arg("audit")
+        .arg(&m)
+        .arg("--keep")
+        .arg(&keep)
+        .assert()
+        .code(1);
+    let stdout = text(&a.get_output().stdout);
+    let real = std::fs::canonicalize(nv.join("libnvrtc.so.12")).unwrap();
+    assert!(
+        stdout.contains(&format!(
+            "requested nvrtc nv ({}), but the run loaded no nvrtc (backend `cpu`)",
+            real.display()
+        )),
+        "{stdout}"
+    );
+    // The child was given the link directory first on its search path.
+    let lib = keep.join("pinned/lib");
+    assert_eq!(
+        std::fs::canonicalize(lib.join("libnvrtc.so")).unwrap(),
+        real
+    );
+    assert!(lib.join("libnvrtc-builtins.so.12.4").exists());
+    let cmd = std::fs::read_to_string(keep.join("pinned/command.sh")).unwrap();
+    assert!(
+        cmd.starts_with(&format!("LD_LIBRARY_PATH={}", lib.display())),
+        "{cmd}"
+    );
+}
+
+/// A stand-in for a GPU child: runs the real CPU oracle, then reports as
+/// the NVRTC it mapped the file behind `libnvrtc.so` in the first
+/// LD_LIBRARY_PATH directory (or $FAKE_LOADED), with NVRTC version 12.4,
+/// the way the CUDA backend's report does.
+const FAKE_GPU: &str = r#"#!/bin/sh
+while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do shift; done
+shift
+first="${LD_LIBRARY_PATH%%:*}"
+lib="${FAKE_LOADED:-$(readlink -f "$first/libnvrtc.so")}"
+"$FOLDPRINT_REAL" run --json --backend cpu -- "$@" | sed "s|\"kind\": \"cpu\",|\"kind\": \"fake-gpu\", \"nvrtc\": {\"version\": \"12.4\"}, \"libraries\": [{\"family\": \"nvrtc\", \"path\": \"$lib\", \"sha256\": \"00\", \"bytes\": 13}],|"
+"#;
+
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let p = write(dir, name, body);
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+#[test]
+fn the_library_check_accepts_the_requested_file_and_rejects_another() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "sp.toml", SPECIALS);
+    let (nv, other) = (dir.path().join("nv124"), dir.path().join("other"));
+    for d in [&nv, &other] {
+        std::fs::create_dir(d).unwrap();
+        write(d, "libnvrtc.so.12", "not a library");
+    }
+    let exe = script(dir.path(), "fake-gpu", FAKE_GPU);
+    let real_bin = env!("CARGO_BIN_EXE_foldprint");
+    let text = format!(
+        r#"
+experiments = ["sp.toml"]
+oracle = false
+[defaults]
+backend = "cuda"
+env = {{ FOLDPRINT_REAL = "{real_bin}" }}
+[[config]]
+name = "by-dir"
+nvrtc = "nv124"
+[[config]]
+name = "by-file"
+nvrtc = "${{NV_FILE_FOR_TEST:-nv124/libnvrtc.so.12}}"
+target = "compute_75"
+[[config]]
+name = "wrong"
+nvrtc = "nv124"
+env = {{ FAKE_LOADED = "{}" }}
+"#,
+        other.join("libnvrtc.so.12").display()
+    );
+    let path = write(dir.path(), "m.toml", &text);
+    let m = audit::load(&path).unwrap();
+    let opts = audit::Options { exe, keep: None };
+    let r = audit::run(&m, &opts, &mut ()).unwrap();
+    let want = std::fs::canonicalize(nv.join("libnvrtc.so.12")).unwrap();
+    for o in &r.configurations[..2] {
+        assert_eq!(o.status, Status::Ok, "{o:?}");
+        assert_eq!(o.requested.len(), 1);
+        assert!(o.requested[0].ok, "{:?}", o.requested[0]);
+        assert_eq!(o.requested[0].loaded, [want.display().to_string()]);
+        assert_eq!(o.requested[0].sha256.as_deref(), Some("00"));
+        assert_eq!(o.versions.nvrtc.as_deref(), Some("12.4"));
+        assert!(o.env["LD_LIBRARY_PATH"].contains("/by-"), "{:?}", o.env);
+    }
+    let wrong = &r.configurations[2];
+    assert!(!wrong.requested[0].ok);
+    assert_eq!(r.exit_code, 1);
+    let msg = r.failures.join("\n");
+    assert!(
+        msg.contains(&format!(
+            "configuration `wrong`: requested nvrtc nv124 ({}), loaded {}",
+            want.display(),
+            std::fs::canonicalize(other.join("libnvrtc.so.12"))
+                .unwrap()
+                .display()
+        )),
+        "{msg}"
+    );
+    // Digests still compared: the stand-in runs the oracle, so all equal.
+    for row in &r.cases {
+        assert!(row.cells.iter().skip(1).all(|c| c.cell == Cell::Equal));
+    }
+}
+
+#[test]
+fn a_child_that_cannot_run_is_exit_3_with_its_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "sp.toml", SPECIALS);
+    let exe = script(
+        dir.path(),
+        "no-gpu",
+        "#!/bin/sh\necho 'error: backend `cuda` is not usable here: no driver' >&2\nexit 3\n",
+    );
+    let path = write(
+        dir.path(),
+        "m.toml",
+        "experiments = [\"sp.toml\"]\noracle = false\n[defaults]\nbackend = \"cuda\"\n[[config]]\nname = \"a\"\n[[config]]\nname = \"b\"\n",
+    );
+    let m = audit::load(&path).unwrap();
+    let r = audit::run(&m, &audit::Options { exe, keep: None }, &mut ()).unwrap();
+    assert_eq!(r.exit_code, 3);
+    assert_eq!(r.configurations[0].status, Status::CouldNotRun);
+    assert_eq!(r.configurations[0].exit_code, Some(3));
+    // Nothing can be compared without the baseline: the rest is not run.
+    assert_eq!(r.configurations[1].status, Status::NotRun);
+    let msg = r.failures.join("\n");
+    assert!(
+        msg.contains("configuration `a` could not run") && msg.contains("no driver"),
+        "{msg}"
+    );
+
+    // A child that hangs is killed at the matrix's timeout.
+    let exe = script(dir.path(), "hang", "#!/bin/sh\nexec sleep 30\n");
+    let path = write(
+        dir.path(),
+        "t.toml",
+        "experiments = [\"sp.toml\"]\noracle = false\ntimeout_s = 1\n[defaults]\nbackend = \"cpu\"\n[[config]]\nname = \"a\"\n",
+    );
+    let m = audit::load(&path).unwrap();
+    let t = std::time::Instant::now();
+    let r = audit::run(&m, &audit::Options { exe, keep: None }, &mut ()).unwrap();
+    assert!(t.elapsed().as_secs() < 20);
+    assert_eq!(r.exit_code, 3);
+    assert!(r.failures[0].contains("timed out"), "{:?}", r.failures);
+}
+
+#[test]
+fn a_child_that_rejects_its_arguments_is_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "sp.toml", SPECIALS);
+    let m = write(
+        dir.path(),
+        "m.toml",
+        "experiments = [\"sp.toml\"]\noracle = false\n[defaults]\nbackend = \"cpu\"\n[[config]]\nname = \"a\"\n[[config]]\nname = \"b\"\nargs = [\"--no-such-flag\"]\n",
+    );
+    let a = fp().arg("audit").arg(&m).assert().code(2);
+    let stdout = text(&a.get_output().stdout);
+    let stderr = text(&a.get_output().stderr);
+    assert!(
+        stdout.contains("configuration `b` could not run: the run rejected its arguments"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("--no-such-flag"), "{stderr}");
+}
+
+#[test]
+fn keep_must_be_a_new_or_empty_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "stale", "x");
+    let a = fp()
+        .args(["audit", "audits/cpu.toml", "--keep"])
+        .arg(dir.path())
+        .assert()
+        .code(2);
+    assert!(text(&a.get_output().stderr).contains("must be a new or empty directory"));
+}
