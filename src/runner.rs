@@ -34,6 +34,8 @@ pub struct RunConfig<'a> {
     pub dump: Option<&'a Path>,
     /// Extra lines for the report (e.g. why `auto` fell back).
     pub notes: Vec<String>,
+    /// Wall time spent starting the backend (device, NVRTC, communicator).
+    pub backend_init_ms: f64,
 }
 
 pub fn run(
@@ -63,7 +65,9 @@ pub fn run(
             continue;
         }
         let mut out = backend.run_case(case, &opts)?;
+        let s0 = std::time::Instant::now();
         let sensitivity = crate::sensitivity::measure(case);
+        let sensitivity_ms = s0.elapsed().as_secs_f64() * 1e3;
         if let Some(dir) = cfg.dump {
             for (a, arena) in out.arenas.iter_mut().enumerate() {
                 if let Some(values) = arena.values.take() {
@@ -74,13 +78,15 @@ pub fn run(
                 }
             }
         }
-        cases.push(CaseReport::new(
+        let mut report = CaseReport::new(
             case,
             &out.arenas,
             out.rounds,
             out.rounds_identical,
             sensitivity,
-        ));
+        );
+        report.timings.sensitivity_ms = sensitivity_ms;
+        cases.push(report);
         progress.done(case);
     }
     if let Some(dir) = cfg.dump {
@@ -93,6 +99,7 @@ pub fn run(
         "host": crate::env::host(),
         "backend": backend.environment(),
     });
+    environment["backend_init_ms"] = serde_json::json!(cfg.backend_init_ms);
     if let Some(p) = crate::env::provenance() {
         environment["provenance"] = p;
     }

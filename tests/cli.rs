@@ -541,3 +541,21 @@ fn cuda_backend_without_a_gpu_fails_clearly_and_auto_falls_back() {
             .stderr(predicate::str::contains("using the CPU oracle"));
     }
 }
+
+#[test]
+fn a_case_larger_than_memory_exits_3_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    // 64 x 4e9 x 4 bytes = 1.02 TB: valid as an experiment, too big for this machine.
+    let exp = write(
+        dir.path(),
+        "oom.toml",
+        "name = \"oom\"\n[[case]]\nid = \"big\"\nworld = 64\narenas = [4000000000]\n",
+    );
+    fp().args(["run", "--backend", "cpu"])
+        .arg(&exp)
+        .assert()
+        .code(3)
+        .stderr(predicate::str::contains(
+            "case `big` needs 1024000000000 bytes of host memory",
+        ));
+}

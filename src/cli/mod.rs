@@ -296,7 +296,12 @@ fn exit_code(e: &anyhow::Error) -> i32 {
         if let Some(Exit(code, _)) = cause.downcast_ref::<Exit>() {
             return *code;
         }
-        if let Some(b) = cause.downcast_ref::<backend::BackendError>() {
+        // `RunError::Backend` is transparent: look inside it too.
+        let inner = match cause.downcast_ref::<foldprint::runner::RunError>() {
+            Some(foldprint::runner::RunError::Backend(b)) => Some(b),
+            _ => None,
+        };
+        if let Some(b) = cause.downcast_ref::<backend::BackendError>().or(inner) {
             return match b {
                 backend::BackendError::Failed { .. } => 1,
                 _ => 3,
@@ -363,7 +368,9 @@ fn execute(
     experiments: &[Experiment],
     dump: Option<&std::path::Path>,
 ) -> Result<Option<Report>> {
+    let t0 = std::time::Instant::now();
     let (mut be, note) = backend::select(common.backend, &common.cuda.options(experiments))?;
+    let backend_init_ms = t0.elapsed().as_secs_f64() * 1e3;
     let reporting = be.is_reporting_rank();
     let dump = dump.filter(|_| reporting);
     if let Some(n) = &note {
@@ -375,6 +382,7 @@ fn execute(
         nan_policy: common.nan_policy,
         dump,
         notes: note.into_iter().collect(),
+        backend_init_ms,
     };
     let report = runner::run(experiments, be.as_mut(), &cfg, &mut bar)?;
     drop(bar);

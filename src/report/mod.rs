@@ -142,6 +142,9 @@ pub struct Timings {
     pub addend_bytes: u64,
     /// Addend bytes over the fastest round's generate + reduce time.
     pub fold_gb_per_s: f64,
+    /// Host time of the order-sensitivity measure (not part of a round).
+    #[serde(default)]
+    pub sensitivity_ms: f64,
 }
 
 impl CaseReport {
@@ -181,6 +184,7 @@ impl CaseReport {
             timings: Timings {
                 rounds,
                 addend_bytes: bytes,
+                sensitivity_ms: 0.0,
                 fold_gb_per_s: if best > 0.0 && best.is_finite() {
                     bytes as f64 / best / 1e6
                 } else {
