@@ -125,7 +125,10 @@ fn the_cpu_matrix_passes_and_records_every_configuration() {
     assert_eq!(r1["environment"]["backend"]["threads"], 1);
     let cmd = std::fs::read_to_string(keep.join("threads-1/command.sh")).unwrap();
     assert!(cmd.starts_with("RAYON_NUM_THREADS=1 "), "{cmd}");
-    assert!(cmd.contains(" run --json --backend cpu "), "{cmd}");
+    assert!(
+        cmd.contains(" run --out ") && cmd.contains(" --json --backend cpu "),
+        "{cmd}"
+    );
 }
 
 #[test]

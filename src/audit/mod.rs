@@ -568,6 +568,12 @@ fn run_config(
         );
     }
     let mut argv = c.run_args();
+    // The report goes to a file: libraries such as NCCL (NCCL_DEBUG) may
+    // print to the child's stdout. Stdout stays the fallback.
+    let report_path = dir.join("report.json");
+    let _ = std::fs::remove_file(&report_path);
+    argv.insert(1, "--out".into());
+    argv.insert(2, report_path.display().to_string());
     argv.push("--".into());
     argv.extend(m.experiments.iter().map(|p| p.display().to_string()));
     o.command = std::iter::once(opts.exe.display().to_string())
@@ -589,8 +595,13 @@ fn run_config(
         cmd.env_remove(NCCL_OVERRIDE);
     }
     let out = child::run(cmd, m.timeout);
-    let report_path = dir.join("report.json");
-    std::fs::write(&report_path, &out.stdout).map_err(io)?;
+    let stdout_path = dir.join("stdout.txt");
+    std::fs::write(&stdout_path, &out.stdout).map_err(io)?;
+    let report_path = if report_path.is_file() {
+        report_path
+    } else {
+        stdout_path
+    };
     std::fs::write(dir.join("stderr.txt"), &out.stderr).map_err(io)?;
     if !work.temporary {
         o.kept = Some(dir.display().to_string());
