@@ -63,9 +63,42 @@ pub struct ArenaHasher {
     sha: Sha256,
     policy: NanPolicy,
     buf: Vec<u8>,
+    /// Per-chunk digests (localization), when asked for.
+    chunks: Option<ChunkState>,
+}
+
+struct ChunkState {
+    sha: Sha256,
+    /// Bytes already in the current chunk.
+    filled: usize,
+    done: Vec<String>,
 }
 
 const STAGE: usize = 16 * 1024;
+
+/// Elements per localization chunk (256 KiB of f32).
+pub const CHUNK_ELEMS: usize = 1 << 16;
+
+/// An arena's digest plus the digests of its fixed-size chunks.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ChunkedDigest {
+    pub sha256: String,
+    /// SHA-256 of each `CHUNK_ELEMS`-element chunk of the hashed bytes (the
+    /// last one may be shorter); empty for an empty arena.
+    pub chunks: Vec<String>,
+}
+
+impl ChunkedDigest {
+    /// SHA-256 over the concatenated raw chunk digests: one value that
+    /// commits to the whole list.
+    pub fn chunk_root(&self) -> String {
+        let mut h = Sha256::new();
+        for c in &self.chunks {
+            h.update(hex::decode(c).unwrap_or_default());
+        }
+        hex::encode(h.finalize())
+    }
+}
 
 impl ArenaHasher {
     pub fn new(policy: NanPolicy) -> Self {
@@ -73,6 +106,36 @@ impl ArenaHasher {
             sha: Sha256::new(),
             policy,
             buf: Vec::with_capacity(STAGE * 4),
+            chunks: None,
+        }
+    }
+
+    /// Also keep a digest per `CHUNK_ELEMS` elements (costs a second pass
+    /// of SHA-256 over the same bytes).
+    pub fn with_chunks(policy: NanPolicy) -> Self {
+        let mut h = Self::new(policy);
+        h.chunks = Some(ChunkState {
+            sha: Sha256::new(),
+            filled: 0,
+            done: Vec::new(),
+        });
+        h
+    }
+
+    fn feed(sha: &mut Sha256, chunks: &mut Option<ChunkState>, mut bytes: &[u8]) {
+        sha.update(bytes);
+        let Some(c) = chunks else { return };
+        const LEAF: usize = CHUNK_ELEMS * 4;
+        while !bytes.is_empty() {
+            let take = (LEAF - c.filled).min(bytes.len());
+            c.sha.update(&bytes[..take]);
+            c.filled += take;
+            bytes = &bytes[take..];
+            if c.filled == LEAF {
+                let full = std::mem::take(&mut c.sha);
+                c.done.push(hex::encode(full.finalize()));
+                c.filled = 0;
+            }
         }
     }
 
@@ -88,7 +151,7 @@ impl ArenaHasher {
                         std::mem::size_of_val(chunk),
                     )
                 };
-                self.sha.update(bytes);
+                Self::feed(&mut self.sha, &mut self.chunks, bytes);
                 continue;
             }
             self.buf.clear();
@@ -96,12 +159,29 @@ impl ArenaHasher {
                 self.buf
                     .extend_from_slice(&self.policy.apply(v.to_bits()).to_le_bytes());
             }
-            self.sha.update(&self.buf);
+            Self::feed(&mut self.sha, &mut self.chunks, &self.buf);
         }
     }
 
     pub fn finish(self) -> String {
         hex::encode(self.sha.finalize())
+    }
+
+    /// The digest and, if `with_chunks`, the chunk digests.
+    pub fn finish_chunked(self) -> ChunkedDigest {
+        let chunks = match self.chunks {
+            None => Vec::new(),
+            Some(mut c) => {
+                if c.filled > 0 {
+                    c.done.push(hex::encode(c.sha.finalize()));
+                }
+                c.done
+            }
+        };
+        ChunkedDigest {
+            sha256: hex::encode(self.sha.finalize()),
+            chunks,
+        }
     }
 }
 
@@ -112,6 +192,13 @@ fn has_nan(values: &[f32]) -> bool {
         .map(|v| v.to_bits() & 0x7FFF_FFFF)
         .fold(0, u32::max)
         > 0x7F80_0000
+}
+
+/// Digest and chunk digests of one arena under `policy`.
+pub fn digest_chunked(values: &[f32], policy: NanPolicy) -> ChunkedDigest {
+    let mut h = ArenaHasher::with_chunks(policy);
+    h.update(values);
+    h.finish_chunked()
 }
 
 /// SHA-256 (hex) of one arena under `policy`.
@@ -162,6 +249,32 @@ mod tests {
         // Infinities are not NaNs.
         assert_eq!(NanPolicy::Canonical.apply(0x7F80_0000), 0x7F80_0000);
         assert_eq!(NanPolicy::Canonical.apply(0xFF80_0000), 0xFF80_0000);
+    }
+
+    #[test]
+    fn chunk_digests_cover_the_hashed_bytes_in_order() {
+        let v: Vec<f32> = (0..(2 * CHUNK_ELEMS + 5)).map(|i| i as f32).collect();
+        let mut h = ArenaHasher::with_chunks(NanPolicy::Canonical);
+        // Uneven updates must not move chunk boundaries.
+        h.update(&v[..1000]);
+        h.update(&v[1000..CHUNK_ELEMS + 7]);
+        h.update(&v[CHUNK_ELEMS + 7..]);
+        let d = h.finish_chunked();
+        assert_eq!(d.sha256, digest_arena(&v, NanPolicy::Canonical));
+        assert_eq!(d.chunks.len(), 3);
+        let bytes = hashed_bytes(&v, NanPolicy::Canonical);
+        for (k, c) in d.chunks.iter().enumerate() {
+            let lo = k * CHUNK_ELEMS * 4;
+            let hi = ((k + 1) * CHUNK_ELEMS * 4).min(bytes.len());
+            assert_eq!(*c, sha256_hex(&bytes[lo..hi]));
+        }
+        assert!(digest_chunked(&[], NanPolicy::Canonical).chunks.is_empty());
+        // One flipped element changes exactly its chunk.
+        let mut w = v.clone();
+        w[CHUNK_ELEMS + 3] = -w[CHUNK_ELEMS + 3];
+        let e = digest_chunked(&w, NanPolicy::Canonical);
+        let differ: Vec<usize> = (0..3).filter(|&k| d.chunks[k] != e.chunks[k]).collect();
+        assert_eq!(differ, vec![1]);
     }
 
     #[test]

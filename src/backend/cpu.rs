@@ -8,7 +8,7 @@
 
 use super::{Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
 use crate::data::Lane;
-use crate::digest::digest_arena;
+use crate::digest::{digest_arena, CHUNK_ELEMS};
 use crate::experiment::Case;
 use crate::fold::{fold_pairwise, mean_scale, shard_plan, Contract};
 use rayon::prelude::*;
@@ -117,12 +117,13 @@ fn run_round(case: &Case, opts: &RunOptions) -> (Vec<ReducedArena>, RoundTimings
         t.reduce_ms += ms(r);
 
         let d = Instant::now();
-        let rank_digests = rank_digests(&ranks, opts);
+        let (rank_digests, chunks) = rank_digests(&ranks, opts);
         t.digest_ms += ms(d);
         let values = opts.keep_values.then(|| ranks.swap_remove(0));
         out.push(ReducedArena {
             len: n,
             rank_digests,
+            chunks,
             values,
         });
     }
@@ -130,21 +131,32 @@ fn run_round(case: &Case, opts: &RunOptions) -> (Vec<ReducedArena>, RoundTimings
     (out, t)
 }
 
-/// Rank 0 is hashed; a rank whose bytes equal rank 0's has the same digest
-/// by definition, and any rank that differs is hashed on its own.
-fn rank_digests(ranks: &[Vec<f32>], opts: &RunOptions) -> Vec<String> {
-    let d0 = digest_arena(&ranks[0], opts.nan_policy);
+/// Rank 0 is hashed (whole, and per chunk in parallel); a rank whose bytes
+/// equal rank 0's has the same digest by definition, and any rank that
+/// differs is hashed on its own.
+fn rank_digests(ranks: &[Vec<f32>], opts: &RunOptions) -> (Vec<String>, Vec<String>) {
+    let policy = opts.nan_policy;
+    let (d0, chunks) = rayon::join(
+        || digest_arena(&ranks[0], policy),
+        || {
+            ranks[0]
+                .par_chunks(CHUNK_ELEMS)
+                .map(|c| digest_arena(c, policy))
+                .collect::<Vec<_>>()
+        },
+    );
     let same_bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-    ranks
+    let digests = ranks
         .par_iter()
         .map(|r| {
             if same_bits(r, &ranks[0]) {
                 d0.clone()
             } else {
-                digest_arena(r, opts.nan_policy)
+                digest_arena(r, policy)
             }
         })
-        .collect()
+        .collect();
+    (digests, chunks)
 }
 
 fn ms(since: Instant) -> f64 {

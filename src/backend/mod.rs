@@ -68,6 +68,8 @@ pub struct ReducedArena {
     pub len: usize,
     /// SHA-256 of each rank's copy, rank order.
     pub rank_digests: Vec<String>,
+    /// Rank 0's per-chunk digests (`digest::CHUNK_ELEMS` elements each).
+    pub chunks: Vec<String>,
     /// Rank 0's values when `keep_values` was asked for.
     pub values: Option<Vec<f32>>,
 }

@@ -1,6 +1,6 @@
 //! Cross-report agreement by case key.
 
-use super::Report;
+use super::{ArenaReport, Report};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -12,6 +12,9 @@ pub enum Mismatch {
         arena: usize,
         left: (String, String),
         right: (String, String),
+        /// Differing chunks as element ranges, when both reports carry
+        /// chunk digests of the same shape.
+        chunks: Option<Vec<(usize, usize)>>,
     },
     /// A case one report has and another lacks.
     Missing {
@@ -37,11 +40,24 @@ impl std::fmt::Display for Mismatch {
                 arena,
                 left,
                 right,
-            } => write!(
-                f,
-                "case `{id}` ({key}) arena {arena}: {} has {}, {} has {}",
-                left.0, left.1, right.0, right.1
-            ),
+                chunks,
+            } => {
+                write!(
+                    f,
+                    "case `{id}` ({key}) arena {arena}: {} has {}, {} has {}",
+                    left.0, left.1, right.0, right.1
+                )?;
+                if let Some(c) = chunks {
+                    let shown: Vec<String> =
+                        c.iter().take(8).map(|(a, b)| format!("{a}..{b}")).collect();
+                    let more = c.len().saturating_sub(8);
+                    write!(f, "; differing elements in {}", shown.join(", "))?;
+                    if more > 0 {
+                        write!(f, " and {more} more chunk(s)")?;
+                    }
+                }
+                Ok(())
+            }
             Mismatch::Missing {
                 key,
                 id,
@@ -82,20 +98,12 @@ pub fn compare(reports: &[(String, Report)], allow_missing: bool) -> Comparison 
     let Some((base_name, base)) = reports.first() else {
         return out;
     };
-    let index = |r: &Report| -> BTreeMap<String, (String, Vec<String>)> {
+    fn index(r: &Report) -> BTreeMap<String, (String, Vec<&ArenaReport>)> {
         r.cases
             .iter()
-            .map(|c| {
-                (
-                    c.key.clone(),
-                    (
-                        c.id.clone(),
-                        c.arenas.iter().map(|a| a.sha256.clone()).collect(),
-                    ),
-                )
-            })
+            .map(|c| (c.key.clone(), (c.id.clone(), c.arenas.iter().collect())))
             .collect()
-    };
+    }
     let base_idx = index(base);
     let mut compared_keys = std::collections::BTreeSet::new();
     for (name, other) in &reports[1..] {
@@ -123,13 +131,14 @@ pub fn compare(reports: &[(String, Report)], allow_missing: bool) -> Comparison 
                         continue;
                     }
                     for (a, (l, r)) in digests.iter().zip(theirs).enumerate() {
-                        if l != r {
+                        if l.sha256 != r.sha256 {
                             out.mismatches.push(Mismatch::Digest {
                                 key: key.clone(),
                                 id: id.clone(),
                                 arena: a,
-                                left: (base_name.clone(), l.clone()),
-                                right: (name.clone(), r.clone()),
+                                left: (base_name.clone(), l.sha256.clone()),
+                                right: (name.clone(), r.sha256.clone()),
+                                chunks: differing_chunks(l, r),
                             });
                         }
                     }
@@ -151,4 +160,27 @@ pub fn compare(reports: &[(String, Report)], allow_missing: bool) -> Comparison 
     }
     out.compared = compared_keys.len();
     out
+}
+
+/// Element ranges of the chunks whose digests differ, if both sides carry
+/// comparable chunk lists.
+fn differing_chunks(l: &ArenaReport, r: &ArenaReport) -> Option<Vec<(usize, usize)>> {
+    let size = l.chunk_elems;
+    if size == 0
+        || size != r.chunk_elems
+        || l.len != r.len
+        || l.chunk_sha256.len() != r.chunk_sha256.len()
+        || l.chunk_sha256.is_empty()
+    {
+        return None;
+    }
+    Some(
+        l.chunk_sha256
+            .iter()
+            .zip(&r.chunk_sha256)
+            .enumerate()
+            .filter(|(_, (a, b))| a != b)
+            .map(|(k, _)| (k * size, ((k + 1) * size).min(l.len)))
+            .collect(),
+    )
 }

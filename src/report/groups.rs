@@ -138,6 +138,7 @@ mod tests {
         let arena = ReducedArena {
             len: 10,
             rank_digests: vec![digest.into(); 4],
+            chunks: vec![],
             values: None,
         };
         let sens = Sensitivity {

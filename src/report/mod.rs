@@ -120,6 +120,14 @@ pub struct ArenaReport {
     pub sha256: String,
     pub ranks_identical: bool,
     pub rank_sha256: Vec<String>,
+    /// Localization: SHA-256 of each `chunk_elems`-element chunk of rank
+    /// 0's hashed bytes, and of their concatenation (`chunk_root`).
+    #[serde(default)]
+    pub chunk_elems: usize,
+    #[serde(default)]
+    pub chunk_sha256: Vec<String>,
+    #[serde(default)]
+    pub chunk_root: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -164,6 +172,13 @@ impl CaseReport {
                 sha256: a.digest().to_string(),
                 ranks_identical: a.ranks_identical(),
                 rank_sha256: a.rank_digests.clone(),
+                chunk_elems: crate::digest::CHUNK_ELEMS,
+                chunk_root: crate::digest::ChunkedDigest {
+                    sha256: String::new(),
+                    chunks: a.chunks.clone(),
+                }
+                .chunk_root(),
+                chunk_sha256: a.chunks.clone(),
             })
             .collect();
         let best = rounds

@@ -291,7 +291,7 @@ impl CudaBackend {
             t.generate_ms += gen_ms;
             t.reduce_ms += reduce_ms;
             let d = Instant::now();
-            let (rank_digests, values) = world::digest_ranks(
+            let (rank_digests, chunks, values) = world::digest_ranks(
                 &self.dev,
                 &mut self.readers,
                 bufs,
@@ -303,6 +303,7 @@ impl CudaBackend {
             out.push(ReducedArena {
                 len: n,
                 rank_digests,
+                chunks,
                 values,
             });
         }

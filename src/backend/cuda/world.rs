@@ -12,7 +12,7 @@ use super::driver_error_text;
 use super::kernels::{FoldMode, KernelVariant};
 use super::mem::{copy_d2d, DeviceBuffer, PinnedBuffer, F32};
 use crate::data::Distribution;
-use crate::digest::{ArenaHasher, NanPolicy};
+use crate::digest::{ArenaHasher, ChunkedDigest, NanPolicy};
 use crate::fold::Shard;
 use cudarc::driver::{sys::CUevent_flags, CudaEvent, CudaStream};
 use std::sync::Arc;
@@ -282,19 +282,25 @@ impl Reader {
         })
     }
 
-    /// Hash `buf` under `policy`; also return its values when `keep`.
+    /// Hash `buf` under `policy` (with chunk digests when `chunked`); also
+    /// return its values when `keep`.
     pub fn digest(
         &mut self,
         dev: &Device,
         buf: &DeviceBuffer,
         policy: NanPolicy,
         keep: bool,
-    ) -> Result<(String, Option<Vec<f32>>), String> {
+        chunked: bool,
+    ) -> Result<(ChunkedDigest, Option<Vec<f32>>), String> {
         dev.ctx.bind_to_thread().map_err(driver_error_text)?;
         let n = buf.len();
         let chunk = self.bufs[0].len().max(1);
         let chunks = n.div_ceil(chunk);
-        let mut hasher = ArenaHasher::new(policy);
+        let mut hasher = if chunked {
+            ArenaHasher::with_chunks(policy)
+        } else {
+            ArenaHasher::new(policy)
+        };
         let mut kept = if keep {
             Some(Vec::with_capacity(n))
         } else {
@@ -326,7 +332,7 @@ impl Reader {
         let synced = self.stream.synchronize().map_err(driver_error_text);
         result?;
         synced?;
-        Ok((hasher.finish(), kept))
+        Ok((hasher.finish_chunked(), kept))
     }
 
     fn issue(
@@ -347,7 +353,7 @@ impl Reader {
 }
 
 /// (rank, digest, kept values).
-type RankDigest = (usize, String, Option<Vec<f32>>);
+type RankDigest = (usize, ChunkedDigest, Option<Vec<f32>>);
 
 /// Digest every rank's arena with up to `readers.len()` host threads.
 /// Returns rank digests in rank order and rank 0's values when `keep`.
@@ -357,13 +363,14 @@ pub fn digest_ranks(
     bufs: &WorldBuffers,
     policy: NanPolicy,
     keep: bool,
-) -> Result<(Vec<String>, Option<Vec<f32>>), String> {
+) -> Result<(Vec<String>, Vec<String>, Option<Vec<f32>>), String> {
     let world = bufs.ranks.len();
     let workers = readers.len().min(world).max(1);
     if readers.is_empty() {
         return Err("no read-back workers".into());
     }
     let mut digests: Vec<Option<String>> = vec![None; world];
+    let mut chunks = Vec::new();
     let mut values = None;
     let outcome: Result<(), String> = std::thread::scope(|scope| {
         let handles: Vec<_> = readers
@@ -375,7 +382,8 @@ pub fn digest_ranks(
                 scope.spawn(move || -> Result<Vec<RankDigest>, String> {
                     let mut out = Vec::new();
                     for r in (t..world).step_by(workers) {
-                        let (d, v) = reader.digest(dev, &ranks[r], policy, keep && r == 0)?;
+                        let (d, v) =
+                            reader.digest(dev, &ranks[r], policy, keep && r == 0, r == 0)?;
                         out.push((r, d, v));
                     }
                     Ok(out)
@@ -387,7 +395,10 @@ pub fn digest_ranks(
                 .join()
                 .map_err(|_| "read-back thread panicked".to_string())??;
             for (r, d, v) in part {
-                digests[r] = Some(d);
+                if r == 0 {
+                    chunks = d.chunks;
+                }
+                digests[r] = Some(d.sha256);
                 if v.is_some() {
                     values = v;
                 }
@@ -400,5 +411,5 @@ pub fn digest_ranks(
         .into_iter()
         .map(|d| d.ok_or_else(|| "a rank was not digested".to_string()))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok((digests, values))
+    Ok((digests, chunks, values))
 }

@@ -367,7 +367,7 @@ fn rendezvous_addr(e: &RankEnv) -> Result<(String, u16), String> {
 }
 
 struct RankOut {
-    digest: String,
+    digest: crate::digest::ChunkedDigest,
     values: Option<Vec<f32>>,
     generate_ms: f64,
     reduce_ms: f64,
@@ -543,11 +543,11 @@ fn rank_arena(
     let keep = job.opts.keep_values && me == 0;
     // An empty arena still owns a one-element allocation: hash nothing.
     let (digest, values) = if n == 0 {
-        let d = crate::digest::digest_arena(&[], job.opts.nan_policy);
+        let d = crate::digest::digest_chunked(&[], job.opts.nan_policy);
         (d, keep.then(Vec::new))
     } else {
         ctx.reader
-            .digest(dev, &b.arena, job.opts.nan_policy, keep)?
+            .digest(dev, &b.arena, job.opts.nan_policy, keep, me == 0)?
     };
     Ok(RankOut {
         digest,
@@ -740,13 +740,17 @@ impl Backend for NcclBackend {
                         })
                         .collect()
                 });
+                let mut chunks = Vec::new();
                 let mut mine = Vec::new();
                 let mut values = None;
                 for o in outs {
                     let o = o.map_err(|e| failed(&case.id, e))?;
                     t.generate_ms = t.generate_ms.max(o.generate_ms);
                     t.reduce_ms = t.reduce_ms.max(o.reduce_ms);
-                    mine.push(o.digest);
+                    if chunks.is_empty() {
+                        chunks = o.digest.chunks;
+                    }
+                    mine.push(o.digest.sha256);
                     if o.values.is_some() {
                         values = o.values;
                     }
@@ -757,6 +761,7 @@ impl Backend for NcclBackend {
                 arenas.push(ReducedArena {
                     len: n,
                     rank_digests,
+                    chunks,
                     values,
                 });
             }
