@@ -352,6 +352,9 @@ impl Reader {
     }
 }
 
+/// Every rank's digest, rank 0's chunk digests, rank 0's values if kept.
+pub type RankDigests = (Vec<String>, Vec<String>, Option<Vec<f32>>);
+
 /// (rank, digest, kept values).
 type RankDigest = (usize, ChunkedDigest, Option<Vec<f32>>);
 
@@ -363,7 +366,7 @@ pub fn digest_ranks(
     bufs: &WorldBuffers,
     policy: NanPolicy,
     keep: bool,
-) -> Result<(Vec<String>, Vec<String>, Option<Vec<f32>>), String> {
+) -> Result<RankDigests, String> {
     let world = bufs.ranks.len();
     let workers = readers.len().min(world).max(1);
     if readers.is_empty() {
