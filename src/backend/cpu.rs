@@ -57,24 +57,7 @@ impl Backend for CpuBackend {
             });
         }
         check_memory(case)?;
-        let mut rounds = Vec::new();
-        let mut first: Option<Vec<ReducedArena>> = None;
-        let mut identical = true;
-        let mut last = Vec::new();
-        for _ in 0..case.rounds {
-            let (arenas, t) = run_round(case, opts);
-            match &first {
-                None => first = Some(arenas.clone()),
-                Some(f) => identical &= super::same_digests(f, &arenas),
-            }
-            rounds.push(t);
-            last = arenas;
-        }
-        Ok(CaseRun {
-            arenas: last,
-            rounds,
-            rounds_identical: identical,
-        })
+        super::repeat_rounds(case.rounds, || Ok(run_round(case, opts)))
     }
 }
 

@@ -192,10 +192,29 @@ pub fn select(
     }
 }
 
-/// Compare the digests of successive rounds.
-pub(crate) fn same_digests(a: &[ReducedArena], b: &[ReducedArena]) -> bool {
-    a.len() == b.len()
-        && a.iter()
-            .zip(b)
-            .all(|(x, y)| x.rank_digests == y.rank_digests)
+/// Run a case's rounds and check that every round gave the first round's
+/// digests (digests only: keeping a huge arena's values twice would double it).
+pub(crate) fn repeat_rounds(
+    rounds: u32,
+    mut round: impl FnMut() -> Result<(Vec<ReducedArena>, RoundTimings), BackendError>,
+) -> Result<CaseRun, BackendError> {
+    let mut timings = Vec::new();
+    let mut first: Option<Vec<Vec<String>>> = None;
+    let mut identical = true;
+    let mut last = Vec::new();
+    for _ in 0..rounds.max(1) {
+        let (arenas, t) = round()?;
+        let digests: Vec<Vec<String>> = arenas.iter().map(|a| a.rank_digests.clone()).collect();
+        match &first {
+            None => first = Some(digests),
+            Some(f) => identical &= *f == digests,
+        }
+        timings.push(t);
+        last = arenas;
+    }
+    Ok(CaseRun {
+        arenas: last,
+        rounds: timings,
+        rounds_identical: identical,
+    })
 }

@@ -64,28 +64,6 @@ impl Golden {
     }
 
     pub fn read(path: &Path) -> Result<Golden, ReportError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ReportError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let malformed = |message: String| ReportError::Malformed {
-            path: path.to_path_buf(),
-            message,
-        };
-        let value: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| malformed(format!("invalid JSON: {e}")))?;
-        if value.get("format").and_then(|f| f.as_str()) != Some(GOLDEN_FORMAT) {
-            return Err(malformed(format!("`format` is not `{GOLDEN_FORMAT}`")));
-        }
-        let version = value.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
-        if version != GOLDEN_VERSION as u64 {
-            return Err(ReportError::Version {
-                path: path.to_path_buf(),
-                what: "golden",
-                found: version,
-                expected: GOLDEN_VERSION,
-            });
-        }
-        serde_json::from_value(value).map_err(|e| malformed(e.to_string()))
+        super::read_versioned(path, GOLDEN_FORMAT, GOLDEN_VERSION, "golden")
     }
 }

@@ -270,37 +270,48 @@ impl Report {
     /// Read a report, checking its format marker and version first so a
     /// wrong file gets a precise message rather than a field error.
     pub fn read(path: &Path) -> Result<Report, ReportError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ReportError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let malformed = |message: String| ReportError::Malformed {
-            path: path.to_path_buf(),
-            message,
-        };
-        let value: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| malformed(format!("invalid JSON: {e}")))?;
-        match value.get("format").and_then(|f| f.as_str()) {
-            Some(REPORT_FORMAT) => {}
-            Some(other) => {
-                return Err(malformed(format!(
-                    "format is `{other}`, expected `{REPORT_FORMAT}`"
-                )))
-            }
-            None => return Err(malformed("no `format` field".into())),
-        }
-        let version = value
-            .get("version")
-            .and_then(|v| v.as_u64())
-            .ok_or_else(|| malformed("no numeric `version` field".into()))?;
-        if version != REPORT_VERSION as u64 {
-            return Err(ReportError::Version {
-                path: path.to_path_buf(),
-                what: "report",
-                found: version,
-                expected: REPORT_VERSION,
-            });
-        }
-        serde_json::from_value(value).map_err(|e| malformed(e.to_string()))
+        read_versioned(path, REPORT_FORMAT, REPORT_VERSION, "report")
     }
+}
+
+/// Read a JSON file of ours, checking its `format` marker and `version`
+/// before its fields, so a wrong file gets a precise message.
+pub(crate) fn read_versioned<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    format: &str,
+    version: u32,
+    what: &'static str,
+) -> Result<T, ReportError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ReportError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let malformed = |message: String| ReportError::Malformed {
+        path: path.to_path_buf(),
+        message,
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| malformed(format!("invalid JSON: {e}")))?;
+    match value.get("format").and_then(|f| f.as_str()) {
+        Some(f) if f == format => {}
+        Some(other) => {
+            return Err(malformed(format!(
+                "format is `{other}`, expected `{format}`"
+            )))
+        }
+        None => return Err(malformed("no `format` field".into())),
+    }
+    let found = value
+        .get("version")
+        .and_then(|v| v.as_u64())
+        .ok_or_else(|| malformed("no numeric `version` field".into()))?;
+    if found != version as u64 {
+        return Err(ReportError::Version {
+            path: path.to_path_buf(),
+            what,
+            found,
+            expected: version,
+        });
+    }
+    serde_json::from_value(value).map_err(|e| malformed(e.to_string()))
 }

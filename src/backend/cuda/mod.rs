@@ -199,30 +199,6 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn contract_program(&self, case: &Case) -> Result<(FoldMode, Vec<u32>), BackendError> {
-        let w = case.world;
-        Ok(match case.contract {
-            Contract::FixedOrder => (FoldMode::Fixed, Vec::new()),
-            Contract::ArrivalOrder => (
-                FoldMode::Order,
-                case.order.sequence(w).iter().map(|&r| r as u32).collect(),
-            ),
-            Contract::NcclAllreduce => {
-                return Err(failed(&case.id, "nccl-allreduce needs the NCCL backend"))
-            }
-            Contract::PairwiseTree => {
-                let prog = kernels::tree_program(w);
-                if kernels::program_depth(&prog) > kernels::TREE_STACK {
-                    return Err(failed(
-                        &case.id,
-                        "pairwise tree deeper than the device stack",
-                    ));
-                }
-                (FoldMode::Tree, prog)
-            }
-        })
-    }
-
     fn check_case(&self, case: &Case, opts: &RunOptions) -> Result<(), BackendError> {
         if case.world == 0 || case.world > u32::MAX as usize {
             return Err(failed(
@@ -510,6 +486,31 @@ pub struct PeerFiles {
     pub digest: String,
 }
 
+/// The fold mode and device program (order or postfix tree) of a contract.
+pub(crate) fn contract_program(case: &Case) -> Result<(FoldMode, Vec<u32>), BackendError> {
+    let w = case.world;
+    Ok(match case.contract {
+        Contract::FixedOrder => (FoldMode::Fixed, Vec::new()),
+        Contract::ArrivalOrder => (
+            FoldMode::Order,
+            case.order.sequence(w).iter().map(|&r| r as u32).collect(),
+        ),
+        Contract::NcclAllreduce => {
+            return Err(failed(&case.id, "nccl-allreduce needs the NCCL backend"))
+        }
+        Contract::PairwiseTree => {
+            let prog = kernels::tree_program(w);
+            if kernels::program_depth(&prog) > kernels::TREE_STACK {
+                return Err(failed(
+                    &case.id,
+                    "pairwise tree deeper than the device stack",
+                ));
+            }
+            (FoldMode::Tree, prog)
+        }
+    })
+}
+
 fn upload_prog(dev: &Device, prog: &[u32]) -> Result<Option<DeviceBuffer>, String> {
     if prog.is_empty() {
         return Ok(None);
@@ -553,27 +554,10 @@ impl Backend for CudaBackend {
         // Keep only this case's buffers: other shapes would pin memory.
         self.worlds
             .retain(|&(w, n), _| w == case.world && case.arenas.contains(&n));
-        let (mode, prog) = self.contract_program(case)?;
+        let (mode, prog) = contract_program(case)?;
         let prog_buf = upload_prog(&self.dev, &prog).map_err(|e| failed(&case.id, e))?;
-        let mut rounds = Vec::new();
-        // Digests only: cloning kept values of a huge arena would double it.
-        let mut first: Option<Vec<Vec<String>>> = None;
-        let mut identical = true;
-        let mut last = Vec::new();
-        for _ in 0..case.rounds.max(1) {
-            let (arenas, t) = self.round(case, opts, mode, &prog_buf, prog.len() as u32)?;
-            let digests: Vec<Vec<String>> = arenas.iter().map(|a| a.rank_digests.clone()).collect();
-            match &first {
-                None => first = Some(digests),
-                Some(f) => identical &= *f == digests,
-            }
-            rounds.push(t);
-            last = arenas;
-        }
-        Ok(CaseRun {
-            arenas: last,
-            rounds,
-            rounds_identical: identical,
+        super::repeat_rounds(case.rounds, || {
+            self.round(case, opts, mode, &prog_buf, prog.len() as u32)
         })
     }
 }

@@ -615,18 +615,6 @@ impl NcclBackend {
             })
             .collect())
     }
-
-    fn contract_program(&self, case: &Case) -> Result<(FoldMode, Vec<u32>), BackendError> {
-        let w = case.world;
-        Ok(match case.contract {
-            Contract::FixedOrder | Contract::NcclAllreduce => (FoldMode::Fixed, Vec::new()),
-            Contract::ArrivalOrder => (
-                FoldMode::Order,
-                case.order.sequence(w).iter().map(|&r| r as u32).collect(),
-            ),
-            Contract::PairwiseTree => (FoldMode::Tree, super::cuda::kernels::tree_program(w)),
-        })
-    }
 }
 
 impl Backend for NcclBackend {
@@ -681,12 +669,13 @@ impl Backend for NcclBackend {
         if let Some(why) = self.skip_reason(case) {
             return Err(failed(&case.id, why));
         }
-        let (mode, prog) = self.contract_program(case)?;
-        let mut rounds = Vec::new();
-        let mut first: Option<Vec<Vec<String>>> = None;
-        let mut identical = true;
-        let mut last = Vec::new();
-        for _ in 0..case.rounds.max(1) {
+        // NCCL's own sum needs no fold program.
+        let (mode, prog) = if case.contract == Contract::NcclAllreduce {
+            (FoldMode::Fixed, Vec::new())
+        } else {
+            super::cuda::contract_program(case)?
+        };
+        super::repeat_rounds(case.rounds, || {
             let start = Instant::now();
             let mut t = RoundTimings::default();
             let mut arenas = Vec::new();
@@ -766,18 +755,7 @@ impl Backend for NcclBackend {
                 });
             }
             t.total_ms = start.elapsed().as_secs_f64() * 1e3;
-            let digests: Vec<Vec<String>> = arenas.iter().map(|a| a.rank_digests.clone()).collect();
-            match &first {
-                None => first = Some(digests),
-                Some(f) => identical &= *f == digests,
-            }
-            rounds.push(t);
-            last = arenas;
-        }
-        Ok(CaseRun {
-            arenas: last,
-            rounds,
-            rounds_identical: identical,
+            Ok((arenas, t))
         })
     }
 }
