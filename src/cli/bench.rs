@@ -29,6 +29,9 @@ pub struct BenchArgs {
     /// usable.
     #[arg(long, value_enum, default_value_t = foldprint::backend::BackendChoice::Cpu)]
     backend: foldprint::backend::BackendChoice,
+    /// NCCL bench, one process: GPUs to use (under a launcher, the launcher decides).
+    #[arg(long, default_value_t = 1)]
+    gpus: usize,
 }
 
 /// The GPU fold benchmark (src/backend/cuda/bench.rs), printed.
@@ -126,10 +129,53 @@ fn openssl_row() -> Option<Row> {
     })
 }
 
+/// Fixed-order reduction next to ncclAllReduce, 1 MiB to 1 GiB.
+fn run_nccl(gpus: usize, json: bool) -> Result<i32> {
+    use foldprint::backend::nccl::{NcclBackend, NcclConfig};
+    let mut be = NcclBackend::new(NcclConfig {
+        cuda: Default::default(),
+        gpus,
+        init_timeout: std::time::Duration::from_secs(120),
+        timeout: std::time::Duration::from_secs(300),
+        plan: foldprint::dist::rendezvous::Plan::new(&["bench".into()], "nccl bench"),
+    })?;
+    let sizes: Vec<usize> = (18..=28).map(|k| 1usize << k).collect(); // 1 MiB .. 1 GiB of f32
+    let rows = be.bench(&sizes, 20)?;
+    if !be.is_reporting_rank() {
+        return Ok(0);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(0);
+    }
+    println!(
+        "NCCL world of {} rank(s); median of 20; busbw = algbw x 2(W-1)/W",
+        be.world()
+    );
+    println!(
+        "{:>12} {:>12} {:>10} {:>10} {:>14} {:>10} {:>10}",
+        "BYTES", "FIXED ms", "algbw", "busbw", "ALLREDUCE ms", "algbw", "busbw"
+    );
+    for r in &rows {
+        println!(
+            "{:>12} {:>12.4} {:>10.2} {:>10.2} {:>14.4} {:>10.2} {:>10.2}",
+            r.bytes,
+            r.fixed_ms,
+            r.fixed_algbw,
+            r.fixed_busbw,
+            r.allreduce_ms,
+            r.allreduce_algbw,
+            r.allreduce_busbw
+        );
+    }
+    Ok(0)
+}
+
 pub fn run(a: BenchArgs) -> Result<i32> {
     use foldprint::backend::BackendChoice;
     match a.backend {
         BackendChoice::Cuda => return run_cuda(a.json),
+        BackendChoice::Nccl => return run_nccl(a.gpus, a.json),
         BackendChoice::Auto if foldprint::backend::cuda::probe().usable => return run_cuda(a.json),
         _ => {}
     }
