@@ -255,11 +255,7 @@ struct Source<'a> {
 
 impl Source<'_> {
     fn line_col(&self, offset: usize) -> (usize, usize) {
-        let offset = offset.min(self.text.len());
-        let before = &self.text[..offset];
-        let line = before.matches('\n').count() + 1;
-        let column = before.rfind('\n').map_or(offset, |nl| offset - nl - 1) + 1;
-        (line, column)
+        crate::experiment::line_col(self.text, offset)
     }
 
     fn at(&self, span: Range<usize>, message: impl Into<String>) -> AuditError {

@@ -120,6 +120,14 @@ pub trait Backend {
     }
 }
 
+/// A case that started but could not finish on a backend.
+pub(crate) fn failed(case: &str, message: impl Into<String>) -> BackendError {
+    BackendError::Failed {
+        case: case.to_string(),
+        message: message.into(),
+    }
+}
+
 /// Skip reason shared by the backends that cannot run NCCL's own sum.
 pub(crate) fn nccl_only(case: &Case) -> Option<String> {
     (case.contract == crate::fold::Contract::NcclAllreduce)

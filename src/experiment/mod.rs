@@ -85,6 +85,15 @@ impl Params {
     }
 }
 
+/// 1-based line and column of a byte offset in `text` (for TOML spans).
+pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rfind('\n').map_or(offset, |nl| offset - nl - 1) + 1;
+    (line, column)
+}
+
 struct Source<'a> {
     path: &'a Path,
     text: &'a str,
@@ -92,11 +101,7 @@ struct Source<'a> {
 
 impl Source<'_> {
     fn line_col(&self, offset: usize) -> (usize, usize) {
-        let offset = offset.min(self.text.len());
-        let before = &self.text[..offset];
-        let line = before.matches('\n').count() + 1;
-        let column = before.rfind('\n').map_or(offset, |nl| offset - nl - 1) + 1;
-        (line, column)
+        line_col(self.text, offset)
     }
 
     fn at(&self, span: std::ops::Range<usize>, message: impl Into<String>) -> ExperimentError {

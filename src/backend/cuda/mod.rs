@@ -17,7 +17,7 @@ pub use device::{Device, LaunchTuning};
 pub use kernels::{CompileOptions, KernelVariant, Target};
 pub use probe::{probe, CudaProbe};
 
-use super::{Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
+use super::{failed, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
 use crate::experiment::Case;
 use crate::fold::{mean_scale, shard_plan, Contract};
 use kernels::FoldMode;
@@ -87,13 +87,6 @@ fn unavailable(reason: impl Into<String>) -> BackendError {
     BackendError::Unavailable {
         backend: NAME,
         reason: reason.into(),
-    }
-}
-
-fn failed(case: &str, message: impl Into<String>) -> BackendError {
-    BackendError::Failed {
-        case: case.to_string(),
-        message: message.into(),
     }
 }
 

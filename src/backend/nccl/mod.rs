@@ -14,7 +14,7 @@ pub mod lib;
 use super::cuda::mem::{DeviceBuffer, F32};
 use super::cuda::world::{row_stride, Reader};
 use super::cuda::{kernels::FoldMode, libs, CudaConfig, Device, KernelVariant};
-use super::{Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
+use super::{failed, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
 use crate::dist::launcher::RankEnv;
 use crate::dist::rendezvous::{self, Plan};
 use crate::dist::watchdog::Watchdog;
@@ -83,13 +83,6 @@ fn unavailable(reason: impl Into<String>) -> BackendError {
     BackendError::Unavailable {
         backend: NAME,
         reason: reason.into(),
-    }
-}
-
-fn failed(case: &str, message: impl Into<String>) -> BackendError {
-    BackendError::Failed {
-        case: case.to_string(),
-        message: message.into(),
     }
 }
 
@@ -216,14 +209,7 @@ impl NcclBackend {
         let mut ranks = (0..gpus)
             .map(|r| self.open_rank(r, r))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut id = UniqueId { internal: [0; 128] };
-        // SAFETY: out-parameter.
-        self.nccl
-            .check(
-                unsafe { (self.nccl.get_unique_id)(&mut id) },
-                "ncclGetUniqueId",
-            )
-            .map_err(unavailable)?;
+        let id = self.unique_id()?;
         let nccl = &self.nccl;
         let _g = self
             .watchdog
@@ -265,15 +251,7 @@ impl NcclBackend {
             other => unavailable(other.to_string()),
         };
         let payload = if e.rank == 0 {
-            let mut id = UniqueId { internal: [0; 128] };
-            // SAFETY: out-parameter.
-            self.nccl
-                .check(
-                    unsafe { (self.nccl.get_unique_id)(&mut id) },
-                    "ncclGetUniqueId",
-                )
-                .map_err(unavailable)?;
-            id_bytes(&id)
+            id_bytes(&self.unique_id()?)
         } else {
             Vec::new()
         };
@@ -332,6 +310,18 @@ impl NcclBackend {
         self.world = e.world;
         self.ranks = vec![ctx];
         Ok(())
+    }
+
+    fn unique_id(&self) -> Result<UniqueId, BackendError> {
+        let mut id = UniqueId { internal: [0; 128] };
+        // SAFETY: out-parameter.
+        self.nccl
+            .check(
+                unsafe { (self.nccl.get_unique_id)(&mut id) },
+                "ncclGetUniqueId",
+            )
+            .map_err(unavailable)?;
+        Ok(id)
     }
 
     /// The communicator's world size.
