@@ -52,6 +52,15 @@ pub enum BackendError {
     },
     #[error("case `{case}`: {message}")]
     Failed { case: String, message: String },
+    /// The machinery around the numbers broke (an NCCL error, a dead peer,
+    /// the watchdog, the rendezvous, a driver error mid-run): no digest was
+    /// judged, so this is not a failed check.
+    #[error("case `{case}`: {phase}: {message}")]
+    Infrastructure {
+        case: String,
+        phase: String,
+        message: String,
+    },
 }
 
 /// What a caller wants besides digests.
@@ -124,6 +133,18 @@ pub trait Backend {
 pub(crate) fn failed(case: &str, message: impl Into<String>) -> BackendError {
     BackendError::Failed {
         case: case.to_string(),
+        message: message.into(),
+    }
+}
+
+pub(crate) fn infrastructure(
+    case: &str,
+    phase: impl Into<String>,
+    message: impl Into<String>,
+) -> BackendError {
+    BackendError::Infrastructure {
+        case: case.to_string(),
+        phase: phase.into(),
         message: message.into(),
     }
 }

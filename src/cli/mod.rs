@@ -251,6 +251,11 @@ fn parse_nan_policy(s: &str) -> Result<NanPolicy, String> {
     s.parse()
 }
 
+/// Exit codes, the CLI's contract with CI (README, "Exit codes").
+pub const EXIT_CHECK_FAILED: i32 = 1;
+pub const EXIT_UNAVAILABLE: i32 = 3;
+pub const EXIT_INFRASTRUCTURE: i32 = 4;
+
 /// An error that carries its exit code.
 #[derive(Debug)]
 pub struct Exit(pub i32, pub String);
@@ -303,9 +308,17 @@ fn exit_code(e: &anyhow::Error) -> i32 {
         };
         if let Some(b) = cause.downcast_ref::<backend::BackendError>().or(inner) {
             return match b {
-                backend::BackendError::Failed { .. } => 1,
-                _ => 3,
+                backend::BackendError::Failed { .. } => EXIT_CHECK_FAILED,
+                backend::BackendError::Infrastructure { .. } => EXIT_INFRASTRUCTURE,
+                backend::BackendError::Unavailable { .. }
+                | backend::BackendError::OutOfMemory { .. } => EXIT_UNAVAILABLE,
             };
+        }
+        if cause
+            .downcast_ref::<foldprint::dist::DistError>()
+            .is_some()
+        {
+            return EXIT_INFRASTRUCTURE;
         }
         if cause
             .downcast_ref::<experiment::ExperimentError>()

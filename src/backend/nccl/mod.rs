@@ -14,7 +14,7 @@ pub mod lib;
 use super::cuda::mem::{DeviceBuffer, F32};
 use super::cuda::world::{row_stride, Reader};
 use super::cuda::{kernels::FoldMode, libs, CudaConfig, Device, KernelVariant};
-use super::{failed, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
+use super::{failed, infrastructure, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
 use crate::dist::launcher::RankEnv;
 use crate::dist::rendezvous::{self, Plan};
 use crate::dist::watchdog::Watchdog;
@@ -145,7 +145,7 @@ impl NcclBackend {
                 std::thread::spawn(|| {
                     std::thread::sleep(Duration::from_secs(10));
                     eprintln!("error: watchdog: exiting after abort");
-                    std::process::exit(3);
+                    std::process::exit(4);
                 });
             })
         };
@@ -835,7 +835,7 @@ impl Backend for NcclBackend {
                 let mut mine = Vec::new();
                 let mut values = None;
                 for o in outs {
-                    let o = o.map_err(|e| failed(&case.id, e))?;
+                    let o = o.map_err(|e| infrastructure(&case.id, "nccl rank", e))?;
                     t.generate_ms = t.generate_ms.max(o.generate_ms);
                     t.reduce_ms = t.reduce_ms.max(o.reduce_ms);
                     if chunks.is_empty() {
