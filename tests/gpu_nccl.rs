@@ -1,8 +1,14 @@
 //! The NCCL backend on a real communicator. Built only with `--features
 //! gpu-tests`; needs a CUDA GPU and an NCCL library, and fails without them.
-//! On a one-GPU host this is a world of one rank: the full code path runs,
-//! with the exchange as NCCL send/recv to self. Worlds of several ranks
-//! need a multi-GPU host (docs/GPU-TESTING.md).
+//!
+//! Worlds of several ranks run on one GPU through emulated hosts
+//! (`foldprint launch --emulate-hosts`: one process and one NCCL host id per
+//! rank, NCCL's socket transport on loopback). These tests start the
+//! foldprint binary: `FOLDPRINT_BIN` names it where the test binary was
+//! copied to another machine, `FOLDPRINT_REPO` the checkout holding
+//! experiments/ (default: the current directory). `FOLDPRINT_TEST_NCCL_ALT`
+//! names a second NCCL library to compare against; `FOLDPRINT_TEST_OUT` a
+//! directory for the digest tables. docs/GPU-TESTING.md has the commands.
 
 use foldprint::backend::cpu::CpuBackend;
 use foldprint::backend::nccl::{NcclBackend, NcclConfig};
@@ -92,4 +98,588 @@ fn environment_names_nccl_version_and_library() {
     let libs = env["libraries"].as_array().unwrap();
     assert!(libs.iter().any(|l| l["family"] == "nccl"), "{env}");
     eprintln!("NCCL {v} from {}", env["nccl"]["opened"]);
+}
+
+// ---------------------------------------------------------------------------
+// Several ranks on one GPU: emulated hosts.
+
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Instant;
+
+fn bin() -> PathBuf {
+    std::env::var_os("FOLDPRINT_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_foldprint")))
+}
+
+fn repo() -> PathBuf {
+    if let Some(r) = std::env::var_os("FOLDPRINT_REPO") {
+        return PathBuf::from(r);
+    }
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    if here.join("experiments").is_dir() {
+        here
+    } else {
+        std::env::current_dir().unwrap()
+    }
+}
+
+/// NCCL settings of a launch, and whether host ids are reversed.
+#[derive(Clone)]
+struct Setting {
+    name: String,
+    env: Vec<(String, String)>,
+    reversed: bool,
+}
+
+fn setting(name: &str, env: &[(&str, &str)]) -> Setting {
+    Setting {
+        name: name.into(),
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        reversed: false,
+    }
+}
+
+/// `foldprint launch -n W --emulate-hosts [...] -- ARGS`, in the checkout.
+fn launch(world: usize, s: &Setting, args: &[&str]) -> Output {
+    let mut cmd = Command::new(bin());
+    cmd.current_dir(repo())
+        .args(["launch", "-n", &world.to_string(), "--emulate-hosts"]);
+    if s.reversed {
+        cmd.args(["--host-ids", "reversed"]);
+    }
+    cmd.arg("--").args(args);
+    for (k, v) in &s.env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("starting foldprint launch");
+    if !out.status.success() {
+        eprintln!(
+            "launch -n {world} [{}] {args:?} exited {:?}\nstdout:\n{}\nstderr:\n{}",
+            s.name,
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+fn read_json(p: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .unwrap()
+}
+
+/// Case key -> arena digests of every case that ran (skipped ones left out).
+fn digests_by_key(report: &Value) -> BTreeMap<String, Vec<String>> {
+    report["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let d = c["arenas"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a["sha256"].as_str().unwrap().to_string())
+                .collect();
+            (c["key"].as_str().unwrap().to_string(), d)
+        })
+        .collect()
+}
+
+fn save(name: &str, text: &str) {
+    if let Some(dir) = std::env::var_os("FOLDPRINT_TEST_OUT") {
+        let _ = std::fs::create_dir_all(&dir);
+        std::fs::write(Path::new(&dir).join(name), text).unwrap();
+    }
+}
+
+fn assert_emulated(report: &Value, world: usize) {
+    let b = &report["environment"]["backend"];
+    assert_eq!(b["world"], world, "{b}");
+    assert_eq!(b["emulated_hosts"]["enabled"], true, "{b}");
+    assert!(
+        b["emulated_hosts"]["nccl_hostid"]
+            .as_str()
+            .is_some_and(|h| h.contains("host")),
+        "{b}"
+    );
+    assert!(
+        b["transport"]["network"].as_str().is_some(),
+        "NCCL's log should name the network transport: {b}"
+    );
+    assert!(
+        b["env"]
+            .as_object()
+            .is_some_and(|e| e.contains_key("NCCL_HOSTID")),
+        "the NCCL_* variables in effect belong in the report: {b}"
+    );
+}
+
+#[test]
+fn emulated_worlds_of_2_to_16_ranks_reproduce_every_golden() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut table = String::new();
+    for world in [2usize, 3, 4, 8, 16] {
+        let out = dir.path().join(format!("w{world}.json"));
+        let t = Instant::now();
+        let o = launch(
+            world,
+            &setting("default", &[]),
+            &[
+                "verify",
+                "experiments",
+                "--golden",
+                "experiments/golden",
+                "--backend",
+                "nccl",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        );
+        assert!(o.status.success(), "W = {world}: verify failed");
+        let r = read_json(&out);
+        assert_emulated(&r, world);
+        let ran: Vec<&Value> = r["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["params"]["world"] == world)
+            .collect();
+        let skipped = r["skipped"].as_array().map_or(0, |s| s.len());
+        assert!(!ran.is_empty(), "W = {world}: no committed case ran");
+        assert!(
+            r["cases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c["params"]["world"] == world),
+            "a case of another W ran in a world of {world}"
+        );
+        let line = format!(
+            "W={world:<3} {:>3} cases equal the goldens, {skipped} skipped (other W), {:.1} s, transport {}\n",
+            ran.len(),
+            t.elapsed().as_secs_f64(),
+            r["environment"]["backend"]["transport"]["connections"]
+        );
+        eprint!("{line}");
+        table.push_str(&line);
+    }
+    save("goldens.txt", &table);
+}
+
+/// Contracts whose bits are ours, next to NCCL's own sum, at W = 8.
+const SETTINGS_TOML: &str = r#"
+name = "nccl-settings"
+description = "fixed-order, its controls and NCCL's own sum under one NCCL setting"
+
+[defaults]
+world = 8
+arenas = [1048576, 10007]
+seed = 5
+distribution = "mixed-magnitude"
+
+[[sweep]]
+id = "fixed"
+order = ["ascending", "descending", "shuffle:3"]
+contract = ["fixed-order", "arrival-order"]
+
+[[case]]
+id = "tree"
+contract = "pairwise-tree"
+
+[[case]]
+id = "mean"
+mean = true
+
+[[case]]
+id = "nccl-sum"
+contract = "nccl-allreduce"
+"#;
+
+fn settings() -> Vec<Setting> {
+    let mut v = vec![
+        setting("default", &[]),
+        setting("NCCL_ALGO=Ring", &[("NCCL_ALGO", "Ring")]),
+        setting("NCCL_ALGO=Tree", &[("NCCL_ALGO", "Tree")]),
+        setting(
+            "NCCL_ALGO=allreduce:ring",
+            &[("NCCL_ALGO", "allreduce:ring")],
+        ),
+        setting(
+            "NCCL_ALGO=allreduce:tree",
+            &[("NCCL_ALGO", "allreduce:tree")],
+        ),
+        setting("NCCL_PROTO=Simple", &[("NCCL_PROTO", "Simple")]),
+        setting("NCCL_PROTO=LL", &[("NCCL_PROTO", "LL")]),
+        setting("NCCL_PROTO=LL128", &[("NCCL_PROTO", "LL128")]),
+        setting(
+            "1 channel",
+            &[("NCCL_MIN_NCHANNELS", "1"), ("NCCL_MAX_NCHANNELS", "1")],
+        ),
+        setting(
+            "8 channels",
+            &[("NCCL_MIN_NCHANNELS", "8"), ("NCCL_MAX_NCHANNELS", "8")],
+        ),
+        setting(
+            "4 socket threads x 2 sockets",
+            &[
+                ("NCCL_SOCKET_NTHREADS", "4"),
+                ("NCCL_NSOCKS_PERTHREAD", "2"),
+            ],
+        ),
+    ];
+    let mut rev = setting("reversed host ids", &[]);
+    rev.reversed = true;
+    v.push(rev);
+    v
+}
+
+/// Run SETTINGS_TOML once per setting; key -> setting -> digests.
+fn run_settings(list: &[Setting], dir: &Path) -> BTreeMap<String, BTreeMap<String, Vec<String>>> {
+    let exp = dir.join("settings.toml");
+    std::fs::write(&exp, SETTINGS_TOML).unwrap();
+    let mut by_key: BTreeMap<String, BTreeMap<String, Vec<String>>> = BTreeMap::new();
+    for (i, s) in list.iter().enumerate() {
+        let out = dir.join(format!("s{i}.json"));
+        let o = launch(
+            8,
+            s,
+            &[
+                "run",
+                exp.to_str().unwrap(),
+                "--backend",
+                "nccl",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        );
+        assert!(o.status.success(), "setting `{}` failed", s.name);
+        let r = read_json(&out);
+        assert_emulated(&r, 8);
+        assert_eq!(r["summary"]["ok"], true, "setting `{}`", s.name);
+        for (k, d) in digests_by_key(&r) {
+            by_key.entry(k).or_default().insert(s.name.clone(), d);
+        }
+    }
+    by_key
+}
+
+fn cpu_digests(dir: &Path) -> BTreeMap<String, Vec<String>> {
+    let out = dir.join("cpu.json");
+    let o = Command::new(bin())
+        .args(["run", dir.join("settings.toml").to_str().unwrap()])
+        .args(["--backend", "cpu", "--out", out.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(o.success());
+    digests_by_key(&read_json(&out))
+}
+
+#[test]
+fn fixed_order_bits_ignore_every_nccl_setting_while_nccls_own_sum_moves() {
+    let dir = tempfile::tempdir().unwrap();
+    let list = settings();
+    let by_key = run_settings(&list, dir.path());
+    let cpu = cpu_digests(dir.path());
+    let mut table = String::from("case key | setting | arena digests (first 16 hex)\n");
+    let mut allreduce = BTreeSet::new();
+    for (key, per) in &by_key {
+        for (name, d) in per {
+            let short: Vec<&str> = d.iter().map(|x| &x[..16]).collect();
+            table.push_str(&format!("{key} | {name} | {}\n", short.join(" ")));
+        }
+        assert_eq!(
+            per.len(),
+            list.len(),
+            "{key} did not run under every setting"
+        );
+        if key.starts_with("nccl-allreduce/") {
+            allreduce.extend(per.values().cloned());
+            continue;
+        }
+        let want = cpu
+            .get(key)
+            .unwrap_or_else(|| panic!("CPU oracle lacks {key}"));
+        for (name, d) in per {
+            assert_eq!(d, want, "{key} under `{name}` differs from the CPU oracle");
+        }
+    }
+    eprint!("{table}");
+    save("settings.txt", &table);
+    // The negative control: NCCL's own sum must be seen to move, or this
+    // test could not tell a setting that changes bits from one that doesn't.
+    assert!(
+        allreduce.len() >= 2,
+        "nccl-allreduce gave the same bits under all {} settings: the control shows nothing on this NCCL; \
+         pick settings that move it before trusting the fixed-order result",
+        list.len()
+    );
+    eprintln!(
+        "nccl-allreduce: {} distinct digest sets over {} settings",
+        allreduce.len(),
+        list.len()
+    );
+}
+
+#[test]
+fn a_second_nccl_build_gives_the_same_fixed_order_bits() {
+    let alt = std::env::var("FOLDPRINT_TEST_NCCL_ALT").unwrap_or_else(|_| {
+        panic!("set FOLDPRINT_TEST_NCCL_ALT to a second NCCL library (e.g. pip's libnccl.so.2)")
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let list = vec![
+        setting("default NCCL", &[]),
+        setting(
+            "FOLDPRINT_NCCL_LIBRARY",
+            &[("FOLDPRINT_NCCL_LIBRARY", &alt)],
+        ),
+    ];
+    let by_key = run_settings(&list, dir.path());
+    // The two runs must really have loaded two different libraries.
+    let versions: BTreeSet<String> = (0..2)
+        .map(|i| {
+            let r = read_json(&dir.path().join(format!("s{i}.json")));
+            let b = &r["environment"]["backend"]["nccl"];
+            format!("{} {}", b["version"], b["opened"])
+        })
+        .collect();
+    eprintln!("NCCL builds: {versions:?}");
+    assert_eq!(versions.len(), 2, "both runs loaded the same NCCL");
+    let mut table = format!("{versions:?}\n");
+    for (key, per) in &by_key {
+        let d: Vec<&Vec<String>> = per.values().collect();
+        table.push_str(&format!(
+            "{key}: {}\n",
+            if d[0] == d[1] { "equal" } else { "DIFFER" }
+        ));
+        if !key.starts_with("nccl-allreduce/") {
+            assert_eq!(d[0], d[1], "{key} differs between NCCL builds");
+        }
+    }
+    eprint!("{table}");
+    save("nccl-builds.txt", &table);
+}
+
+#[test]
+fn more_ranks_than_gpus_needs_emulated_hosts_and_threads_cannot_emulate() {
+    let gpus = foldprint::backend::cuda::probe().device_count;
+    let n = (gpus + 1).to_string();
+    let o = Command::new(bin())
+        .current_dir(repo())
+        .args(["launch", "-n", &n, "--", "run", "experiments/smoke.toml"])
+        .args(["--backend", "nccl"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("--emulate-hosts"), "{err}");
+    let o = Command::new(bin())
+        .current_dir(repo())
+        .args(["run", "experiments/smoke.toml", "--backend", "nccl"])
+        .args(["--gpus", &n])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("--emulate-hosts"), "{err}");
+}
+
+const KILL_TOML: &str = r#"
+name = "kill"
+description = "long enough to kill a rank in the middle"
+
+[defaults]
+world = 4
+arenas = [4194304]
+distribution = "uniform"
+rounds = 4
+
+[[sweep]]
+id = "s"
+seed = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40]
+"#;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Wait until `log` shows NCCL connections (the ranks are inside cases).
+fn wait_for_connections(log: &Path, limit: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if std::fs::read_to_string(log).is_ok_and(|s| s.contains(" via ")) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no NCCL connection within {limit:?} ({})", log.display());
+}
+
+#[test]
+fn a_killed_rank_ends_the_others_fast_with_the_infrastructure_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = dir.path().join("kill.toml");
+    std::fs::write(&exp, KILL_TOML).unwrap();
+    let (world, victim, timeout_s) = (4usize, 2usize, 60u64);
+    let port = free_port().to_string();
+    let token = format!("kill-test-{}", std::process::id());
+    let report = dir.path().join("r.json");
+    let mut ranks = Vec::new();
+    for r in 0..world {
+        let log = dir.path().join(format!("nccl.{r}.log"));
+        let child = Command::new(bin())
+            .args(["run", exp.to_str().unwrap(), "--backend", "nccl"])
+            .args(["--timeout", &timeout_s.to_string()])
+            .args(["--out", report.to_str().unwrap()])
+            .env("FOLDPRINT_RANK", r.to_string())
+            .env("FOLDPRINT_WORLD_SIZE", world.to_string())
+            .env("FOLDPRINT_LOCAL_RANK", "0")
+            .env("FOLDPRINT_MASTER_ADDR", "127.0.0.1")
+            .env("FOLDPRINT_MASTER_PORT", &port)
+            .env("FOLDPRINT_JOB_TOKEN", &token)
+            .env("NCCL_HOSTID", format!("kill-test-host{r}"))
+            .env("NCCL_DEBUG", "INFO")
+            .env("NCCL_DEBUG_SUBSYS", "INIT,NET")
+            .env("NCCL_DEBUG_FILE", &log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        ranks.push((r, child, log));
+    }
+    wait_for_connections(&ranks[victim].2, Duration::from_secs(90));
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        ranks[victim].1.try_wait().unwrap().is_none(),
+        "the victim finished before it could be killed: make KILL_TOML longer"
+    );
+    let killed = Instant::now();
+    ranks[victim].1.kill().unwrap(); // SIGKILL
+    let mut lines = Vec::new();
+    for (r, child, _) in ranks {
+        let o = child.wait_with_output().unwrap();
+        let after = killed.elapsed();
+        if r == victim {
+            continue;
+        }
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        let line = format!(
+            "rank {r}: exit {:?} {:.1} s after the kill: {}",
+            o.status.code(),
+            after.as_secs_f64(),
+            err.lines().find(|l| l.starts_with("error")).unwrap_or("")
+        );
+        eprintln!("{line}");
+        lines.push(line);
+        assert_eq!(o.status.code(), Some(4), "rank {r}: {err}");
+        assert!(
+            after < Duration::from_secs(timeout_s / 3),
+            "rank {r} took {after:?}, close to --timeout {timeout_s}s"
+        );
+        assert!(
+            err.contains("case `"),
+            "rank {r} should name the case: {err}"
+        );
+    }
+    assert!(
+        !report.exists(),
+        "no report may be written by a run whose peer died"
+    );
+    save("kill.txt", &lines.join("\n"));
+}
+
+#[test]
+fn launch_reports_a_killed_rank_as_an_infrastructure_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = dir.path().join("kill.toml");
+    std::fs::write(&exp, KILL_TOML).unwrap();
+    let mut launcher = Command::new(bin())
+        .args(["launch", "-n", "4", "--emulate-hosts", "--"])
+        .args([
+            "run",
+            exp.to_str().unwrap(),
+            "--backend",
+            "nccl",
+            "--timeout",
+            "60",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The launcher's children, in rank order (spawned in that order).
+    let pid = launcher.id();
+    let t = Instant::now();
+    let children = loop {
+        let text =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        let pids: Vec<i32> = text
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        if pids.len() == 4 {
+            break pids;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "ranks did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Let the ranks meet and start the cases, then kill one.
+    std::thread::sleep(Duration::from_secs(12));
+    assert!(
+        launcher.try_wait().unwrap().is_none(),
+        "the job ended too early"
+    );
+    let killed = Instant::now();
+    // SAFETY: kill(2) on a pid read from our child's children list.
+    unsafe { libc::kill(children[2], libc::SIGKILL) };
+    let o = launcher.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    eprintln!(
+        "{err}\nlaunch ended {:.1} s after the kill",
+        killed.elapsed().as_secs_f64()
+    );
+    assert_eq!(o.status.code(), Some(4), "{err}");
+    assert!(err.contains("killed by signal 9"), "{err}");
+    assert!(killed.elapsed() < Duration::from_secs(20));
+}
+
+/// Opt-in (`--ignored`): 64 processes on one GPU take minutes.
+#[test]
+#[ignore]
+fn emulated_world_of_64_reproduces_its_goldens() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("w64.json");
+    let o = launch(
+        64,
+        &setting("default", &[]),
+        &[
+            "verify",
+            "experiments",
+            "--golden",
+            "experiments/golden",
+            "--backend",
+            "nccl",
+            "--init-timeout",
+            "600",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success());
+    let r = read_json(&out);
+    assert_emulated(&r, 64);
+    assert!(!r["cases"].as_array().unwrap().is_empty());
 }

@@ -144,9 +144,22 @@ fn run_nccl(gpus: usize, json: bool) -> Result<i32> {
     if !be.is_reporting_rank() {
         return Ok(0);
     }
+    let emulated = foldprint::backend::nccl::emulated_hosts();
     if json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        let v = serde_json::json!({
+            "world": be.world(),
+            "emulated_hosts": emulated,
+            "bandwidth_result": emulated.is_none(),
+            "rows": rows,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
+    }
+    if let Some(e) = &emulated {
+        println!(
+            "NOT A BANDWIDTH RESULT: emulated hosts ({}); NCCL moved every byte over its socket transport on loopback",
+            e["layout"].as_str().unwrap_or("?")
+        );
     }
     println!(
         "NCCL world of {} rank(s); median of 20; busbw = algbw x 2(W-1)/W",

@@ -77,6 +77,21 @@ struct LaunchArgs {
     /// Let every rank print to stdout (default: rank 0 only).
     #[arg(long)]
     all_output: bool,
+    /// Run more ranks than there are GPUs: each rank gets its own NCCL host
+    /// id (NCCL_HOSTID) and a GPU round-robin, so NCCL carries the traffic
+    /// over its network transport on loopback. A correctness run of NCCL's
+    /// inter-node path, never a bandwidth measurement.
+    #[arg(long)]
+    emulate_hosts: bool,
+    /// With --emulate-hosts: which host id each rank gets (`reversed`
+    /// changes the topology NCCL builds, never the fixed-order bits).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "ascending",
+        requires = "emulate_hosts"
+    )]
+    host_ids: foldprint::dist::launch::HostIds,
     /// Arguments of each rank, after `--`.
     #[arg(last = true, required = true)]
     args: Vec<std::ffi::OsString>,
@@ -314,10 +329,7 @@ fn exit_code(e: &anyhow::Error) -> i32 {
                 | backend::BackendError::OutOfMemory { .. } => EXIT_UNAVAILABLE,
             };
         }
-        if cause
-            .downcast_ref::<foldprint::dist::DistError>()
-            .is_some()
-        {
+        if cause.downcast_ref::<foldprint::dist::DistError>().is_some() {
             return EXIT_INFRASTRUCTURE;
         }
         if cause
@@ -636,7 +648,15 @@ fn cmd_attest(a: AttestArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// Do the rank arguments select the NCCL backend (the ranks that need a GPU each)?
+fn ranks_use_nccl(args: &[std::ffi::OsString]) -> bool {
+    args.windows(2)
+        .any(|w| w[0] == "--backend" && w[1] == "nccl")
+        || args.iter().any(|a| a == "--backend=nccl")
+}
+
 fn cmd_launch(a: LaunchArgs) -> Result<i32> {
+    use foldprint::dist::launch::{launch, Emulation, LaunchSpec};
     let (program, args) = if a.exec {
         let (p, rest) = a
             .args
@@ -647,19 +667,63 @@ fn cmd_launch(a: LaunchArgs) -> Result<i32> {
         let me = std::env::current_exe().context("locating the foldprint binary")?;
         (me.into_os_string(), a.args.clone())
     };
-    let spec = foldprint::dist::launch::LaunchSpec {
+    // One rank per GPU unless hosts are emulated; only NCCL ranks need one.
+    let needs_gpus = !a.exec && ranks_use_nccl(&args);
+    let gpus = if needs_gpus || a.emulate_hosts {
+        foldprint::backend::cuda::probe().device_count
+    } else {
+        0
+    };
+    if needs_gpus && gpus == 0 {
+        return Err(Exit(
+            EXIT_UNAVAILABLE,
+            "launch: no GPU is visible, and every NCCL rank needs one (see `foldprint doctor`)"
+                .into(),
+        )
+        .into());
+    }
+    if needs_gpus && a.ranks > gpus && !a.emulate_hosts {
+        return Err(Exit(
+            2,
+            format!(
+                "launch -n {n}: {gpus} GPU(s) visible, and NCCL refuses two ranks of one host on one GPU. \
+                 To run {n} ranks here anyway, add --emulate-hosts: each rank becomes its own NCCL host \
+                 and NCCL uses its network transport over loopback (a correctness run, not a bandwidth one)",
+                n = a.ranks
+            ),
+        )
+        .into());
+    }
+    let spec = LaunchSpec {
         ranks: a.ranks,
         program,
         args,
         all_stdout: a.all_output,
+        settle: std::time::Duration::from_secs(5),
         grace: std::time::Duration::from_secs(5),
+        emulate: a.emulate_hosts.then(|| Emulation {
+            gpus: gpus.max(1),
+            host_ids: a.host_ids,
+        }),
+        nccl_logs: !a.exec,
     };
-    let outcome = foldprint::dist::launch::launch(&spec)?;
+    let outcome = launch(&spec).map_err(|e| match e {
+        foldprint::dist::DistError::Launch(m) if m.starts_with("-n ") => {
+            anyhow::Error::new(Exit(2, format!("launch: {m}")))
+        }
+        other => other.into(),
+    })?;
     if let Some((rank, what)) = &outcome.first_failure {
-        eprintln!(
-            "error: rank {rank} of {} failed first ({what}); the other ranks were stopped",
-            a.ranks
-        );
+        eprintln!("error: rank {rank} of {} failed first ({what})", a.ranks);
+        for (r, how) in &outcome.others {
+            eprintln!("       rank {r}: {how}");
+        }
+        for w in &outcome.warnings {
+            eprintln!("       {w}");
+        }
+        if let Some(dir) = &outcome.kept_logs {
+            eprintln!("       NCCL logs of every rank kept in {}", dir.display());
+        }
     }
     Ok(outcome.code)
 }

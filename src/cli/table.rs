@@ -27,8 +27,12 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
         (None, Some(t)) => format!("{t} threads"),
         _ => String::new(),
     };
+    let emulated = match b["emulated_hosts"]["layout"].as_str() {
+        Some(layout) => format!(" · emulated hosts: yes ({layout})"),
+        None => String::new(),
+    };
     println!(
-        "foldprint {} · backend {} ({on}) · NaN policy {}",
+        "foldprint {} · backend {} ({on}) · NaN policy {}{emulated}",
         r.foldprint.version, r.backend, r.nan_policy
     );
     for e in &r.experiments {

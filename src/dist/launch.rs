@@ -1,11 +1,42 @@
 //! `foldprint launch -n N`: start N local ranks with foldprint's rank
 //! variables, a free rendezvous port and a fresh job token; when one rank
-//! fails, stop the others and report which rank failed first.
+//! fails, give the others a moment to report their own view, stop them,
+//! and report which rank failed first.
+//!
+//! With emulated hosts every rank gets its own `NCCL_HOSTID`, so NCCL
+//! treats each process as a separate node and runs several ranks on one
+//! GPU over its network transport (sockets on loopback). That is NCCL's
+//! real inter-node code path, but never a bandwidth measurement.
 
 use super::DistError;
 use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+/// More ranks than this is a typo, not a job.
+pub const MAX_RANKS: usize = 1024;
+
+/// Set in every rank of an emulated-hosts launch; the NCCL backend reports it.
+pub const EMULATED_HOSTS_VAR: &str = "FOLDPRINT_EMULATED_HOSTS";
+
+/// Which host id each rank gets under emulation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum HostIds {
+    /// Rank r is host r.
+    Ascending,
+    /// Rank r is host N-1-r: NCCL orders hosts by their id, so this changes
+    /// the topology it builds without changing any rank.
+    Reversed,
+}
+
+/// Several ranks per GPU, each its own emulated host.
+#[derive(Debug, Clone)]
+pub struct Emulation {
+    /// GPUs the ranks are spread over, round-robin (at least 1).
+    pub gpus: usize,
+    pub host_ids: HostIds,
+}
 
 pub struct LaunchSpec {
     pub ranks: usize,
@@ -13,15 +44,29 @@ pub struct LaunchSpec {
     pub args: Vec<OsString>,
     /// Let every rank print to stdout (default: rank 0 only).
     pub all_stdout: bool,
+    /// After the first failure, how long the others may take to exit on
+    /// their own (a live rank notices a dead peer and says so) before SIGTERM.
+    pub settle: Duration,
     /// How long the others get between SIGTERM and SIGKILL.
     pub grace: Duration,
+    pub emulate: Option<Emulation>,
+    /// Route each rank's NCCL log to a file (`NCCL_DEBUG=INFO`, INIT and
+    /// NET only) so the report can say which transports NCCL chose.
+    pub nccl_logs: bool,
 }
 
 #[derive(Debug)]
 pub struct Outcome {
-    /// Exit code of the job: 0, or the first failing rank's code.
+    /// Exit code of the job: 0, or the first failing rank's code (a rank
+    /// killed by a signal counts as an infrastructure failure, 4).
     pub code: i32,
     pub first_failure: Option<(usize, String)>,
+    /// How every other rank ended, in rank order, when one failed.
+    pub others: Vec<(usize, String)>,
+    /// Where the ranks' NCCL logs were kept (only after a failure).
+    pub kept_logs: Option<PathBuf>,
+    /// `NCCL WARN` lines from those logs, for the user's terminal.
+    pub warnings: Vec<String>,
 }
 
 fn token() -> String {
@@ -43,12 +88,13 @@ fn describe(s: ExitStatus) -> (i32, String) {
     use std::os::unix::process::ExitStatusExt;
     match (s.code(), s.signal()) {
         (Some(c), _) => (c, format!("exit code {c}")),
-        (None, Some(sig)) => (128 + sig, format!("killed by signal {sig}")),
-        _ => (1, "unknown status".into()),
+        (None, Some(sig)) => (4, format!("killed by signal {sig}")),
+        _ => (4, "unknown status".into()),
     }
 }
 
-fn terminate(children: &mut [(usize, Child)], grace: Duration) {
+/// SIGTERM everyone, wait up to `grace`, then SIGKILL; returns how each ended.
+fn terminate(children: &mut Vec<(usize, Child)>, grace: Duration) -> Vec<(usize, String)> {
     for (_, c) in children.iter() {
         // SAFETY: plain kill(2) on a child we spawned and have not reaped.
         unsafe {
@@ -63,31 +109,106 @@ fn terminate(children: &mut [(usize, Child)], grace: Duration) {
     {
         std::thread::sleep(Duration::from_millis(20));
     }
-    for (_, c) in children.iter_mut() {
-        let _ = c.kill();
-        let _ = c.wait();
+    let mut ended = Vec::new();
+    for (r, c) in children.iter_mut() {
+        let what = match c.try_wait() {
+            Ok(Some(s)) => format!("{}, after SIGTERM", describe(s).1),
+            _ => {
+                let _ = c.kill();
+                let _ = c.wait();
+                "killed (SIGKILL) after the grace period".to_string()
+            }
+        };
+        ended.push((*r, what));
     }
+    children.clear();
+    ended
+}
+
+/// The host id of rank `r` under emulation: unique per job and rank.
+pub fn host_id(job: &str, r: usize, ranks: usize, order: HostIds) -> String {
+    let h = match order {
+        HostIds::Ascending => r,
+        HostIds::Reversed => ranks - 1 - r,
+    };
+    format!("foldprint-{}-host{h:04}", &job[..job.len().min(8)])
+}
+
+/// A private directory for the ranks' NCCL logs.
+fn log_dir(job: &str) -> Result<PathBuf, DistError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = std::env::temp_dir().join(format!("foldprint-launch-{job}"));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| DistError::Launch(format!("creating {}: {e}", dir.display())))?;
+    Ok(dir)
+}
+
+/// The `NCCL WARN` lines of every log in `dir`, rank order, at most `max`.
+fn warnings(dir: &Path, ranks: usize, max: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in 0..ranks {
+        let Ok(text) = std::fs::read_to_string(dir.join(format!("nccl.rank{r}.log"))) else {
+            continue;
+        };
+        for l in text.lines().filter(|l| l.contains("NCCL WARN")) {
+            if out.len() == max {
+                return out;
+            }
+            out.push(format!("rank {r}: {}", l.trim()));
+        }
+    }
+    out
 }
 
 pub fn launch(spec: &LaunchSpec) -> Result<Outcome, DistError> {
     if spec.ranks == 0 {
         return Err(DistError::Launch("-n must be at least 1".into()));
     }
+    if spec.ranks > MAX_RANKS {
+        return Err(DistError::Launch(format!(
+            "-n {} is more than {MAX_RANKS} local ranks",
+            spec.ranks
+        )));
+    }
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| DistError::Launch(format!("finding a free port: {e}")))?
         .port();
     let job = token();
+    // Keep NCCL's own account of the transports it chose, per rank, unless
+    // the user already routes NCCL's log somewhere.
+    let logs = match spec.nccl_logs
+        && std::env::var_os("NCCL_DEBUG").is_none()
+        && std::env::var_os("NCCL_DEBUG_FILE").is_none()
+    {
+        true => Some(log_dir(&job)?),
+        false => None,
+    };
     let mut children = Vec::with_capacity(spec.ranks);
     for r in 0..spec.ranks {
         let mut cmd = Command::new(&spec.program);
+        let local = spec.emulate.as_ref().map_or(r, |e| r % e.gpus.max(1));
         cmd.args(&spec.args)
             .env("FOLDPRINT_RANK", r.to_string())
             .env("FOLDPRINT_WORLD_SIZE", spec.ranks.to_string())
-            .env("FOLDPRINT_LOCAL_RANK", r.to_string())
+            .env("FOLDPRINT_LOCAL_RANK", local.to_string())
             .env("FOLDPRINT_MASTER_ADDR", "127.0.0.1")
             .env("FOLDPRINT_MASTER_PORT", port.to_string())
             .env("FOLDPRINT_JOB_TOKEN", &job);
+        if let Some(e) = &spec.emulate {
+            cmd.env("NCCL_HOSTID", host_id(&job, r, spec.ranks, e.host_ids))
+                .env(
+                    EMULATED_HOSTS_VAR,
+                    format!("{} ranks on {} GPU(s)", spec.ranks, e.gpus),
+                );
+        }
+        if let Some(dir) = &logs {
+            cmd.env("NCCL_DEBUG", "INFO")
+                .env("NCCL_DEBUG_SUBSYS", "INIT,NET")
+                .env("NCCL_DEBUG_FILE", dir.join(format!("nccl.rank{r}.log")));
+        }
         if r > 0 && !spec.all_stdout {
             cmd.stdout(Stdio::null());
         }
@@ -104,19 +225,22 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, DistError> {
     }
     let mut running = children;
     let mut first_failure = None;
+    let mut others = Vec::new();
     let mut code = 0;
+    let mut settle_until = None;
     while !running.is_empty() {
         let mut i = 0;
         while i < running.len() {
             match running[i].1.try_wait() {
                 Ok(Some(status)) => {
                     let (rank, _) = running.swap_remove(i);
-                    if !status.success() && first_failure.is_none() {
-                        let (c, what) = describe(status);
+                    let (c, what) = describe(status);
+                    if first_failure.is_none() && !status.success() {
                         code = c;
                         first_failure = Some((rank, what));
-                        terminate(&mut running, spec.grace);
-                        running.clear();
+                        settle_until = Some(Instant::now() + spec.settle);
+                    } else if first_failure.is_some() {
+                        others.push((rank, what));
                     }
                 }
                 Ok(None) => i += 1,
@@ -128,11 +252,27 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, DistError> {
                 }
             }
         }
+        if settle_until.is_some_and(|t| Instant::now() >= t) {
+            others.extend(terminate(&mut running, spec.grace));
+        }
         std::thread::sleep(Duration::from_millis(10));
+    }
+    others.sort();
+    let (mut kept_logs, mut warns) = (None, Vec::new());
+    if let Some(dir) = logs {
+        if first_failure.is_some() {
+            warns = warnings(&dir, spec.ranks, 12);
+            kept_logs = Some(dir);
+        } else {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
     Ok(Outcome {
         code,
         first_failure,
+        others,
+        kept_logs,
+        warnings: warns,
     })
 }
 
@@ -146,7 +286,10 @@ mod tests {
             program: "sh".into(),
             args: vec!["-c".into(), script.into()],
             all_stdout: false,
+            settle: Duration::from_millis(300),
             grace: Duration::from_millis(500),
+            emulate: None,
+            nccl_logs: false,
         }
     }
 
@@ -168,5 +311,119 @@ mod tests {
         assert_eq!(o.code, 7);
         assert_eq!(o.first_failure.as_ref().map(|f| f.0), Some(2));
         assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn emulated_hosts_give_each_rank_its_own_host_id_and_gpus_round_robin() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = format!(
+            "echo \"$FOLDPRINT_LOCAL_RANK $NCCL_HOSTID ${EMULATED_HOSTS_VAR}\" > {}/$FOLDPRINT_RANK",
+            dir.path().display()
+        );
+        let mut spec = sh(&script, 5);
+        spec.emulate = Some(Emulation {
+            gpus: 2,
+            host_ids: HostIds::Ascending,
+        });
+        assert_eq!(launch(&spec).unwrap().code, 0);
+        let lines: Vec<String> = (0..5)
+            .map(|r| std::fs::read_to_string(dir.path().join(r.to_string())).unwrap())
+            .collect();
+        let mut ids = std::collections::BTreeSet::new();
+        for (r, l) in lines.iter().enumerate() {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f[0], (r % 2).to_string(), "{l}");
+            assert!(f[1].ends_with(&format!("host{r:04}")), "{l}");
+            assert!(l.contains("5 ranks on 2 GPU(s)"), "{l}");
+            ids.insert(f[1].to_string());
+        }
+        assert_eq!(ids.len(), 5, "host ids must be distinct: {lines:?}");
+        // Negative control: without emulation no host id is set and the
+        // local rank is the rank.
+        spec.emulate = None;
+        assert_eq!(launch(&spec).unwrap().code, 0);
+        let l = std::fs::read_to_string(dir.path().join("3")).unwrap();
+        assert_eq!(l.split_whitespace().collect::<Vec<_>>(), ["3"], "{l}");
+    }
+
+    #[test]
+    fn reversed_host_ids_mirror_the_ascending_ones() {
+        let job = "0123456789abcdef";
+        for r in 0..7 {
+            assert_eq!(
+                host_id(job, r, 7, HostIds::Reversed),
+                host_id(job, 6 - r, 7, HostIds::Ascending)
+            );
+        }
+        assert_ne!(
+            host_id(job, 0, 7, HostIds::Reversed),
+            host_id(job, 0, 7, HostIds::Ascending)
+        );
+    }
+
+    #[test]
+    fn a_rank_killed_by_a_signal_is_an_infrastructure_failure_and_the_others_may_say_so() {
+        let mut spec = sh(
+            "if [ \"$FOLDPRINT_RANK\" = 1 ]; then kill -9 $$; fi; sleep 0.5; exit 4",
+            3,
+        );
+        spec.settle = Duration::from_secs(5);
+        let t = Instant::now();
+        let o = launch(&spec).unwrap();
+        assert_eq!(o.code, 4);
+        let (rank, what) = o.first_failure.unwrap();
+        assert_eq!(rank, 1);
+        assert!(what.contains("signal 9"), "{what}");
+        assert_eq!(
+            o.others,
+            vec![
+                (0, "exit code 4".to_string()),
+                (2, "exit code 4".to_string())
+            ]
+        );
+        assert!(t.elapsed() < Duration::from_secs(4), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn too_many_ranks_are_refused_before_anything_starts() {
+        let e = launch(&sh("true", MAX_RANKS + 1)).unwrap_err().to_string();
+        assert!(e.contains("more than 1024"), "{e}");
+    }
+
+    #[test]
+    fn nccl_logs_are_kept_with_their_warnings_only_after_a_failure() {
+        if std::env::var_os("NCCL_DEBUG").is_some() || std::env::var_os("NCCL_DEBUG_FILE").is_some()
+        {
+            panic!("unset NCCL_DEBUG and NCCL_DEBUG_FILE to run this test");
+        }
+        let mut spec = sh(
+            "echo \"host:1:2 [0] NCCL INFO Using network Socket\" > \"$NCCL_DEBUG_FILE\"; \
+             [ \"$NCCL_DEBUG\" = INFO ] || exit 9; \
+             if [ \"$FOLDPRINT_RANK\" = 2 ]; then echo \"host:1:2 [0] NCCL WARN peer gone\" >> \"$NCCL_DEBUG_FILE\"; exit 4; fi",
+            3,
+        );
+        spec.nccl_logs = true;
+        let ok = launch(&sh("true", 2)).unwrap();
+        assert!(ok.kept_logs.is_none());
+        let o = launch(&spec).unwrap();
+        assert_eq!(o.code, 4);
+        let dir = o.kept_logs.expect("logs are kept after a failure");
+        assert_eq!(o.warnings.len(), 1, "{:?}", o.warnings);
+        assert!(o.warnings[0].starts_with("rank 2: ") && o.warnings[0].contains("peer gone"));
+        std::fs::remove_dir_all(dir).unwrap();
+        // A successful job leaves no log directory behind.
+        let t = tempfile::tempdir().unwrap();
+        let mark = t.path().join("where");
+        let mut spec = sh(
+            &format!("dirname \"$NCCL_DEBUG_FILE\" > {}", mark.display()),
+            1,
+        );
+        spec.nccl_logs = true;
+        let o = launch(&spec).unwrap();
+        assert_eq!(o.code, 0);
+        assert!(o.kept_logs.is_none());
+        let used = std::fs::read_to_string(&mark).unwrap();
+        assert!(used.contains("foldprint-launch-"), "{used}");
+        assert!(!std::path::Path::new(used.trim()).exists(), "{used}");
     }
 }

@@ -38,17 +38,6 @@ pub struct Nccl {
     pub get_error_string: unsafe extern "C" fn(NcclResult) -> *const c_char,
     pub send: Send,
     pub recv: Recv,
-    pub broadcast: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        Comm,
-        Stream,
-    ) -> NcclResult,
-    pub all_gather:
-        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, Stream) -> NcclResult,
     pub all_reduce: unsafe extern "C" fn(
         *const c_void,
         *mut c_void,
@@ -60,6 +49,9 @@ pub struct Nccl {
     ) -> NcclResult,
     pub group_start: unsafe extern "C" fn() -> NcclResult,
     pub group_end: unsafe extern "C" fn() -> NcclResult,
+    /// `ncclGetLastError` (NCCL >= 2.13): NCCL's own words on the last
+    /// failure, often naming the peer.
+    pub get_last_error: Option<unsafe extern "C" fn(Comm) -> *const c_char>,
 }
 
 /// The names tried, in order.
@@ -111,11 +103,11 @@ impl Nccl {
             get_error_string: sym!(b"ncclGetErrorString\0"),
             send: sym!(b"ncclSend\0"),
             recv: sym!(b"ncclRecv\0"),
-            broadcast: sym!(b"ncclBroadcast\0"),
-            all_gather: sym!(b"ncclAllGather\0"),
             all_reduce: sym!(b"ncclAllReduce\0"),
             group_start: sym!(b"ncclGroupStart\0"),
             group_end: sym!(b"ncclGroupEnd\0"),
+            // SAFETY: the type matches NCCL's public C prototype.
+            get_last_error: unsafe { lib.get(b"ncclGetLastError\0") }.ok().map(|f| *f),
             _lib: lib,
             opened,
         })
@@ -136,6 +128,23 @@ impl Nccl {
             }
         };
         Err(format!("{what}: NCCL error {r} ({text})"))
+    }
+
+    /// NCCL's last error text for `comm`, when the library offers one.
+    ///
+    /// # Safety
+    /// `comm` must be a communicator of this library, not yet destroyed.
+    pub unsafe fn last_error(&self, comm: Comm) -> Option<String> {
+        let f = self.get_last_error?;
+        // SAFETY: NCCL returns a string it owns, valid until the next call.
+        let text = unsafe {
+            let p = f(comm);
+            if p.is_null() {
+                return None;
+            }
+            CStr::from_ptr(p).to_string_lossy().into_owned()
+        };
+        Some(text.trim().to_string()).filter(|t| !t.is_empty())
     }
 
     /// (major, minor, patch) from `ncclGetVersion`'s integer.

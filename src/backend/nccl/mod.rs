@@ -1,8 +1,17 @@
 //! The NCCL backend: the reducer's production dataflow over a live
-//! communicator, one rank per GPU. NCCL only moves bytes: one group of
-//! send/recv lands every rank's copy of my shard in slot = source rank
-//! (my own copy too, as a send to myself), the fold kernel reduces my
-//! shard, and a group of per-owner in-place broadcasts redistributes.
+//! communicator, one rank per GPU (or per emulated host). NCCL only moves
+//! bytes, and only with point-to-point calls: one group of send/recv lands
+//! every rank's copy of my shard in slot = source rank (my own copy too, as
+//! a send to myself), the fold kernel reduces my shard, and a second group
+//! of send/recv hands every owner's reduced shard to every rank. No
+//! collective algorithm is involved, so NCCL_ALGO / NCCL_PROTO can neither
+//! veto nor change the fixed-order path; only the `nccl-allreduce` control
+//! uses a collective.
+//!
+//! Every wait polls the stream and `ncclCommGetAsyncError` together, so a
+//! dead peer or a broken socket ends the case within milliseconds as an
+//! infrastructure failure, naming the phase, instead of sitting out the
+//! watchdog.
 //!
 //! Two launch modes: one process per rank (rank, world and local device
 //! from the launcher's environment, the unique id and the case agreement
@@ -14,7 +23,9 @@ pub mod lib;
 use super::cuda::mem::{DeviceBuffer, F32};
 use super::cuda::world::{row_stride, Reader};
 use super::cuda::{kernels::FoldMode, libs, CudaConfig, Device, KernelVariant};
-use super::{failed, infrastructure, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
+use super::{
+    failed, infrastructure, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions,
+};
 use crate::dist::launcher::RankEnv;
 use crate::dist::rendezvous::{self, Plan};
 use crate::dist::watchdog::Watchdog;
@@ -58,6 +69,8 @@ struct RankBufs {
 
 struct RankCtx {
     rank: usize,
+    /// Set once this rank aborted its communicator: never destroy it then.
+    aborted: bool,
     dev: Device,
     stream: Arc<cudarc::driver::CudaStream>,
     comm: CommPtr,
@@ -176,6 +189,7 @@ impl NcclBackend {
             dev,
             stream,
             comm: CommPtr(std::ptr::null_mut()),
+            aborted: false,
             reader,
             bufs: HashMap::new(),
             gather: None,
@@ -202,7 +216,9 @@ impl NcclBackend {
         let probe = super::cuda::probe();
         if gpus > probe.device_count {
             return Err(unavailable(format!(
-                "--gpus {gpus} but the driver reports {} device(s)",
+                "--gpus {gpus} but the driver reports {} device(s). One process cannot emulate \
+                 hosts (NCCL reads its host id once per process): to run {gpus} ranks on fewer \
+                 GPUs use `foldprint launch -n {gpus} --emulate-hosts -- ... --backend nccl`",
                 probe.device_count
             )));
         }
@@ -378,8 +394,143 @@ struct ArenaJob<'a> {
     timing_only: bool,
 }
 
-fn check_nccl(nccl: &Nccl, r: i32, what: &str) -> Result<(), String> {
-    nccl.check(r, what)
+/// Why one rank's part of a case stopped.
+#[derive(Debug)]
+enum Fault {
+    /// The arena does not fit in device memory.
+    Memory(String),
+    /// NCCL, the driver or the watchdog failed in `phase`.
+    Infra { phase: String, message: String },
+}
+
+impl From<String> for Fault {
+    fn from(message: String) -> Fault {
+        Fault::Infra {
+            phase: "cuda".into(),
+            message,
+        }
+    }
+}
+
+fn infra(phase: &str, message: impl Into<String>) -> Fault {
+    Fault::Infra {
+        phase: phase.to_string(),
+        message: message.into(),
+    }
+}
+
+impl Fault {
+    fn into_backend(self, case: &str) -> BackendError {
+        match self {
+            Fault::Memory(m) => BackendError::Unavailable {
+                backend: NAME,
+                reason: format!("case `{case}`: {m}"),
+            },
+            Fault::Infra { phase, message } => infrastructure(case, phase, message),
+        }
+    }
+}
+
+fn check_nccl(nccl: &Nccl, r: i32, phase: &str, what: &str) -> Result<(), Fault> {
+    nccl.check(r, what).map_err(|m| infra(phase, m))
+}
+
+/// Wait until every phase's event completed, watching NCCL's asynchronous
+/// error state meanwhile (as nccl-tests does). A blocking stream sync would
+/// sit out the whole watchdog when a peer dies; this returns as soon as NCCL
+/// notices, aborts the communicator and names the first unfinished phase.
+fn await_phases(
+    nccl: &Nccl,
+    ctx: &mut RankCtx,
+    phases: &[(cudarc::driver::CudaEvent, &str)],
+    dog: &Watchdog,
+) -> Result<(), Fault> {
+    let mut polls = 0u32;
+    loop {
+        let mut pending = None;
+        for (ev, name) in phases {
+            match ev.try_is_complete() {
+                Ok(true) => continue,
+                Ok(false) => {
+                    pending = Some(*name);
+                    break;
+                }
+                Err(e) => return Err(infra(name, super::cuda::driver_error_text(e))),
+            }
+        }
+        let Some(phase) = pending else {
+            return Ok(());
+        };
+        if let Some(p) = dog.fired() {
+            ctx.aborted = true;
+            return Err(infra(
+                phase,
+                format!("watchdog fired during `{p}`; communicator aborted"),
+            ));
+        }
+        let mut state = 0;
+        // SAFETY: out-parameter on a live communicator.
+        let r = unsafe { (nccl.comm_get_async_error)(ctx.comm.0, &mut state) };
+        let bad = if r != 0 { r } else { state };
+        if bad != 0 && bad != lib::NCCL_IN_PROGRESS {
+            let what = nccl
+                .check(bad, "NCCL reported an asynchronous error")
+                .err()
+                .unwrap_or_default();
+            // SAFETY: our live communicator, aborted only below.
+            let detail = unsafe { nccl.last_error(ctx.comm.0) };
+            // SAFETY: abort is allowed at any time and unblocks the kernels.
+            unsafe { (nccl.comm_abort)(ctx.comm.0) };
+            ctx.aborted = true;
+            return Err(infra(
+                phase,
+                match detail {
+                    Some(d) => format!("{what}: {d} (a peer rank died or its connection broke); communicator aborted"),
+                    None => format!("{what} (a peer rank died or its connection broke); communicator aborted"),
+                },
+            ));
+        }
+        polls += 1;
+        // Spin briefly for short phases, then back off to spare the CPU
+        // that other ranks of an emulated world share.
+        match polls {
+            0..=200 => std::thread::yield_now(),
+            201..=2000 => std::thread::sleep(Duration::from_micros(50)),
+            _ => std::thread::sleep(Duration::from_micros(500)),
+        }
+    }
+}
+
+/// Run `f` on every rank of this process at once, one thread each: NCCL
+/// needs all of a process's ranks inside their group calls together.
+fn on_every_rank<T: Send>(
+    ranks: &mut [RankCtx],
+    f: impl Fn(&mut RankCtx) -> Result<T, Fault> + Sync,
+) -> Vec<Result<T, Fault>> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = ranks
+            .iter_mut()
+            .map(|ctx| {
+                let f = &f;
+                s.spawn(move || f(ctx))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(infra("rank thread", "panicked")))
+            })
+            .collect()
+    })
+}
+
+fn mark(
+    stream: &cudarc::driver::CudaStream,
+    phase: &str,
+) -> Result<cudarc::driver::CudaEvent, Fault> {
+    stream
+        .record_event(None)
+        .map_err(|e| infra(phase, super::cuda::driver_error_text(e)))
 }
 
 fn rank_arena(
@@ -390,48 +541,54 @@ fn rank_arena(
     prog_len: u32,
     dog: &Watchdog,
     timeout: Duration,
-) -> Result<RankOut, String> {
-    let dev = &ctx.dev;
-    dev.ctx
+) -> Result<RankOut, Fault> {
+    ctx.dev
+        .ctx
         .bind_to_thread()
         .map_err(super::cuda::driver_error_text)?;
     let (n, world, me) = (job.n, job.world, ctx.rank);
-    let plan = shard_plan(n, world).ok_or("world = 0")?;
+    let plan = shard_plan(n, world).ok_or_else(|| infra("plan", "world = 0"))?;
     let my = plan[me];
     let max_shard = plan.iter().map(|s| s.len).max().unwrap_or(0);
     if let std::collections::hash_map::Entry::Vacant(slot) = ctx.bufs.entry(n) {
         let ld = row_stride(max_shard);
         let need = (n as u64 + (world * ld + 4) as u64) * F32;
-        let (free, _) = dev.memory()?;
+        let (free, _) = ctx.dev.memory()?;
         if need > free {
-            return Err(format!("needs {need} bytes of device memory, {free} free"));
+            return Err(Fault::Memory(format!(
+                "needs {need} bytes of device memory on rank {me}, {free} free"
+            )));
         }
-        let arena = DeviceBuffer::alloc(&dev.ctx, n.max(1))?;
-        let scratch = DeviceBuffer::alloc(&dev.ctx, (world * ld + 4).max(1))?;
+        let arena = DeviceBuffer::alloc(&ctx.dev.ctx, n.max(1))?;
+        let scratch = DeviceBuffer::alloc(&ctx.dev.ctx, (world * ld + 4).max(1))?;
         slot.insert(RankBufs { arena, scratch, ld });
     }
-    let b = &ctx.bufs[&n];
-    let stream = &ctx.stream;
+    let (arena_ptr, scratch_ptr, ld) = {
+        let b = &ctx.bufs[&n];
+        (b.arena.ptr(), b.scratch.ptr(), b.ld)
+    };
+    let stream = ctx.stream.clone();
     let cu = stream.cu_stream() as lib::Stream;
+    let comm = ctx.comm.0;
     let t0 = Instant::now();
-    // SAFETY: the arena holds n f32s of this context.
     if !job.timing_only {
+        // SAFETY: the arena holds n f32s of this context.
         unsafe {
-            dev.generate(
-                b.arena.ptr(),
+            ctx.dev.generate(
+                arena_ptr,
                 n as u64,
                 0,
                 job.case.distribution,
                 job.case.seed,
                 me as u32,
                 job.arena,
-                stream,
+                &stream,
             )?
         };
     }
     stream
         .synchronize()
-        .map_err(super::cuda::driver_error_text)?;
+        .map_err(|e| infra("generate", super::cuda::driver_error_text(e)))?;
     let generate_ms = t0.elapsed().as_secs_f64() * 1e3;
 
     let t1 = Instant::now();
@@ -440,27 +597,28 @@ fn rank_arena(
             &format!("case `{}` arena {} on rank {me}", job.case.id, job.arena),
             timeout,
         );
-        let at = |i: usize| (b.arena.ptr() + i as u64 * F32) as *mut c_void;
+        let at = |i: usize| (arena_ptr + i as u64 * F32) as *mut c_void;
+        let mut phases = Vec::new();
         if job.case.contract == Contract::NcclAllreduce {
             // The negative control: NCCL's own sum, in place.
             // SAFETY: n f32s, in place, this rank's stream.
             check_nccl(
                 nccl,
-                unsafe {
-                    (nccl.all_reduce)(at(0), at(0), n, NCCL_FLOAT32, NCCL_SUM, ctx.comm.0, cu)
-                },
+                unsafe { (nccl.all_reduce)(at(0), at(0), n, NCCL_FLOAT32, NCCL_SUM, comm, cu) },
+                "nccl-allreduce",
                 "ncclAllReduce",
             )?;
+            phases.push((mark(&stream, "nccl-allreduce")?, "nccl-allreduce"));
         } else if n > 0 {
-            let out = b.arena.ptr() + my.start as u64 * F32;
+            let out = arena_ptr + my.start as u64 * F32;
             let phase = ((out & 15) / F32) as usize;
-            let base = b.scratch.ptr() + phase as u64 * F32;
-            let slot = |src: usize| (base + (src * b.ld) as u64 * F32) as *mut c_void;
+            let base = scratch_ptr + phase as u64 * F32;
+            let slot = |src: usize| (base + (src * ld) as u64 * F32) as *mut c_void;
             // Exchange: my copy of shard p to owner p; every rank's copy of
             // my shard into slot = source (mine included, sent to myself).
             // SAFETY: every range lies inside the arena or the scratch.
             unsafe {
-                check_nccl(nccl, (nccl.group_start)(), "ncclGroupStart")?;
+                check_nccl(nccl, (nccl.group_start)(), "exchange", "ncclGroupStart")?;
                 for &p in &job.case.order.sequence(world) {
                     if plan[p].len > 0 {
                         check_nccl(
@@ -470,26 +628,29 @@ fn rank_arena(
                                 plan[p].len,
                                 NCCL_FLOAT32,
                                 p as i32,
-                                ctx.comm.0,
+                                comm,
                                 cu,
                             ),
+                            "exchange",
                             "ncclSend",
                         )?;
                     }
                     if my.len > 0 {
                         check_nccl(
                             nccl,
-                            (nccl.recv)(slot(p), my.len, NCCL_FLOAT32, p as i32, ctx.comm.0, cu),
+                            (nccl.recv)(slot(p), my.len, NCCL_FLOAT32, p as i32, comm, cu),
+                            "exchange",
                             "ncclRecv",
                         )?;
                     }
                 }
-                check_nccl(nccl, (nccl.group_end)(), "ncclGroupEnd (exchange)")?;
+                check_nccl(nccl, (nccl.group_end)(), "exchange", "ncclGroupEnd")?;
             }
+            phases.push((mark(&stream, "exchange")?, "exchange"));
             let args = super::cuda::device::FoldArgs {
                 out,
                 stacked: base,
-                ld: b.ld as u64,
+                ld: ld as u64,
                 len: my.len as u64,
                 world: world as u32,
                 prog,
@@ -497,42 +658,50 @@ fn rank_arena(
                 scale: job.case.mean.then(|| mean_scale(world)),
             };
             // SAFETY: `out` is my shard, `base` its slots at the same phase.
-            unsafe { dev.fold(job.variant, job.mode, &args, &job.cuda.tuning, stream)? };
-            // Redistribute: every owner's reduced shard, in place, to all.
-            // SAFETY: each shard lies inside the arena.
             unsafe {
-                check_nccl(nccl, (nccl.group_start)(), "ncclGroupStart")?;
+                ctx.dev
+                    .fold(job.variant, job.mode, &args, &job.cuda.tuning, &stream)
+                    .map_err(|m| infra("fold", m))?
+            };
+            phases.push((mark(&stream, "fold")?, "fold"));
+            // Redistribute: my reduced shard to every other rank, every
+            // other owner's shard into its place in my arena. Point-to-point
+            // only, so no NCCL_ALGO setting can refuse or reroute it.
+            // SAFETY: each shard lies inside the arena; sends read my shard,
+            // receives write the others', which do not overlap it.
+            unsafe {
+                check_nccl(
+                    nccl,
+                    (nccl.group_start)(),
+                    "redistribution",
+                    "ncclGroupStart",
+                )?;
                 for (o, s) in plan.iter().enumerate() {
+                    if o == me {
+                        continue;
+                    }
                     if s.len > 0 {
                         check_nccl(
                             nccl,
-                            (nccl.broadcast)(
-                                at(s.start),
-                                at(s.start),
-                                s.len,
-                                NCCL_FLOAT32,
-                                o as i32,
-                                ctx.comm.0,
-                                cu,
-                            ),
-                            "ncclBroadcast",
+                            (nccl.recv)(at(s.start), s.len, NCCL_FLOAT32, o as i32, comm, cu),
+                            "redistribution",
+                            "ncclRecv",
+                        )?;
+                    }
+                    if my.len > 0 {
+                        check_nccl(
+                            nccl,
+                            (nccl.send)(at(my.start), my.len, NCCL_FLOAT32, o as i32, comm, cu),
+                            "redistribution",
+                            "ncclSend",
                         )?;
                     }
                 }
-                check_nccl(nccl, (nccl.group_end)(), "ncclGroupEnd (redistribute)")?;
+                check_nccl(nccl, (nccl.group_end)(), "redistribution", "ncclGroupEnd")?;
             }
+            phases.push((mark(&stream, "redistribution")?, "redistribution"));
         }
-        stream.synchronize().map_err(|e| {
-            format!(
-                "stream sync after the collectives: {}",
-                super::cuda::driver_error_text(e)
-            )
-        })?;
-        if let Some(phase) = dog.fired() {
-            return Err(format!(
-                "watchdog fired during `{phase}`; communicator aborted"
-            ));
-        }
+        await_phases(nccl, ctx, &phases, dog)?;
     }
     let reduce_ms = t1.elapsed().as_secs_f64() * 1e3;
     let keep = job.opts.keep_values && me == 0;
@@ -543,8 +712,10 @@ fn rank_arena(
         let d = crate::digest::digest_chunked(&[], job.opts.nan_policy);
         (d, keep.then(Vec::new))
     } else {
+        let b = &ctx.bufs[&n];
         ctx.reader
-            .digest(dev, &b.arena, job.opts.nan_policy, keep, me == 0)?
+            .digest(&ctx.dev, &b.arena, job.opts.nan_policy, keep, me == 0)
+            .map_err(|m| infra("digest", m))?
     };
     Ok(RankOut {
         digest,
@@ -557,11 +728,12 @@ fn rank_arena(
 impl NcclBackend {
     /// Every rank's digest, in rank order: collected from threads, or moved
     /// between processes with an all-gather of the 32 digest bytes.
-    fn gather(&mut self, mine: &[String]) -> Result<Vec<String>, String> {
-        if self.env.is_none() {
+    fn gather(&mut self, mine: &[String]) -> Result<Vec<String>, Fault> {
+        let world = self.world;
+        let (nccl, dog, timeout) = (&self.nccl, &self.watchdog, self.cfg.timeout);
+        let Some(ctx) = self.ranks.first_mut().filter(|_| self.env.is_some()) else {
             return Ok(mine.to_vec());
-        }
-        let ctx = &mut self.ranks[0];
+        };
         ctx.dev
             .ctx
             .bind_to_thread()
@@ -569,41 +741,67 @@ impl NcclBackend {
         if ctx.gather.is_none() {
             ctx.gather = Some((
                 DeviceBuffer::alloc(&ctx.dev.ctx, 8)?,
-                DeviceBuffer::alloc(&ctx.dev.ctx, 8 * self.world)?,
+                DeviceBuffer::alloc(&ctx.dev.ctx, 8 * world)?,
             ));
         }
-        let (send, recv) = ctx.gather.as_ref().ok_or("gather buffers")?;
-        let bytes = hex::decode(&mine[0]).map_err(|e| e.to_string())?;
-        let words: Vec<u32> = bytes
+        let (send, recv) = match ctx.gather.as_ref() {
+            Some((s, r)) => (s.ptr(), r.ptr()),
+            None => return Err(infra("digest gather", "no gather buffers")),
+        };
+        let bytes = hex::decode(&mine[0]).map_err(|e| infra("digest gather", e.to_string()))?;
+        let words: Vec<f32> = bytes
             .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .map(|c| f32::from_bits(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
             .collect();
-        send.upload(&words)?;
-        {
-            let _g = self.watchdog.guard("digest all-gather", self.cfg.timeout);
-            // SAFETY: 8 words in, 8 x world words out; pure byte movement.
-            self.nccl.check(
-                unsafe {
-                    (self.nccl.all_gather)(
-                        send.ptr() as *const c_void,
-                        recv.ptr() as *mut c_void,
-                        8,
-                        NCCL_FLOAT32,
-                        ctx.comm.0,
-                        ctx.stream.cu_stream() as lib::Stream,
-                    )
-                },
-                "ncclAllGather (digests)",
-            )?;
-            ctx.stream
-                .synchronize()
-                .map_err(super::cuda::driver_error_text)?;
+        if let Some((s, _)) = ctx.gather.as_ref() {
+            s.upload(&words)?;
         }
-        let mut all = vec![0f32; 8 * self.world];
-        recv.download(0, &mut all)?;
+        let (me, comm) = (ctx.rank, ctx.comm.0);
+        let stream = ctx.stream.clone();
+        let cu = stream.cu_stream() as lib::Stream;
+        {
+            let _g = dog.guard("digest gather", timeout);
+            // 32 bytes to and from every peer, point-to-point like the
+            // reduction itself (no collective for NCCL_ALGO to veto).
+            // SAFETY: 8 words out of `send`, 8 into slot p of `recv`.
+            unsafe {
+                check_nccl(
+                    nccl,
+                    (nccl.group_start)(),
+                    "digest gather",
+                    "ncclGroupStart",
+                )?;
+                for p in (0..world).filter(|&p| p != me) {
+                    let slot = (recv + (8 * p) as u64 * F32) as *mut c_void;
+                    check_nccl(
+                        nccl,
+                        (nccl.send)(send as *const c_void, 8, NCCL_FLOAT32, p as i32, comm, cu),
+                        "digest gather",
+                        "ncclSend",
+                    )?;
+                    check_nccl(
+                        nccl,
+                        (nccl.recv)(slot, 8, NCCL_FLOAT32, p as i32, comm, cu),
+                        "digest gather",
+                        "ncclRecv",
+                    )?;
+                }
+                check_nccl(nccl, (nccl.group_end)(), "digest gather", "ncclGroupEnd")?;
+            }
+            let ev = mark(&stream, "digest gather")?;
+            await_phases(nccl, ctx, &[(ev, "digest gather")], dog)?;
+        }
+        let mut all = vec![0f32; 8 * world];
+        if let Some((_, r)) = ctx.gather.as_ref() {
+            r.download(0, &mut all)?;
+        }
         Ok(all
             .chunks_exact(8)
-            .map(|w| {
+            .enumerate()
+            .map(|(p, w)| {
+                if p == me {
+                    return mine[0].clone();
+                }
                 hex::encode(
                     w.iter()
                         .flat_map(|v| v.to_bits().to_le_bytes())
@@ -612,6 +810,49 @@ impl NcclBackend {
             })
             .collect())
     }
+}
+
+/// Set by `foldprint launch --emulate-hosts`: how the ranks share GPUs, and
+/// this rank's NCCL host id.
+pub fn emulated_hosts() -> Option<serde_json::Value> {
+    let what = std::env::var(crate::dist::launch::EMULATED_HOSTS_VAR).ok()?;
+    Some(serde_json::json!({
+        "enabled": true,
+        "layout": what,
+        "nccl_hostid": std::env::var("NCCL_HOSTID").ok(),
+        "note": "every rank is its own NCCL host: traffic goes over NCCL's network transport on loopback, never NVLink or PCIe peer access; a correctness run, not a bandwidth result",
+    }))
+}
+
+/// What NCCL's own log (INIT/NET, as `foldprint launch` routes it) says
+/// about the transports it chose: the network plugin and the connections
+/// by transport. `None` when no readable per-process log file is set.
+pub fn transport_from_log() -> Option<serde_json::Value> {
+    let path = std::env::var("NCCL_DEBUG_FILE")
+        .ok()
+        .filter(|p| !p.contains('%'))?;
+    let text = std::fs::read_to_string(path).ok()?;
+    Some(summarize_nccl_log(&text))
+}
+
+fn summarize_nccl_log(text: &str) -> serde_json::Value {
+    let mut network = None;
+    let mut via: std::collections::BTreeMap<String, usize> = Default::default();
+    for line in text.lines() {
+        if let Some(rest) = line.split("NCCL INFO Using network ").nth(1) {
+            network = Some(rest.trim().to_string());
+        }
+        if line.contains("NCCL INFO Channel") {
+            if let Some(t) = line.split(" via ").nth(1) {
+                *via.entry(t.trim().to_string()).or_default() += 1;
+            }
+        }
+    }
+    serde_json::json!({
+        "source": "NCCL's INIT/NET log of the reporting rank",
+        "network": network,
+        "connections": via,
+    })
 }
 
 /// One size of the NCCL benchmark (nccl-tests conventions).
@@ -668,25 +909,12 @@ impl NcclBackend {
                             timing_only,
                         };
                         let (nccl, dog, timeout) = (&self.nccl, &self.watchdog, self.cfg.timeout);
-                        let outs: Vec<Result<RankOut, String>> = std::thread::scope(|s| {
-                            let hs: Vec<_> = self
-                                .ranks
-                                .iter_mut()
-                                .map(|ctx| {
-                                    let job = &job;
-                                    s.spawn(move || rank_arena(nccl, ctx, job, 0, 0, dog, timeout))
-                                })
-                                .collect();
-                            hs.into_iter()
-                                .map(|h| {
-                                    h.join()
-                                        .unwrap_or_else(|_| Err("rank thread panicked".into()))
-                                })
-                                .collect()
+                        let outs = on_every_rank(&mut self.ranks, |ctx| {
+                            rank_arena(nccl, ctx, &job, 0, 0, dog, timeout)
                         });
                         let mut worst = 0f64;
                         for o in outs {
-                            worst = worst.max(o.map_err(|e| failed(&case.id, e))?.reduce_ms);
+                            worst = worst.max(o.map_err(|e| e.into_backend(&case.id))?.reduce_ms);
                         }
                         times.push(worst);
                     }
@@ -742,6 +970,9 @@ impl Backend for NcclBackend {
                 "version": format!("{}.{}.{}", self.version.0, self.version.1, self.version.2),
                 "opened": self.nccl.opened,
             },
+            "dataflow": "exchange, redistribution and digest gather are ncclSend/ncclRecv only: NCCL_ALGO and NCCL_PROTO select nothing on the fixed-order path",
+            "emulated_hosts": emulated_hosts(),
+            "transport": transport_from_log(),
             "timeouts_s": {"init": self.cfg.init_timeout.as_secs_f64(), "collective": self.cfg.timeout.as_secs_f64()},
             "devices": self.ranks.iter().map(|r| r.dev.environment()).collect::<Vec<_>>(),
             "libraries": libs::loaded_libraries(),
@@ -793,49 +1024,34 @@ impl Backend for NcclBackend {
                     timing_only: false,
                 };
                 let (nccl, dog, timeout) = (&self.nccl, &self.watchdog, self.cfg.timeout);
-                let outs: Vec<Result<RankOut, String>> = std::thread::scope(|s| {
-                    let hs: Vec<_> = self
-                        .ranks
-                        .iter_mut()
-                        .map(|ctx| {
-                            let job = &job;
-                            let prog = &prog;
-                            s.spawn(move || -> Result<RankOut, String> {
-                                ctx.dev
-                                    .ctx
-                                    .bind_to_thread()
-                                    .map_err(super::cuda::driver_error_text)?;
-                                let buf = if prog.is_empty() {
-                                    None
-                                } else {
-                                    let b = DeviceBuffer::alloc(&ctx.dev.ctx, prog.len())?;
-                                    b.upload(prog)?;
-                                    Some(b)
-                                };
-                                rank_arena(
-                                    nccl,
-                                    ctx,
-                                    job,
-                                    buf.as_ref().map_or(0, |b| b.ptr()),
-                                    prog.len() as u32,
-                                    dog,
-                                    timeout,
-                                )
-                            })
-                        })
-                        .collect();
-                    hs.into_iter()
-                        .map(|h| {
-                            h.join()
-                                .unwrap_or_else(|_| Err("rank thread panicked".into()))
-                        })
-                        .collect()
+                let outs = on_every_rank(&mut self.ranks, |ctx| {
+                    ctx.dev
+                        .ctx
+                        .bind_to_thread()
+                        .map_err(super::cuda::driver_error_text)?;
+                    // Each rank's own copy of the fold program, in its context.
+                    let buf = if prog.is_empty() {
+                        None
+                    } else {
+                        let b = DeviceBuffer::alloc(&ctx.dev.ctx, prog.len())?;
+                        b.upload(&prog)?;
+                        Some(b)
+                    };
+                    rank_arena(
+                        nccl,
+                        ctx,
+                        &job,
+                        buf.as_ref().map_or(0, |b| b.ptr()),
+                        prog.len() as u32,
+                        dog,
+                        timeout,
+                    )
                 });
                 let mut chunks = Vec::new();
                 let mut mine = Vec::new();
                 let mut values = None;
                 for o in outs {
-                    let o = o.map_err(|e| infrastructure(&case.id, "nccl rank", e))?;
+                    let o = o.map_err(|e| e.into_backend(&case.id))?;
                     t.generate_ms = t.generate_ms.max(o.generate_ms);
                     t.reduce_ms = t.reduce_ms.max(o.reduce_ms);
                     if chunks.is_empty() {
@@ -847,7 +1063,7 @@ impl Backend for NcclBackend {
                     }
                 }
                 let d = Instant::now();
-                let rank_digests = self.gather(&mine).map_err(|e| failed(&case.id, e))?;
+                let rank_digests = self.gather(&mine).map_err(|e| e.into_backend(&case.id))?;
                 t.digest_ms += d.elapsed().as_secs_f64() * 1e3;
                 arenas.push(ReducedArena {
                     len: n,
@@ -865,7 +1081,7 @@ impl Backend for NcclBackend {
 impl Drop for NcclBackend {
     fn drop(&mut self) {
         // Never destroy a communicator after an abort.
-        if self.watchdog.fired().is_some() {
+        if self.watchdog.fired().is_some() || self.ranks.iter().any(|r| r.aborted) {
             return;
         }
         for r in &self.ranks {
@@ -874,5 +1090,30 @@ impl Drop for NcclBackend {
                 unsafe { (self.nccl.comm_destroy)(r.comm.0) };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_summary_names_the_network_and_counts_connections_by_transport() {
+        let log = "\
+node:10:11 [0] NCCL INFO NCCL version 2.28.3+cuda13.0
+node:10:11 [0] NCCL INFO Using network Socket
+node:10:12 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0
+node:10:12 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0
+node:10:12 [0] NCCL INFO Channel 01/0 : 0[0] -> 2[0] [send] via NET/Socket/0/Shared
+node:10:12 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via P2P/CUMEM
+";
+        let v = summarize_nccl_log(log);
+        assert_eq!(v["network"], "Socket");
+        assert_eq!(v["connections"]["NET/Socket/0"], 2);
+        assert_eq!(v["connections"]["NET/Socket/0/Shared"], 1);
+        assert_eq!(v["connections"]["P2P/CUMEM"], 1);
+        let none = summarize_nccl_log("node:1:1 [0] NCCL INFO Bootstrap : Using eth0\n");
+        assert!(none["network"].is_null());
+        assert_eq!(none["connections"].as_object().unwrap().len(), 0);
     }
 }
