@@ -713,8 +713,13 @@ fn cmd_launch(a: LaunchArgs) -> Result<i32> {
         }
         other => other.into(),
     })?;
+    if let Some(sig) = outcome.interrupted {
+        eprintln!("launch: stopped every rank on signal {sig}");
+    }
     if let Some((rank, what)) = &outcome.first_failure {
         eprintln!("error: rank {rank} of {} failed first ({what})", a.ranks);
+    }
+    if outcome.first_failure.is_some() || outcome.interrupted.is_some() {
         for (r, how) in &outcome.others {
             eprintln!("       rank {r}: {how}");
         }

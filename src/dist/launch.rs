@@ -67,6 +67,9 @@ pub struct Outcome {
     pub kept_logs: Option<PathBuf>,
     /// `NCCL WARN` lines from those logs, for the user's terminal.
     pub warnings: Vec<String>,
+    /// The signal (SIGINT, SIGTERM, SIGHUP) that made the launcher stop
+    /// every rank.
+    pub interrupted: Option<i32>,
 }
 
 fn token() -> String {
@@ -93,13 +96,46 @@ fn describe(s: ExitStatus) -> (i32, String) {
     }
 }
 
+/// Signal a rank's whole process group (the rank leads its own group), so
+/// wrappers such as `env` or `timeout` and whatever they started go too.
+fn signal_group(c: &Child, sig: libc::c_int) {
+    // SAFETY: plain kill(2) on the group of a child we spawned and have not reaped.
+    unsafe {
+        libc::kill(-(c.id() as libc::pid_t), sig);
+    }
+}
+
+/// The first of SIGINT, SIGTERM, SIGHUP that reached the launcher (0: none).
+static STOP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn on_stop(sig: libc::c_int) {
+    // An atomic store is all a signal handler may safely do here.
+    let _ = STOP.compare_exchange(
+        0,
+        sig,
+        std::sync::atomic::Ordering::SeqCst,
+        std::sync::atomic::Ordering::SeqCst,
+    );
+}
+
+/// Ranks run in their own process groups, so a Ctrl-C at the terminal
+/// reaches only the launcher: catch it and stop the ranks ourselves.
+fn catch_stop_signals() {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: installing a handler that only stores to an atomic.
+        unsafe {
+            libc::signal(
+                sig,
+                on_stop as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            );
+        }
+    }
+}
+
 /// SIGTERM everyone, wait up to `grace`, then SIGKILL; returns how each ended.
 fn terminate(children: &mut Vec<(usize, Child)>, grace: Duration) -> Vec<(usize, String)> {
     for (_, c) in children.iter() {
-        // SAFETY: plain kill(2) on a child we spawned and have not reaped.
-        unsafe {
-            libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
-        }
+        signal_group(c, libc::SIGTERM);
     }
     let until = Instant::now() + grace;
     while Instant::now() < until
@@ -114,6 +150,7 @@ fn terminate(children: &mut Vec<(usize, Child)>, grace: Duration) -> Vec<(usize,
         let what = match c.try_wait() {
             Ok(Some(s)) => format!("{}, after SIGTERM", describe(s).1),
             _ => {
+                signal_group(c, libc::SIGKILL);
                 let _ = c.kill();
                 let _ = c.wait();
                 "killed (SIGKILL) after the grace period".to_string()
@@ -186,9 +223,11 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, DistError> {
         true => Some(log_dir(&job)?),
         false => None,
     };
+    catch_stop_signals();
     let mut children = Vec::with_capacity(spec.ranks);
     for r in 0..spec.ranks {
         let mut cmd = Command::new(&spec.program);
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let local = spec.emulate.as_ref().map_or(r, |e| r % e.gpus.max(1));
         cmd.args(&spec.args)
             .env("FOLDPRINT_RANK", r.to_string())
@@ -228,6 +267,7 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, DistError> {
     let mut others = Vec::new();
     let mut code = 0;
     let mut settle_until = None;
+    let mut interrupted = None;
     while !running.is_empty() {
         let mut i = 0;
         while i < running.len() {
@@ -255,12 +295,20 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, DistError> {
         if settle_until.is_some_and(|t| Instant::now() >= t) {
             others.extend(terminate(&mut running, spec.grace));
         }
+        let sig = STOP.load(std::sync::atomic::Ordering::SeqCst);
+        if sig != 0 && !running.is_empty() {
+            others.extend(terminate(&mut running, spec.grace));
+            interrupted = Some(sig);
+            if first_failure.is_none() {
+                code = 128 + sig;
+            }
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
     others.sort();
     let (mut kept_logs, mut warns) = (None, Vec::new());
     if let Some(dir) = logs {
-        if first_failure.is_some() {
+        if first_failure.is_some() || interrupted.is_some() {
             warns = warnings(&dir, spec.ranks, 12);
             kept_logs = Some(dir);
         } else {
@@ -273,6 +321,7 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, DistError> {
         others,
         kept_logs,
         warnings: warns,
+        interrupted,
     })
 }
 
@@ -425,5 +474,31 @@ mod tests {
         let used = std::fs::read_to_string(&mark).unwrap();
         assert!(used.contains("foldprint-launch-"), "{used}");
         assert!(!std::path::Path::new(used.trim()).exists(), "{used}");
+    }
+
+    #[test]
+    fn stopping_a_rank_stops_what_it_started_too() {
+        // A rank that is a wrapper (sh) around a long child: the whole
+        // process group goes, so no grandchild outlives the job.
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("grandchild");
+        let script = format!(
+            "if [ \"$FOLDPRINT_RANK\" = 1 ]; then exit 3; fi; sleep 60 & echo $! > {}; wait",
+            pidfile.display()
+        );
+        let o = launch(&sh(&script, 2)).unwrap();
+        assert_eq!(o.code, 3);
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        // SAFETY: signal 0 only asks whether the process exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .unwrap_or_default()
+                .contains(") Z ");
+        assert!(!alive, "the rank's child {pid} outlived the job");
     }
 }
