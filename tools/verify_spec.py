@@ -483,12 +483,14 @@ def sensitivity(case: "Case", chunk: int) -> Sensitivity:
     w = case.world
     changed = checked = 0
     for arena, n in enumerate(case.arenas):
-        picks = -(-n // stride)
+        origin = 0  # each arena is sampled from its own index 0
+        picks = -(-(n - origin) // stride) if n > origin else 0
         for first in range(0, picks, chunk):
-            idx = np.arange(first, min(first + chunk, picks), dtype=np.uint64) * U64(stride)
+            idx = np.arange(first, min(first + chunk, picks), dtype=np.uint64) * U64(stride) + U64(origin)
             f = Folder(case, arena, IndexBlock(idx))
             fwd = f.chain(list(range(w)))
             rev = f.chain(list(range(w - 1, -1, -1)))
+            # compared before any mean scaling
             same = (fwd.view(np.uint32) == rev.view(np.uint32)) | (np.isnan(fwd) & np.isnan(rev))
             changed += int(np.count_nonzero(~same))
             checked += int(idx.shape[0])
@@ -851,6 +853,19 @@ def verify(files: list[str], golden_dir: str, skip_larger_than: int | None, chun
     for name, cases, gf in loaded:
         t0 = time.perf_counter()
         checked = skipped = bad = 0
+        declared = [(c.key, c.id) for c in cases]
+        for key in gf.cases:
+            if key not in {k for k, _ in declared}:
+                bad += 1
+                problems.append(f"{name}: golden lists {key}, which the experiment does not declare")
+                stop = stop or fail_fast
+        if strict and [k for k, _ in declared] != [k for k, _ in gf.order] \
+                and set(k for k, _ in declared) == set(gf.cases):
+            bad += 1
+            first = next(i for i, (a, b) in enumerate(zip(declared, gf.order)) if a[0] != b[0])
+            problems.append(f"{name}: cases in another order than the golden's: position {first} holds "
+                            f"(case `{declared[first][1]}`) here, `{gf.order[first][1]}` in golden")
+            stop = stop or fail_fast
         for case in cases:
             if stop:
                 break
@@ -878,17 +893,6 @@ def verify(files: list[str], golden_dir: str, skip_larger_than: int | None, chun
                 stop = fail_fast
             if verbose:
                 print(f"  {name}: {case.id}: {case.key}: {time.perf_counter() - tc:.2f}s", file=sys.stderr)
-        declared = [(c.key, c.id) for c in cases]
-        for key in gf.cases:
-            if key not in {k for k, _ in declared}:
-                bad += 1
-                problems.append(f"{name}: golden lists {key}, which the experiment does not declare")
-        if strict and not stop and [k for k, _ in declared] != [k for k, _ in gf.order] \
-                and set(k for k, _ in declared) == set(gf.cases):
-            bad += 1
-            first = next(i for i, (a, b) in enumerate(zip(declared, gf.order)) if a[0] != b[0])
-            problems.append(f"{name}: cases in another order than the golden's (first at position {first}: "
-                            f"`{declared[first][1]}` here, `{gf.order[first][1]}` in golden)")
         rows.append((name, gf.policy, len(cases), checked, skipped, bad, time.perf_counter() - t0))
 
     print(f"{'experiment':<14} {'policy':<9} {'cases':>5} {'checked':>7} {'skipped':>7} {'result':<14} {'time':>8}")
