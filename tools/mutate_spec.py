@@ -323,6 +323,9 @@ def run_one(python: str, source: str, m: Mutation | None, ids, workdir: str) -> 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown (docs/SPEC.md appendix)")
+    ap.add_argument("--doc", metavar="FILE",
+                    help="also fail unless FILE (docs/SPEC.md) holds exactly this table")
+    ap.add_argument("--write-doc", metavar="FILE", help="replace the table in FILE with this run's")
     ap.add_argument("--only", nargs="+", metavar="ID", help="run only these mutations")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="mutations run in parallel")
     ap.add_argument("--python", default=sys.executable, help="interpreter with numpy (default: this one)")
@@ -358,13 +361,14 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
+    table = [TABLE_HEAD, TABLE_RULE]
+    for o in outcomes:
+        m = o.mutation
+        caught = f"`{o.caught_by}`" if o.caught_by else ("none (by design)" if not m.observable else "**none**")
+        cells = [m.rule, m.section, m.wrong, caught, o.vectors]
+        table.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     if args.markdown:
-        print("| rule | § | mutant | first golden case that fails | vectors |")
-        print("|---|---|---|---|---|")
-        for o in outcomes:
-            m = o.mutation
-            caught = f"`{o.caught_by}`" if o.caught_by else ("none (by design)" if not m.observable else "**none**")
-            print(f"| {m.rule} | {m.section} | {m.wrong} | {caught} | {o.vectors} |")
+        print("\n".join(table))
     else:
         for o in outcomes:
             m = o.mutation
@@ -373,9 +377,56 @@ def main(argv=None) -> int:
                                    else f"NOT CAUGHT (exit {o.rc}{': ' + o.detail if o.detail else ''})")
             print(f"{status} {m.id:<28} {m.section:<12} {what:<58} vectors: {o.vectors:<12} {o.seconds:5.1f}s")
     bad = [o for o in outcomes if not o.ok]
+    doc_ok = True
+    if args.write_doc:
+        write_table(args.write_doc, table)
+        print(f"wrote the table into {args.write_doc}")
+    if args.doc:
+        doc_ok = check_table(args.doc, table)
     print(f"{len(outcomes)} mutations, {len(outcomes) - len(bad)} as expected, {len(bad)} not; "
           f"baseline passes; {time.perf_counter() - t0:.0f} s", file=sys.stderr if args.markdown else sys.stdout)
-    return 1 if bad else 0
+    return 1 if bad or not doc_ok else 0
+
+
+TABLE_HEAD = "| rule | § | mutant | first golden case that fails | vectors |"
+TABLE_RULE = "|---|---|---|---|---|"
+
+
+def table_span(lines: list[str], path: str) -> tuple[int, int]:
+    """[start, end) of the mutation table in a document's lines."""
+    if lines.count(TABLE_HEAD) != 1:
+        raise SystemExit(f"error: {path}: expected exactly one line {TABLE_HEAD!r}")
+    start = lines.index(TABLE_HEAD)
+    end = start
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return start, end
+
+
+def write_table(path: str, table: list[str]) -> None:
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    start, end = table_span(lines, path)
+    lines[start:end] = table
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+    os.replace(tmp, path)
+
+
+def check_table(path: str, table: list[str]) -> bool:
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    start, end = table_span(lines, path)
+    have = lines[start:end]
+    if have == table:
+        print(f"{path}: the mutation table is current")
+        return True
+    print(f"{path}: the mutation table is out of date; rows that differ:")
+    for row in sorted(set(have) ^ set(table), key=lambda r: (r not in table, r)):
+        print(("  this run: " if row in table else "  document: ") + row)
+    print(f"update it with: python3 tools/mutate_spec.py --write-doc {path}")
+    return False
 
 
 if __name__ == "__main__":

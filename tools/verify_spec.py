@@ -4,8 +4,11 @@ docs/EXPERIMENTS.md and docs/REPORT.md alone (no foldprint source was read).
 
 It regenerates every addend of every case with the generator of SPEC §1,
 folds shard by shard (SPEC §2, §3) in binary32 with numpy, applies the NaN
-policy (SPEC §5), hashes the little-endian bytes of each arena and compares
-the digests with experiments/golden/<experiment>.json by case key (SPEC §6).
+policy the golden names (SPEC §5), hashes the little-endian bytes of each
+arena and of each 65536-element chunk, computes the order sensitivity
+(SPEC §7), and compares all of it with experiments/golden/<experiment>.json
+by case key (SPEC §6). --strict also compares case ids and their order
+(EXPERIMENTS.md). tools/mutate_spec.py mutates this file one rule at a time.
 
 Exit codes: 0 all digests match, 1 any mismatch (or missing / extra golden
 case), 2 bad input (unreadable or invalid experiment / golden / vectors).
@@ -321,6 +324,9 @@ def order_sequence(order, world: int) -> list[int]:
 def order_label(order) -> str:
     if isinstance(order, list):
         return "[" + ",".join(str(x) for x in order) + "]"
+    kind, sep, arg = order.partition(":")
+    if sep:  # rotate:K, shuffle:S: the decimal value, no leading zeros, not reduced mod W
+        return f"{kind}:{int(arg)}"
     return order
 
 
@@ -857,7 +863,8 @@ def verify(files: list[str], golden_dir: str, skip_larger_than: int | None, chun
         for key in gf.cases:
             if key not in {k for k, _ in declared}:
                 bad += 1
-                problems.append(f"{name}: golden lists {key}, which the experiment does not declare")
+                problems.append(f"{name}: {key} (case `{gf.cases[key].get('id')}` of the golden): "
+                                "the experiment does not declare it")
                 stop = stop or fail_fast
         if strict and [k for k, _ in declared] != [k for k, _ in gf.order] \
                 and set(k for k, _ in declared) == set(gf.cases):
