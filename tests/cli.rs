@@ -237,6 +237,103 @@ fn verify_passes_on_goldens_and_fails_on_one_altered_digest() {
         .stdout(predicate::str::contains("verify FAILED"));
 }
 
+/// Each of the golden's chunk digest, chunk root and sensitivity counts,
+/// altered alone, fails `verify` and is named; a golden without those
+/// fields (written before they existed) still verifies its digests.
+#[test]
+fn verify_checks_chunk_digests_roots_and_sensitivity() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "tiny.toml", TINY);
+    let gold = dir.path().join("golden");
+    fp().args(["golden"])
+        .arg(&exp)
+        .arg("--golden")
+        .arg(&gold)
+        .assert()
+        .success();
+    let gpath = gold.join("tiny.json");
+    let pristine: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&gpath).unwrap()).unwrap();
+    assert_eq!(pristine["chunk_elems"], 65536);
+    let verify = |g: &serde_json::Value| {
+        std::fs::write(&gpath, serde_json::to_vec(g).unwrap()).unwrap();
+        fp().args(["verify", "--backend", "cpu", "--golden"])
+            .arg(&gold)
+            .arg(&exp)
+            .assert()
+    };
+    verify(&pristine).success();
+
+    let id = pristine["cases"][2]["id"].as_str().unwrap().to_string();
+    let mut g = pristine.clone();
+    g["cases"][2]["chunk_sha256"][1][0] = "0".repeat(64).into();
+    verify(&g)
+        .code(1)
+        .stdout(predicate::str::contains(format!("case `{id}`")))
+        .stdout(predicate::str::contains(
+            "1 of 1 chunk digests differ from the golden's 1 (first: chunk 0)",
+        ));
+    let mut g = pristine.clone();
+    g["cases"][2]["chunk_root"][0] = "0".repeat(64).into();
+    verify(&g)
+        .code(1)
+        .stdout(predicate::str::contains("arena 0: chunk root"));
+    let mut g = pristine.clone();
+    let changed = g["cases"][2]["sensitivity"]["changed"].as_u64().unwrap();
+    g["cases"][2]["sensitivity"]["changed"] = (changed + 1).into();
+    verify(&g)
+        .code(1)
+        .stdout(predicate::str::contains("order sensitivity"));
+
+    let mut g = pristine.clone();
+    g.as_object_mut().unwrap().remove("chunk_elems");
+    for c in g["cases"].as_array_mut().unwrap() {
+        let c = c.as_object_mut().unwrap();
+        for field in ["chunk_sha256", "chunk_root", "sensitivity"] {
+            c.remove(field);
+        }
+    }
+    verify(&g).success();
+}
+
+/// `golden --nan-policy preserve` records the policy; `verify` must use the
+/// same one (exit 2 otherwise) and then passes.
+#[test]
+fn preserve_goldens_record_their_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "tiny.toml", TINY);
+    let gold = dir.path().join("golden");
+    fp().args(["golden", "--nan-policy", "preserve"])
+        .arg(&exp)
+        .arg("--golden")
+        .arg(&gold)
+        .assert()
+        .success();
+    let g: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(gold.join("tiny.json")).unwrap()).unwrap();
+    assert_eq!(g["nan_policy"], "preserve");
+    fp().args(["verify", "--backend", "cpu", "--golden"])
+        .arg(&gold)
+        .arg(&exp)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "golden was made with NaN policy `preserve`, this run uses `canonical`",
+        ));
+    fp().args([
+        "verify",
+        "--backend",
+        "cpu",
+        "--nan-policy",
+        "preserve",
+        "--golden",
+    ])
+    .arg(&gold)
+    .arg(&exp)
+    .assert()
+    .success();
+}
+
 #[test]
 fn committed_goldens_verify() {
     fp().args([
@@ -249,6 +346,19 @@ fn committed_goldens_verify() {
         "experiments/edge-cases.toml",
         "experiments/order-sweep.toml",
         "experiments/world-sweep.toml",
+        "experiments/spec-rules.toml",
+    ])
+    .assert()
+    .success();
+    fp().args([
+        "verify",
+        "--backend",
+        "cpu",
+        "--nan-policy",
+        "preserve",
+        "--golden",
+        "experiments/golden",
+        "experiments/preserve",
     ])
     .assert()
     .success();

@@ -238,7 +238,143 @@ fn generator_matches_committed_test_vectors() {
         assert_eq!(got.to_bits(), want, "{line}");
         checked += 1;
     }
-    assert_eq!(checked, 144);
+    assert_eq!(checked, 177);
+}
+
+/// The branches of SPEC §1 that a row of the vector file takes, named from
+/// the element's 64-bit word (and the pair's, for `cancellation`).
+fn branches(d: Distribution, seed: u64, rank: u32, arena: u32, index: u64) -> Vec<String> {
+    use foldprint::data::{element_bits, lane_key};
+    let u = element_bits(lane_key(seed, rank, arena), index);
+    let hi8 = (u >> 32) & 0xFF;
+    let mut b = Vec::new();
+    let mut add = |cond: bool, name: &str| {
+        if cond {
+            b.push(format!("{}:{name}", d.name()));
+        }
+    };
+    match d {
+        Distribution::MixedMagnitude => {
+            add(u >> 63 == 0, "sign 0");
+            add(u >> 63 == 1, "sign 1");
+            add((hi8 * 24) >> 8 == 0, "e 115");
+            add((hi8 * 24) >> 8 == 23, "e 138");
+        }
+        Distribution::Uniform => {
+            let i = (u >> 39) as i64 - (1 << 24);
+            add(i < 0, "i < 0");
+            add(i > 0, "i > 0");
+            add(i == 0, "i = 0");
+            add(i == -(1 << 24), "i = -2^24");
+        }
+        Distribution::Cancellation => {
+            let p = element_bits(lane_key(seed, rank & !1, arena), index);
+            let e = 137 + ((((p >> 32) & 0xFF) * 11) >> 8);
+            let parity = if rank & 1 == 0 { "even" } else { "odd" };
+            add(e == 137, &format!("{parity} e 137"));
+            add(e == 147, &format!("{parity} e 147"));
+        }
+        Distribution::SubnormalHeavy => {
+            let s = (u >> 32) & 3;
+            add(s < 3, &format!("s {s}"));
+            add(s == 3, &format!("e {}", 1 + ((u >> 34) & 3)));
+            add(u >> 63 == 1, "sign 1");
+        }
+        Distribution::Specials => {
+            let k = (u >> 32) & 63;
+            add(k < 2 || k > 2 && k < 5, &format!("k {k}"));
+            add(k == 2, &format!("NaN sign {}", u >> 63));
+            add(k == 2 && u & (1 << 21) != 0, "NaN payload bit 21");
+            add(k >= 5, "k >= 5");
+        }
+        Distribution::ExactIntegers => {
+            let i = (u >> 48) as i64 - (1 << 15);
+            add(i < 0, "i < 0");
+            add(i > 0, "i > 0");
+            add(i == 0, "i = 0");
+            add(i == -(1 << 15), "i = -2^15");
+            add(i == (1 << 15) - 1, "i = 2^15 - 1");
+        }
+    }
+    b
+}
+
+/// Every branch of every distribution has a committed vector, so an
+/// implementation that gets one branch wrong (a NaN payload, the extreme
+/// exponents, -2^24) fails a vector, not just some digest.
+#[test]
+fn generator_vectors_cover_every_branch() {
+    let text = include_str!("data/generator-vectors.tsv");
+    let mut seen = std::collections::BTreeSet::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let f: Vec<&str> = line.split('\t').collect();
+        let d: Distribution = f[0].parse().unwrap();
+        seen.extend(branches(
+            d,
+            f[1].parse().unwrap(),
+            f[2].parse().unwrap(),
+            f[3].parse().unwrap(),
+            f[4].parse().unwrap(),
+        ));
+    }
+    let want = [
+        "mixed-magnitude:sign 0",
+        "mixed-magnitude:sign 1",
+        "mixed-magnitude:e 115",
+        "mixed-magnitude:e 138",
+        "uniform:i < 0",
+        "uniform:i > 0",
+        "uniform:i = 0",
+        "uniform:i = -2^24",
+        "cancellation:even e 137",
+        "cancellation:even e 147",
+        "cancellation:odd e 137",
+        "cancellation:odd e 147",
+        "subnormal-heavy:s 0",
+        "subnormal-heavy:s 1",
+        "subnormal-heavy:s 2",
+        "subnormal-heavy:e 1",
+        "subnormal-heavy:e 2",
+        "subnormal-heavy:e 3",
+        "subnormal-heavy:e 4",
+        "subnormal-heavy:sign 1",
+        "specials:k 0",
+        "specials:k 1",
+        "specials:NaN sign 0",
+        "specials:NaN sign 1",
+        "specials:NaN payload bit 21",
+        "specials:k 3",
+        "specials:k 4",
+        "specials:k >= 5",
+        "exact-integers:i < 0",
+        "exact-integers:i > 0",
+        "exact-integers:i = 0",
+        "exact-integers:i = -2^15",
+        "exact-integers:i = 2^15 - 1",
+    ];
+    let missing: Vec<&str> = want
+        .iter()
+        .copied()
+        .filter(|w| !seen.contains(*w))
+        .collect();
+    assert!(missing.is_empty(), "no vector for: {missing:?}");
+    // Negative control: the 144 rows that predate this test miss branches.
+    let old: std::collections::BTreeSet<String> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .take(144)
+        .flat_map(|line| {
+            let f: Vec<&str> = line.split('\t').collect();
+            branches(
+                f[0].parse().unwrap(),
+                f[1].parse().unwrap(),
+                f[2].parse().unwrap(),
+                f[3].parse().unwrap(),
+                f[4].parse().unwrap(),
+            )
+        })
+        .collect();
+    assert!(want.iter().any(|w| !old.contains(*w)));
 }
 
 proptest! {

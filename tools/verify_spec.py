@@ -4,8 +4,11 @@ docs/EXPERIMENTS.md and docs/REPORT.md alone (no foldprint source was read).
 
 It regenerates every addend of every case with the generator of SPEC §1,
 folds shard by shard (SPEC §2, §3) in binary32 with numpy, applies the NaN
-policy (SPEC §5), hashes the little-endian bytes of each arena and compares
-the digests with experiments/golden/<experiment>.json by case key (SPEC §6).
+policy the golden names (SPEC §5), hashes the little-endian bytes of each
+arena and of each 65536-element chunk, computes the order sensitivity
+(SPEC §7), and compares all of it with experiments/golden/<experiment>.json
+by case key (SPEC §6). --strict also compares case ids and their order
+(EXPERIMENTS.md). tools/mutate_spec.py mutates this file one rule at a time.
 
 Exit codes: 0 all digests match, 1 any mismatch (or missing / extra golden
 case), 2 bad input (unreadable or invalid experiment / golden / vectors).
@@ -67,7 +70,9 @@ _U32_SIGN = U32(0x80000000)
 _U32_EXP = U32(0x7F800000)
 _U32_QNAN = U32(0x7FC00000)
 
-DEFAULT_CHUNK = 1 << 20
+DEFAULT_CHUNK = 1 << 20          # elements folded per numpy pass (any value gives the same digests)
+CHUNK_ELEMS = 1 << 16            # SPEC §5: elements per chunk digest
+SENSITIVITY_CAP = 1 << 20        # SPEC §7: elements checked at most per case
 
 
 class BadInput(Exception):
@@ -319,6 +324,9 @@ def order_sequence(order, world: int) -> list[int]:
 def order_label(order) -> str:
     if isinstance(order, list):
         return "[" + ",".join(str(x) for x in order) + "]"
+    kind, sep, arg = order.partition(":")
+    if sep:  # rotate:K, shuffle:S: the decimal value, no leading zeros, not reduced mod W
+        return f"{kind}:{int(arg)}"
     return order
 
 
@@ -393,15 +401,59 @@ def le_bytes(bits: np.ndarray) -> bytes:
     return bits.astype("<u4", copy=False).tobytes()
 
 
+class ChunkedSha:
+    """SHA-256 of a byte stream, plus SHA-256 of each CHUNK_ELEMS-element
+    piece of it (SPEC §5: chunk digests), fed in pieces of any size."""
+
+    def __init__(self, chunk_elems: int = CHUNK_ELEMS):
+        self.whole = hashlib.sha256()
+        self.chunk_bytes = 4 * chunk_elems
+        self.cur = hashlib.sha256()
+        self.filled = 0
+        self.chunks: list[str] = []
+
+    def update(self, data: bytes) -> None:
+        self.whole.update(data)
+        view = memoryview(data)
+        while len(view):
+            take = min(len(view), self.chunk_bytes - self.filled)
+            self.cur.update(view[:take])
+            self.filled += take
+            view = view[take:]
+            if self.filled == self.chunk_bytes:
+                self.chunks.append(self.cur.hexdigest())
+                self.cur = hashlib.sha256()
+                self.filled = 0
+
+    def finish(self) -> "ArenaDigest":
+        if self.filled:
+            self.chunks.append(self.cur.hexdigest())
+            self.filled = 0
+        return ArenaDigest(self.whole.hexdigest(), list(self.chunks), chunk_root(self.chunks))
+
+
+def chunk_root(chunks: list[str]) -> str:
+    """SHA-256 of the chunk digests' raw 32-byte values, concatenated in
+    chunk order (no chunks: SHA-256 of no bytes)."""
+    return hashlib.sha256(b"".join(bytes.fromhex(c) for c in chunks)).hexdigest()
+
+
+@dataclass
+class ArenaDigest:
+    sha256: str
+    chunks: list[str]
+    root: str
+
+
 def arena_digest(case: "Case", arena: int, policy: str, chunk: int,
                  contract: str | None = None, sequence: list[int] | None = None,
-                 tamper=None) -> str:
-    """SHA-256 of rank 0's reduced arena (every rank ends with the same
-    shards, SPEC §3), folding shard by shard, chunk by chunk."""
+                 tamper=None) -> ArenaDigest:
+    """Digests of rank 0's reduced arena (every rank ends with the same
+    shards, SPEC §3), folding shard by shard, `chunk` elements at a time."""
     n = case.arenas[arena]
     contract = contract or case.contract
     sequence = sequence if sequence is not None else case.sequence
-    h = hashlib.sha256()
+    h = ChunkedSha()
     for start, length in shard_plan(n, case.world):
         pos = start
         while pos < start + length:
@@ -415,7 +467,40 @@ def arena_digest(case: "Case", arena: int, policy: str, chunk: int,
                 bits = tamper(pos, bits)
             h.update(le_bytes(bits))
             pos = stop
-    return h.hexdigest()
+    return h.finish()
+
+
+# ---------------------------------------------------------------------------
+# Order sensitivity (SPEC §7)
+
+@dataclass
+class Sensitivity:
+    changed: int
+    checked: int
+    sample: str
+
+
+def sensitivity(case: "Case", chunk: int) -> Sensitivity:
+    """Elements whose ascending fixed-order chain and descending chain
+    differ in bits (any NaN equals any NaN), unscaled, over every S-th
+    element of each arena counted from its index 0."""
+    total = sum(case.arenas)
+    stride = max(1, -(-total // SENSITIVITY_CAP))
+    w = case.world
+    changed = checked = 0
+    for arena, n in enumerate(case.arenas):
+        origin = 0  # each arena is sampled from its own index 0
+        picks = -(-(n - origin) // stride) if n > origin else 0
+        for first in range(0, picks, chunk):
+            idx = np.arange(first, min(first + chunk, picks), dtype=np.uint64) * U64(stride) + U64(origin)
+            f = Folder(case, arena, IndexBlock(idx))
+            fwd = f.chain(list(range(w)))
+            rev = f.chain(list(range(w - 1, -1, -1)))
+            # compared before any mean scaling
+            same = (fwd.view(np.uint32) == rev.view(np.uint32)) | (np.isnan(fwd) & np.isnan(rev))
+            changed += int(np.count_nonzero(~same))
+            checked += int(idx.shape[0])
+    return Sensitivity(changed, checked, "every element" if stride == 1 else f"stride {stride}")
 
 
 # ---------------------------------------------------------------------------
@@ -546,9 +631,7 @@ def _make_case(path: str, exp: str, cid: str, params: dict) -> Case:
 
 
 def _id_value(name: str, v) -> str:
-    # EXPERIMENTS.md only says "named after the sweep and the values that
-    # vary"; the exact rendering is not specified. Ids are informational:
-    # cases are matched by key.
+    # EXPERIMENTS.md, "Cases and sweeps": one part per multi-valued list.
     if name == "world":
         return f"W={v}"
     if name == "arenas":
@@ -556,9 +639,9 @@ def _id_value(name: str, v) -> str:
     if name == "order":
         return "[" + " ".join(str(x) for x in v) + "]" if isinstance(v, list) else v
     if name == "seed":
-        return f"s={v}"
+        return f"seed={v}"
     if name == "mean":
-        return "mean" if v else "sum"
+        return "mean=true" if v else "mean=false"
     return str(v)
 
 
@@ -648,7 +731,15 @@ def load_experiment(path: str) -> tuple[str, list[Case]]:
     return name, cases
 
 
-def load_golden(path: str, experiment: str) -> tuple[str, dict[str, dict]]:
+@dataclass
+class GoldenFile:
+    policy: str
+    chunk_elems: int | None        # None: the golden has no chunk digests
+    cases: dict[str, dict]         # by key
+    order: list[tuple[str, str]]   # (key, id) in file order
+
+
+def load_golden(path: str, experiment: str) -> GoldenFile:
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
@@ -663,14 +754,32 @@ def load_golden(path: str, experiment: str) -> tuple[str, dict[str, dict]]:
     policy = doc.get("nan_policy", "canonical")
     if policy not in ("canonical", "preserve"):
         raise BadInput(f"{path}: unknown nan_policy {policy!r}")
+    chunk_elems = doc.get("chunk_elems")
+    if chunk_elems is not None and (not _is_int(chunk_elems) or chunk_elems < 1):
+        raise BadInput(f"{path}: chunk_elems must be a positive integer, got {chunk_elems!r}")
     out = {}
+    order = []
     for c in doc.get("cases", []):
         if not isinstance(c, dict) or not isinstance(c.get("key"), str) or not isinstance(c.get("arenas"), list):
             raise BadInput(f"{path}: malformed case entry {c!r}")
         if c["key"] in out:
             raise BadInput(f"{path}: key {c['key']} listed twice")
+        n = len(c["arenas"])
+        roots, chunks = c.get("chunk_root"), c.get("chunk_sha256")
+        if (roots is None) != (chunks is None) or (roots is not None and chunk_elems is None):
+            raise BadInput(f"{path}: {c['key']}: chunk_root, chunk_sha256 and chunk_elems go together")
+        if roots is not None and (not isinstance(roots, list) or not isinstance(chunks, list)
+                                  or len(roots) != n or len(chunks) != n
+                                  or not all(isinstance(x, list) for x in chunks)):
+            raise BadInput(f"{path}: {c['key']}: chunk_root and chunk_sha256 need one entry per arena")
+        sens = c.get("sensitivity")
+        if sens is not None and (not isinstance(sens, dict) or not _is_int(sens.get("changed"))
+                                 or not _is_int(sens.get("checked"))
+                                 or not isinstance(sens.get("sample"), str)):
+            raise BadInput(f"{path}: {c['key']}: sensitivity needs changed, checked and sample")
         out[c["key"]] = c
-    return policy, out
+        order.append((c["key"], c.get("id")))
+    return GoldenFile(policy, chunk_elems, out, order)
 
 
 # ---------------------------------------------------------------------------
@@ -690,62 +799,114 @@ def expand_experiment_args(args: list[str]) -> list[str]:
     return files
 
 
+def compare_case(name: str, case: "Case", g: dict, gf: GoldenFile, policy: str, chunk: int,
+                 problems: list[str], counts: dict[str, int]) -> bool:
+    """Recompute one case and compare everything its golden entry pins:
+    arena digests, chunk digests and roots (SPEC §5), sensitivity (§7).
+    Appends one line per disagreement; returns whether the case matched."""
+    where = f"{name}: {case.key}"
+    digests = [arena_digest(case, k, policy, chunk) for k in range(len(case.arenas))]
+    want = g["arenas"]
+    if len(want) != len(digests):
+        problems.append(f"{where}: {len(digests)} arenas here, {len(want)} in golden")
+        return False
+    ok = True
+    for k, (got, exp) in enumerate(zip(digests, want)):
+        counts["digests"] += 1
+        if got.sha256 != exp:
+            ok = False
+            problems.append(f"{where} arena {k}: computed {got.sha256}, golden {exp}")
+    if gf.chunk_elems is not None:
+        if gf.chunk_elems != CHUNK_ELEMS:
+            problems.append(f"{where}: golden chunks of {gf.chunk_elems} elements, SPEC §5 says {CHUNK_ELEMS}")
+            return False
+        for k, got in enumerate(digests):
+            counts["chunk roots"] += 1
+            counts["chunk digests"] += len(got.chunks)
+            if got.root != g["chunk_root"][k]:
+                ok = False
+                problems.append(f"{where} arena {k}: chunk root {got.root}, golden {g['chunk_root'][k]}")
+            if got.chunks != g["chunk_sha256"][k]:
+                ok = False
+                bad = [i for i in range(max(len(got.chunks), len(g["chunk_sha256"][k])))
+                       if got.chunks[i:i + 1] != g["chunk_sha256"][k][i:i + 1]]
+                problems.append(f"{where} arena {k}: {len(bad)} chunk digest(s) differ (first: chunk "
+                                f"{bad[0]}; {len(got.chunks)} chunks here, {len(g['chunk_sha256'][k])} in golden)")
+    if g.get("sensitivity") is not None:
+        counts["sensitivities"] += 1
+        got = sensitivity(case, chunk)
+        exp = g["sensitivity"]
+        if (got.changed, got.checked, got.sample) != (exp["changed"], exp["checked"], exp["sample"]):
+            ok = False
+            problems.append(f"{where}: sensitivity {got.changed} of {got.checked} ({got.sample}), golden "
+                            f"{exp['changed']} of {exp['checked']} ({exp['sample']})")
+    return ok
+
+
 def verify(files: list[str], golden_dir: str, skip_larger_than: int | None, chunk: int,
-           verbose: bool) -> int:
+           verbose: bool, strict: bool = False, fail_fast: bool = False) -> int:
     loaded = []
     for path in files:
         name, cases = load_experiment(path)
         gpath = os.path.join(golden_dir, f"{name}.json")
-        policy, golden = load_golden(gpath, name)
-        loaded.append((name, cases, policy, golden))
+        loaded.append((name, cases, load_golden(gpath, name)))
 
     rows = []
-    problems = []
+    problems: list[str] = []
     id_notes = []
-    for name, cases, policy, golden in loaded:
+    counts = {"digests": 0, "chunk digests": 0, "chunk roots": 0, "sensitivities": 0}
+    stop = False
+    for name, cases, gf in loaded:
         t0 = time.perf_counter()
         checked = skipped = bad = 0
-        skipped_keys = set()
+        declared = [(c.key, c.id) for c in cases]
+        for key in gf.cases:
+            if key not in {k for k, _ in declared}:
+                bad += 1
+                problems.append(f"{name}: {key} (case `{gf.cases[key].get('id')}` of the golden): "
+                                "the experiment does not declare it")
+                stop = stop or fail_fast
+        if strict and [k for k, _ in declared] != [k for k, _ in gf.order] \
+                and set(k for k, _ in declared) == set(gf.cases):
+            bad += 1
+            first = next(i for i, (a, b) in enumerate(zip(declared, gf.order)) if a[0] != b[0])
+            problems.append(f"{name}: cases in another order than the golden's: position {first} holds "
+                            f"(case `{declared[first][1]}`) here, `{gf.order[first][1]}` in golden")
+            stop = stop or fail_fast
         for case in cases:
+            if stop:
+                break
             if skip_larger_than is not None and case.addends > skip_larger_than:
                 skipped += 1
-                skipped_keys.add(case.key)
                 continue
-            g = golden.get(case.key)
-            tc = time.perf_counter()
-            digests = [arena_digest(case, k, policy, chunk) for k in range(len(case.arenas))]
-            dt = time.perf_counter() - tc
+            g = gf.cases.get(case.key)
             checked += 1
-            if verbose:
-                print(f"  {name}: {case.id}: {case.key}: {dt:.2f}s", file=sys.stderr)
             if g is None:
                 bad += 1
                 problems.append(f"{name}: {case.key} (case `{case.id}`): no golden entry")
+                stop = fail_fast
                 continue
             if g.get("id") is not None and g.get("id") != case.id:
-                id_notes.append(f"{name}: {case.key}: id `{case.id}` here, `{g.get('id')}` in golden")
-            want = g["arenas"]
-            if len(want) != len(digests):
+                note = f"{name}: {case.key}: id `{case.id}` here, `{g.get('id')}` in golden"
+                if strict:
+                    bad += 1
+                    problems.append(note)
+                    stop = fail_fast
+                    continue
+                id_notes.append(note)
+            tc = time.perf_counter()
+            if not compare_case(name, case, g, gf, gf.policy, chunk, problems, counts):
                 bad += 1
-                problems.append(f"{name}: {case.key}: {len(digests)} arenas here, {len(want)} in golden")
-                continue
-            case_bad = False
-            for k, (got, exp) in enumerate(zip(digests, want)):
-                if got != exp:
-                    case_bad = True
-                    problems.append(f"{name}: {case.key} arena {k}: computed {got}, golden {exp}")
-            bad += case_bad
-        declared = {c.key for c in cases}
-        for key in golden:
-            if key not in declared:
-                bad += 1
-                problems.append(f"{name}: golden lists {key}, which the experiment does not declare")
-        rows.append((name, len(cases), checked, skipped, bad, time.perf_counter() - t0))
+                stop = fail_fast
+            if verbose:
+                print(f"  {name}: {case.id}: {case.key}: {time.perf_counter() - tc:.2f}s", file=sys.stderr)
+        rows.append((name, gf.policy, len(cases), checked, skipped, bad, time.perf_counter() - t0))
 
-    print(f"{'experiment':<14} {'cases':>5} {'checked':>7} {'skipped':>7} {'result':<14} {'time':>8}")
-    for name, total, checked, skipped, bad, dt in rows:
+    print(f"{'experiment':<14} {'policy':<9} {'cases':>5} {'checked':>7} {'skipped':>7} {'result':<14} {'time':>8}")
+    for name, policy, total, checked, skipped, bad, dt in rows:
         result = "ok" if bad == 0 else f"MISMATCH ({bad})"
-        print(f"{name:<14} {total:>5} {checked:>7} {skipped:>7} {result:<14} {dt:>7.2f}s")
+        print(f"{name:<14} {policy:<9} {total:>5} {checked:>7} {skipped:>7} {result:<14} {dt:>7.2f}s")
+    print("compared: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     for note in id_notes:
         print(f"note: {note}")
     if problems:
@@ -753,7 +914,7 @@ def verify(files: list[str], golden_dir: str, skip_larger_than: int | None, chun
         for p in problems:
             print(f"mismatch: {p}")
         return 1
-    print("all checked digests match the goldens")
+    print("all checked digests, chunk digests and sensitivities match the goldens")
     return 0
 
 
@@ -806,20 +967,21 @@ def self_test(vectors: str, experiments_dir: str, golden_dir: str, chunk: int) -
     # (b) a small golden case: forward must match, reversed must not
     smoke = os.path.join(experiments_dir, "smoke.toml")
     name, cases = load_experiment(smoke)
-    policy, golden = load_golden(os.path.join(golden_dir, f"{name}.json"), name)
+    gf = load_golden(os.path.join(golden_dir, f"{name}.json"), name)
+    policy, golden = gf.policy, gf.cases
     case = next(c for c in cases if c.contract == "fixed-order" and c.world >= 3
                 and c.distribution == "mixed-magnitude" and c.key in golden and not c.mean)
     want = golden[case.key]["arenas"][0]
-    fwd = arena_digest(case, 0, policy, chunk)
+    fwd = arena_digest(case, 0, policy, chunk).sha256
     report(f"positive control {case.key} arena 0 matches golden", fwd == want,
            f"computed {fwd}, golden {want}")
     rev = arena_digest(case, 0, policy, chunk, contract="arrival-order",
-                       sequence=list(range(case.world - 1, -1, -1)))
+                       sequence=list(range(case.world - 1, -1, -1))).sha256
     report("negative control: reversed chain differs from golden", rev != want,
            f"reversed {rev[:16]}..., golden {want[:16]}...")
     # chunking must not change anything
-    small = arena_digest(case, 0, policy, 37)
-    report("chunk size does not change the digest", small == fwd)
+    small = arena_digest(case, 0, policy, 37).sha256
+    report("fold pass size does not change the digest", small == fwd)
 
     # (c) one flipped bit changes the digest
     def flip(pos, bits):
@@ -828,7 +990,7 @@ def self_test(vectors: str, experiments_dir: str, golden_dir: str, chunk: int) -
             bits[0] ^= U32(1)
         return bits
 
-    flipped = arena_digest(case, 0, policy, chunk, tamper=flip)
+    flipped = arena_digest(case, 0, policy, chunk, tamper=flip).sha256
     report("negative control: one flipped bit changes the digest", flipped != fwd and flipped != want)
 
     # NaN policy: payload NaNs become 0x7FC00000, infinities untouched
@@ -838,6 +1000,27 @@ def self_test(vectors: str, experiments_dir: str, golden_dir: str, chunk: int) -
     report("canonical NaN policy", got == [0x7FC00000, 0x7FC00000, 0x7F800000, 0xFF800000,
                                            0x80000000, 0x00000001])
     report("empty arena digest", hashlib.sha256(le_bytes(np.empty(0, np.uint32))).hexdigest() == EMPTY_SHA256)
+
+    # chunk digests (SPEC §5): split at 65536 elements whatever the pieces fed
+    data = np.arange(3 * CHUNK_ELEMS + 5, dtype=np.uint32)
+    whole = ChunkedSha()
+    whole.update(le_bytes(data))
+    pieces = ChunkedSha()
+    for a in range(0, data.shape[0], 12345):
+        pieces.update(le_bytes(data[a:a + 12345]))
+    d1, d2 = whole.finish(), pieces.finish()
+    direct = [hashlib.sha256(le_bytes(data[a:a + CHUNK_ELEMS])).hexdigest()
+              for a in range(0, data.shape[0], CHUNK_ELEMS)]
+    report("chunk digests: 4 chunks, the last of 5 elements, any feeding",
+           d1.chunks == d2.chunks == direct and len(direct) == 4 and d1.sha256 == d2.sha256)
+    empty = ChunkedSha().finish()
+    report("empty arena: no chunks, chunk root = SHA-256 of no bytes",
+           empty.chunks == [] and empty.root == EMPTY_SHA256 == empty.sha256)
+    one = ChunkedSha()
+    one.update(le_bytes(data[:7]))
+    one = one.finish()
+    report("one chunk: its digest is the arena's; the root hashes its 32 raw bytes",
+           one.chunks == [one.sha256] and one.root == hashlib.sha256(bytes.fromhex(one.sha256)).hexdigest())
 
     print("self-test", "passed" if ok else "FAILED")
     return 0 if ok else 1
@@ -863,9 +1046,14 @@ def main(argv=None) -> int:
                     help="generator test vectors (default: tests/data/generator-vectors.tsv)")
     ap.add_argument("--no-vectors", action="store_true", help="do not check the generator vectors first")
     ap.add_argument("--chunk", type=int, default=DEFAULT_CHUNK,
-                    help=f"elements per fold chunk (default {DEFAULT_CHUNK})")
+                    help=f"elements folded per numpy pass (default {DEFAULT_CHUNK}); "
+                         "never changes a digest")
     ap.add_argument("--self-test", action="store_true",
                     help="check vectors and the negative controls, then exit")
+    ap.add_argument("--strict", action="store_true",
+                    help="also fail when a case id or the order of cases differs from the golden's "
+                         "(EXPERIMENTS.md: sweep expansion and ids)")
+    ap.add_argument("--fail-fast", action="store_true", help="stop at the first mismatching case")
     ap.add_argument("-v", "--verbose", action="store_true", help="per-case timings on stderr")
     args = ap.parse_args(argv)
     if args.chunk < 1:
@@ -890,7 +1078,8 @@ def main(argv=None) -> int:
         if not targets:
             targets = [os.path.join(repo, "experiments")]
         files = expand_experiment_args(targets)
-        return verify(files, args.golden, args.skip_larger_than, args.chunk, args.verbose)
+        return verify(files, args.golden, args.skip_larger_than, args.chunk, args.verbose,
+                      strict=args.strict, fail_fast=args.fail_fast)
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -254,6 +254,10 @@ struct GoldenArgs {
     /// Directory to write <experiment>.json goldens into.
     #[arg(long)]
     golden: PathBuf,
+    /// NaN policy the goldens are made with (recorded in each file; `verify`
+    /// must then use the same one).
+    #[arg(long, default_value = "canonical", value_parser = parse_nan_policy)]
+    nan_policy: NanPolicy,
 }
 
 #[derive(Args)]
@@ -558,6 +562,7 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
                             gc.arenas.len()
                         ));
                     }
+                    problems.extend(g.mismatches_beyond_digests(gc, c));
                 }
             }
         }
@@ -738,7 +743,7 @@ fn cmd_golden(a: GoldenArgs) -> Result<i32> {
     let common = Common {
         paths: a.paths.clone(),
         backend: BackendChoice::Cpu,
-        nan_policy: NanPolicy::Canonical,
+        nan_policy: a.nan_policy,
         json: false,
         out: None,
         junit: None,
