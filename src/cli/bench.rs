@@ -144,7 +144,7 @@ fn run_nccl(gpus: usize, json: bool) -> Result<i32> {
     if !be.is_reporting_rank() {
         return Ok(0);
     }
-    let emulated = foldprint::backend::nccl::emulated_hosts();
+    let emulated = foldprint::backend::nccl::facts::emulated_hosts();
     if json {
         let v = serde_json::json!({
             "world": be.world(),

@@ -3,6 +3,7 @@
 //! unique id and the case agreement travel (`rendezvous`), how a stuck
 //! collective is bounded (`watchdog`), and a local launcher (`launch`).
 
+pub mod job;
 pub mod launch;
 pub mod launcher;
 pub mod rendezvous;

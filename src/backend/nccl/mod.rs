@@ -18,22 +18,23 @@
 //! over `dist::rendezvous`), or one process with one thread and context per
 //! GPU (`--gpus N`). Every blocking window runs under `dist::watchdog`.
 
+pub mod bench;
+mod dataflow;
+pub mod facts;
 pub mod lib;
 
-use super::cuda::mem::{DeviceBuffer, F32};
-use super::cuda::world::{row_stride, Reader};
-use super::cuda::{kernels::FoldMode, libs, CudaConfig, Device, KernelVariant};
-use super::{
-    failed, infrastructure, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions,
-};
+use super::cuda::mem::DeviceBuffer;
+use super::cuda::world::Reader;
+use super::cuda::{kernels::FoldMode, libs, CudaConfig, Device};
+use super::{failed, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
 use crate::dist::launcher::RankEnv;
 use crate::dist::rendezvous::{self, Plan};
 use crate::dist::watchdog::Watchdog;
 use crate::experiment::Case;
-use crate::fold::{mean_scale, shard_plan, Contract};
-use lib::{Comm, Nccl, UniqueId, NCCL_FLOAT32, NCCL_SUM};
+use crate::fold::Contract;
+use dataflow::{on_every_rank, rank_arena, ArenaJob};
+use lib::{Comm, Nccl, UniqueId};
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -59,7 +60,6 @@ pub struct NcclConfig {
 #[derive(Clone, Copy)]
 struct CommPtr(Comm);
 unsafe impl Send for CommPtr {}
-unsafe impl Sync for CommPtr {}
 
 struct RankBufs {
     arena: DeviceBuffer,
@@ -112,24 +112,6 @@ fn id_from(bytes: &[u8]) -> Result<UniqueId, String> {
         *d = *s as std::ffi::c_char;
     }
     Ok(id)
-}
-
-/// Job token and job id from the environment: our own variables first,
-/// then what Slurm or torchrun give every rank alike.
-fn job_identity() -> (Vec<u8>, String, &'static str) {
-    let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let job = get("FOLDPRINT_JOB_ID")
-        .or_else(|| get("SLURM_JOB_ID"))
-        .or_else(|| get("TORCHELASTIC_RUN_ID"))
-        .unwrap_or_else(|| "foldprint".into());
-    match get("FOLDPRINT_JOB_TOKEN") {
-        Some(t) => (t.into_bytes(), job, "FOLDPRINT_JOB_TOKEN"),
-        None => (
-            job.clone().into_bytes(),
-            job,
-            "job id (set FOLDPRINT_JOB_TOKEN for a secret token)",
-        ),
-    }
 }
 
 impl NcclBackend {
@@ -259,7 +241,7 @@ impl NcclBackend {
     fn init_process(&mut self, e: &RankEnv) -> Result<(), BackendError> {
         let mut ctx = self.open_rank(e.rank, e.local_rank)?;
         let deadline = Instant::now() + self.cfg.init_timeout;
-        let (token, job, _) = job_identity();
+        let (token, job, _) = crate::dist::job::identity();
         let dist_err = |err: crate::dist::DistError| match err {
             crate::dist::DistError::Disagree(m) => {
                 unavailable(format!("ranks disagree on the work: {m}"))
@@ -283,7 +265,7 @@ impl NcclBackend {
                     .map_err(dist_err)?
             }
         } else {
-            let (host, port) = rendezvous_addr(e).map_err(unavailable)?;
+            let (host, port) = crate::dist::job::rendezvous_addr(e).map_err(unavailable)?;
             self.rendezvous = format!("tcp {host}:{port}");
             if e.rank == 0 {
                 let listener = std::net::TcpListener::bind((host.as_str(), port))
@@ -350,602 +332,6 @@ impl NcclBackend {
     }
 }
 
-/// Rank 0's rendezvous address: foldprint's variables, else torchrun's
-/// MASTER_ADDR with MASTER_PORT + 1 (torchrun's own store holds MASTER_PORT).
-fn rendezvous_addr(e: &RankEnv) -> Result<(String, u16), String> {
-    let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    if let (Some(h), Some(p)) = (get("FOLDPRINT_MASTER_ADDR"), get("FOLDPRINT_MASTER_PORT")) {
-        let port = p
-            .parse()
-            .map_err(|_| format!("FOLDPRINT_MASTER_PORT={p:?} is not a port"))?;
-        return Ok((h, port));
-    }
-    if let Some((h, p)) = &e.master {
-        let port = p
-            .checked_add(1)
-            .ok_or("MASTER_PORT is 65535: set FOLDPRINT_MASTER_PORT")?;
-        return Ok((h.clone(), port));
-    }
-    Err(format!(
-        "{} gave no rendezvous address: set FOLDPRINT_MASTER_ADDR and FOLDPRINT_MASTER_PORT (rank 0's host and a free port), or FOLDPRINT_RENDEZVOUS_DIR to a directory all ranks share",
-        e.source
-    ))
-}
-
-struct RankOut {
-    digest: crate::digest::ChunkedDigest,
-    values: Option<Vec<f32>>,
-    generate_ms: f64,
-    reduce_ms: f64,
-}
-
-/// What one rank does for one arena.
-struct ArenaJob<'a> {
-    case: &'a Case,
-    arena: u32,
-    n: usize,
-    world: usize,
-    mode: FoldMode,
-    variant: KernelVariant,
-    cuda: &'a CudaConfig,
-    opts: &'a RunOptions,
-    /// Benchmark repetition: the arena already holds data; time the
-    /// collectives only (no generation, no digest).
-    timing_only: bool,
-}
-
-/// Why one rank's part of a case stopped.
-#[derive(Debug)]
-enum Fault {
-    /// The arena does not fit in device memory.
-    Memory(String),
-    /// NCCL, the driver or the watchdog failed in `phase`.
-    Infra { phase: String, message: String },
-}
-
-impl From<String> for Fault {
-    fn from(message: String) -> Fault {
-        Fault::Infra {
-            phase: "cuda".into(),
-            message,
-        }
-    }
-}
-
-fn infra(phase: &str, message: impl Into<String>) -> Fault {
-    Fault::Infra {
-        phase: phase.to_string(),
-        message: message.into(),
-    }
-}
-
-impl Fault {
-    fn into_backend(self, case: &str) -> BackendError {
-        match self {
-            Fault::Memory(m) => BackendError::Unavailable {
-                backend: NAME,
-                reason: format!("case `{case}`: {m}"),
-            },
-            Fault::Infra { phase, message } => infrastructure(case, phase, message),
-        }
-    }
-}
-
-fn check_nccl(nccl: &Nccl, r: i32, phase: &str, what: &str) -> Result<(), Fault> {
-    nccl.check(r, what).map_err(|m| infra(phase, m))
-}
-
-/// Wait until every phase's event completed, watching NCCL's asynchronous
-/// error state meanwhile (as nccl-tests does). A blocking stream sync would
-/// sit out the whole watchdog when a peer dies; this returns as soon as NCCL
-/// notices, aborts the communicator and names the first unfinished phase.
-fn await_phases(
-    nccl: &Nccl,
-    ctx: &mut RankCtx,
-    phases: &[(cudarc::driver::CudaEvent, &str)],
-    dog: &Watchdog,
-) -> Result<(), Fault> {
-    let mut polls = 0u32;
-    loop {
-        let mut pending = None;
-        for (ev, name) in phases {
-            match ev.try_is_complete() {
-                Ok(true) => continue,
-                Ok(false) => {
-                    pending = Some(*name);
-                    break;
-                }
-                Err(e) => return Err(infra(name, super::cuda::driver_error_text(e))),
-            }
-        }
-        let Some(phase) = pending else {
-            return Ok(());
-        };
-        if let Some(p) = dog.fired() {
-            ctx.aborted = true;
-            return Err(infra(
-                phase,
-                format!("watchdog fired during `{p}`; communicator aborted"),
-            ));
-        }
-        let mut state = 0;
-        // SAFETY: out-parameter on a live communicator.
-        let r = unsafe { (nccl.comm_get_async_error)(ctx.comm.0, &mut state) };
-        let bad = if r != 0 { r } else { state };
-        if bad != 0 && bad != lib::NCCL_IN_PROGRESS {
-            let what = nccl
-                .check(bad, "NCCL reported an asynchronous error")
-                .err()
-                .unwrap_or_default();
-            // SAFETY: our live communicator, aborted only below.
-            let detail = unsafe { nccl.last_error(ctx.comm.0) };
-            // SAFETY: abort is allowed at any time and unblocks the kernels.
-            unsafe { (nccl.comm_abort)(ctx.comm.0) };
-            ctx.aborted = true;
-            return Err(infra(
-                phase,
-                match detail {
-                    Some(d) => format!("{what}: {d} (a peer rank died or its connection broke); communicator aborted"),
-                    None => format!("{what} (a peer rank died or its connection broke); communicator aborted"),
-                },
-            ));
-        }
-        polls += 1;
-        // Spin briefly for short phases, then back off to spare the CPU
-        // that other ranks of an emulated world share.
-        match polls {
-            0..=200 => std::thread::yield_now(),
-            201..=2000 => std::thread::sleep(Duration::from_micros(50)),
-            _ => std::thread::sleep(Duration::from_micros(500)),
-        }
-    }
-}
-
-/// Run `f` on every rank of this process at once, one thread each: NCCL
-/// needs all of a process's ranks inside their group calls together.
-fn on_every_rank<T: Send>(
-    ranks: &mut [RankCtx],
-    f: impl Fn(&mut RankCtx) -> Result<T, Fault> + Sync,
-) -> Vec<Result<T, Fault>> {
-    std::thread::scope(|s| {
-        let hs: Vec<_> = ranks
-            .iter_mut()
-            .map(|ctx| {
-                let f = &f;
-                s.spawn(move || f(ctx))
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(infra("rank thread", "panicked")))
-            })
-            .collect()
-    })
-}
-
-fn mark(
-    stream: &cudarc::driver::CudaStream,
-    phase: &str,
-) -> Result<cudarc::driver::CudaEvent, Fault> {
-    stream
-        .record_event(None)
-        .map_err(|e| infra(phase, super::cuda::driver_error_text(e)))
-}
-
-fn rank_arena(
-    nccl: &Nccl,
-    ctx: &mut RankCtx,
-    job: &ArenaJob<'_>,
-    prog: u64,
-    prog_len: u32,
-    dog: &Watchdog,
-    timeout: Duration,
-) -> Result<RankOut, Fault> {
-    ctx.dev
-        .ctx
-        .bind_to_thread()
-        .map_err(super::cuda::driver_error_text)?;
-    let (n, world, me) = (job.n, job.world, ctx.rank);
-    let plan = shard_plan(n, world).ok_or_else(|| infra("plan", "world = 0"))?;
-    let my = plan[me];
-    let max_shard = plan.iter().map(|s| s.len).max().unwrap_or(0);
-    if let std::collections::hash_map::Entry::Vacant(slot) = ctx.bufs.entry(n) {
-        let ld = row_stride(max_shard);
-        let need = (n as u64 + (world * ld + 4) as u64) * F32;
-        let (free, _) = ctx.dev.memory()?;
-        if need > free {
-            return Err(Fault::Memory(format!(
-                "needs {need} bytes of device memory on rank {me}, {free} free"
-            )));
-        }
-        let arena = DeviceBuffer::alloc(&ctx.dev.ctx, n.max(1))?;
-        let scratch = DeviceBuffer::alloc(&ctx.dev.ctx, (world * ld + 4).max(1))?;
-        slot.insert(RankBufs { arena, scratch, ld });
-    }
-    let (arena_ptr, scratch_ptr, ld) = {
-        let b = &ctx.bufs[&n];
-        (b.arena.ptr(), b.scratch.ptr(), b.ld)
-    };
-    let stream = ctx.stream.clone();
-    let cu = stream.cu_stream() as lib::Stream;
-    let comm = ctx.comm.0;
-    let t0 = Instant::now();
-    if !job.timing_only {
-        // SAFETY: the arena holds n f32s of this context.
-        unsafe {
-            ctx.dev.generate(
-                arena_ptr,
-                n as u64,
-                0,
-                job.case.distribution,
-                job.case.seed,
-                me as u32,
-                job.arena,
-                &stream,
-            )?
-        };
-    }
-    stream
-        .synchronize()
-        .map_err(|e| infra("generate", super::cuda::driver_error_text(e)))?;
-    let generate_ms = t0.elapsed().as_secs_f64() * 1e3;
-
-    let t1 = Instant::now();
-    {
-        let _g = dog.guard(
-            &format!("case `{}` arena {} on rank {me}", job.case.id, job.arena),
-            timeout,
-        );
-        let at = |i: usize| (arena_ptr + i as u64 * F32) as *mut c_void;
-        let mut phases = Vec::new();
-        if job.case.contract == Contract::NcclAllreduce {
-            // The negative control: NCCL's own sum, in place.
-            // SAFETY: n f32s, in place, this rank's stream.
-            check_nccl(
-                nccl,
-                unsafe { (nccl.all_reduce)(at(0), at(0), n, NCCL_FLOAT32, NCCL_SUM, comm, cu) },
-                "nccl-allreduce",
-                "ncclAllReduce",
-            )?;
-            phases.push((mark(&stream, "nccl-allreduce")?, "nccl-allreduce"));
-        } else if n > 0 {
-            let out = arena_ptr + my.start as u64 * F32;
-            let phase = ((out & 15) / F32) as usize;
-            let base = scratch_ptr + phase as u64 * F32;
-            let slot = |src: usize| (base + (src * ld) as u64 * F32) as *mut c_void;
-            // Exchange: my copy of shard p to owner p; every rank's copy of
-            // my shard into slot = source (mine included, sent to myself).
-            // SAFETY: every range lies inside the arena or the scratch.
-            unsafe {
-                check_nccl(nccl, (nccl.group_start)(), "exchange", "ncclGroupStart")?;
-                for &p in &job.case.order.sequence(world) {
-                    if plan[p].len > 0 {
-                        check_nccl(
-                            nccl,
-                            (nccl.send)(
-                                at(plan[p].start),
-                                plan[p].len,
-                                NCCL_FLOAT32,
-                                p as i32,
-                                comm,
-                                cu,
-                            ),
-                            "exchange",
-                            "ncclSend",
-                        )?;
-                    }
-                    if my.len > 0 {
-                        check_nccl(
-                            nccl,
-                            (nccl.recv)(slot(p), my.len, NCCL_FLOAT32, p as i32, comm, cu),
-                            "exchange",
-                            "ncclRecv",
-                        )?;
-                    }
-                }
-                check_nccl(nccl, (nccl.group_end)(), "exchange", "ncclGroupEnd")?;
-            }
-            phases.push((mark(&stream, "exchange")?, "exchange"));
-            let args = super::cuda::device::FoldArgs {
-                out,
-                stacked: base,
-                ld: ld as u64,
-                len: my.len as u64,
-                world: world as u32,
-                prog,
-                prog_len,
-                scale: job.case.mean.then(|| mean_scale(world)),
-            };
-            // SAFETY: `out` is my shard, `base` its slots at the same phase.
-            unsafe {
-                ctx.dev
-                    .fold(job.variant, job.mode, &args, &job.cuda.tuning, &stream)
-                    .map_err(|m| infra("fold", m))?
-            };
-            phases.push((mark(&stream, "fold")?, "fold"));
-            // Redistribute: my reduced shard to every other rank, every
-            // other owner's shard into its place in my arena. Point-to-point
-            // only, so no NCCL_ALGO setting can refuse or reroute it.
-            // SAFETY: each shard lies inside the arena; sends read my shard,
-            // receives write the others', which do not overlap it.
-            unsafe {
-                check_nccl(
-                    nccl,
-                    (nccl.group_start)(),
-                    "redistribution",
-                    "ncclGroupStart",
-                )?;
-                for (o, s) in plan.iter().enumerate() {
-                    if o == me {
-                        continue;
-                    }
-                    if s.len > 0 {
-                        check_nccl(
-                            nccl,
-                            (nccl.recv)(at(s.start), s.len, NCCL_FLOAT32, o as i32, comm, cu),
-                            "redistribution",
-                            "ncclRecv",
-                        )?;
-                    }
-                    if my.len > 0 {
-                        check_nccl(
-                            nccl,
-                            (nccl.send)(at(my.start), my.len, NCCL_FLOAT32, o as i32, comm, cu),
-                            "redistribution",
-                            "ncclSend",
-                        )?;
-                    }
-                }
-                check_nccl(nccl, (nccl.group_end)(), "redistribution", "ncclGroupEnd")?;
-            }
-            phases.push((mark(&stream, "redistribution")?, "redistribution"));
-        }
-        await_phases(nccl, ctx, &phases, dog)?;
-    }
-    let reduce_ms = t1.elapsed().as_secs_f64() * 1e3;
-    let keep = job.opts.keep_values && me == 0;
-    // An empty arena still owns a one-element allocation: hash nothing.
-    let (digest, values) = if job.timing_only {
-        (Default::default(), None)
-    } else if n == 0 {
-        let d = crate::digest::digest_chunked(&[], job.opts.nan_policy);
-        (d, keep.then(Vec::new))
-    } else {
-        let b = &ctx.bufs[&n];
-        ctx.reader
-            .digest(&ctx.dev, &b.arena, job.opts.nan_policy, keep, me == 0)
-            .map_err(|m| infra("digest", m))?
-    };
-    Ok(RankOut {
-        digest,
-        values,
-        generate_ms,
-        reduce_ms,
-    })
-}
-
-impl NcclBackend {
-    /// Every rank's digest, in rank order: collected from threads, or moved
-    /// between processes with an all-gather of the 32 digest bytes.
-    fn gather(&mut self, mine: &[String]) -> Result<Vec<String>, Fault> {
-        let world = self.world;
-        let (nccl, dog, timeout) = (&self.nccl, &self.watchdog, self.cfg.timeout);
-        let Some(ctx) = self.ranks.first_mut().filter(|_| self.env.is_some()) else {
-            return Ok(mine.to_vec());
-        };
-        ctx.dev
-            .ctx
-            .bind_to_thread()
-            .map_err(super::cuda::driver_error_text)?;
-        if ctx.gather.is_none() {
-            ctx.gather = Some((
-                DeviceBuffer::alloc(&ctx.dev.ctx, 8)?,
-                DeviceBuffer::alloc(&ctx.dev.ctx, 8 * world)?,
-            ));
-        }
-        let (send, recv) = match ctx.gather.as_ref() {
-            Some((s, r)) => (s.ptr(), r.ptr()),
-            None => return Err(infra("digest gather", "no gather buffers")),
-        };
-        let bytes = hex::decode(&mine[0]).map_err(|e| infra("digest gather", e.to_string()))?;
-        let words: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_bits(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-            .collect();
-        if let Some((s, _)) = ctx.gather.as_ref() {
-            s.upload(&words)?;
-        }
-        let (me, comm) = (ctx.rank, ctx.comm.0);
-        let stream = ctx.stream.clone();
-        let cu = stream.cu_stream() as lib::Stream;
-        {
-            let _g = dog.guard("digest gather", timeout);
-            // 32 bytes to and from every peer, point-to-point like the
-            // reduction itself (no collective for NCCL_ALGO to veto).
-            // SAFETY: 8 words out of `send`, 8 into slot p of `recv`.
-            unsafe {
-                check_nccl(
-                    nccl,
-                    (nccl.group_start)(),
-                    "digest gather",
-                    "ncclGroupStart",
-                )?;
-                for p in (0..world).filter(|&p| p != me) {
-                    let slot = (recv + (8 * p) as u64 * F32) as *mut c_void;
-                    check_nccl(
-                        nccl,
-                        (nccl.send)(send as *const c_void, 8, NCCL_FLOAT32, p as i32, comm, cu),
-                        "digest gather",
-                        "ncclSend",
-                    )?;
-                    check_nccl(
-                        nccl,
-                        (nccl.recv)(slot, 8, NCCL_FLOAT32, p as i32, comm, cu),
-                        "digest gather",
-                        "ncclRecv",
-                    )?;
-                }
-                check_nccl(nccl, (nccl.group_end)(), "digest gather", "ncclGroupEnd")?;
-            }
-            let ev = mark(&stream, "digest gather")?;
-            await_phases(nccl, ctx, &[(ev, "digest gather")], dog)?;
-        }
-        let mut all = vec![0f32; 8 * world];
-        if let Some((_, r)) = ctx.gather.as_ref() {
-            r.download(0, &mut all)?;
-        }
-        Ok(all
-            .chunks_exact(8)
-            .enumerate()
-            .map(|(p, w)| {
-                if p == me {
-                    return mine[0].clone();
-                }
-                hex::encode(
-                    w.iter()
-                        .flat_map(|v| v.to_bits().to_le_bytes())
-                        .collect::<Vec<u8>>(),
-                )
-            })
-            .collect())
-    }
-}
-
-/// Set by `foldprint launch --emulate-hosts`: how the ranks share GPUs, and
-/// this rank's NCCL host id.
-pub fn emulated_hosts() -> Option<serde_json::Value> {
-    let what = std::env::var(crate::dist::launch::EMULATED_HOSTS_VAR).ok()?;
-    Some(serde_json::json!({
-        "enabled": true,
-        "layout": what,
-        "nccl_hostid": std::env::var("NCCL_HOSTID").ok(),
-        "note": "every rank is its own NCCL host: traffic goes over NCCL's network transport on loopback, never NVLink or PCIe peer access; a correctness run, not a bandwidth result",
-    }))
-}
-
-/// What NCCL's own log (INIT/NET, as `foldprint launch` routes it) says
-/// about the transports it chose: the network plugin and the connections
-/// by transport. `None` when no readable per-process log file is set.
-pub fn transport_from_log() -> Option<serde_json::Value> {
-    let path = std::env::var("NCCL_DEBUG_FILE")
-        .ok()
-        .filter(|p| !p.contains('%'))?;
-    let text = std::fs::read_to_string(path).ok()?;
-    Some(summarize_nccl_log(&text))
-}
-
-fn summarize_nccl_log(text: &str) -> serde_json::Value {
-    let mut network = None;
-    let mut via: std::collections::BTreeMap<String, usize> = Default::default();
-    for line in text.lines() {
-        if let Some(rest) = line.split("NCCL INFO Using network ").nth(1) {
-            network = Some(rest.trim().to_string());
-        }
-        if line.contains("NCCL INFO Channel") {
-            if let Some(t) = line.split(" via ").nth(1) {
-                *via.entry(t.trim().to_string()).or_default() += 1;
-            }
-        }
-    }
-    serde_json::json!({
-        "source": "NCCL's INIT/NET log of the reporting rank",
-        "network": network,
-        "connections": via,
-    })
-}
-
-/// One size of the NCCL benchmark (nccl-tests conventions).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct NcclBenchRow {
-    pub bytes: u64,
-    pub world: usize,
-    /// Median milliseconds of one fixed-order reduction (exchange, fold,
-    /// redistribution) and of one in-place ncclAllReduce, same buffers.
-    pub fixed_ms: f64,
-    pub allreduce_ms: f64,
-    /// algbw = bytes / time; busbw = algbw x 2(W-1)/W, in GB/s.
-    pub fixed_algbw: f64,
-    pub fixed_busbw: f64,
-    pub allreduce_algbw: f64,
-    pub allreduce_busbw: f64,
-}
-
-impl NcclBackend {
-    /// Time the fixed-order reduction next to ncclAllReduce on the same
-    /// buffers for each arena length in `sizes` (elements).
-    pub fn bench(
-        &mut self,
-        sizes: &[usize],
-        iters: usize,
-    ) -> Result<Vec<NcclBenchRow>, BackendError> {
-        let mut rows = Vec::new();
-        for &n in sizes {
-            let mut case = Case {
-                experiment: "bench".into(),
-                id: format!("bench-{n}"),
-                world: self.world,
-                arenas: vec![n],
-                order: crate::experiment::DeliveryOrder::Ascending,
-                seed: 1,
-                distribution: crate::data::Distribution::MixedMagnitude,
-                contract: Contract::FixedOrder,
-                mean: false,
-                rounds: 1,
-            };
-            let mut median =
-                |case: &Case, timing_only: bool, reps: usize| -> Result<f64, BackendError> {
-                    let mut times = Vec::with_capacity(reps);
-                    for _ in 0..reps {
-                        let job = ArenaJob {
-                            case,
-                            arena: 0,
-                            n,
-                            world: self.world,
-                            mode: FoldMode::Fixed,
-                            variant: self.cfg.cuda.variant,
-                            cuda: &self.cfg.cuda,
-                            opts: &RunOptions::default(),
-                            timing_only,
-                        };
-                        let (nccl, dog, timeout) = (&self.nccl, &self.watchdog, self.cfg.timeout);
-                        let outs = on_every_rank(&mut self.ranks, |ctx| {
-                            rank_arena(nccl, ctx, &job, 0, 0, dog, timeout)
-                        });
-                        let mut worst = 0f64;
-                        for o in outs {
-                            worst = worst.max(o.map_err(|e| e.into_backend(&case.id))?.reduce_ms);
-                        }
-                        times.push(worst);
-                    }
-                    times.sort_by(f64::total_cmp);
-                    Ok(times[times.len() / 2])
-                };
-            // Warm up (and fill the arena) once, then time.
-            median(&case, false, 1)?;
-            let fixed_ms = median(&case, true, iters)?;
-            case.contract = Contract::NcclAllreduce;
-            median(&case, true, 2)?;
-            let allreduce_ms = median(&case, true, iters)?;
-            let bytes = n as u64 * 4;
-            let w = self.world as f64;
-            let factor = 2.0 * (w - 1.0) / w;
-            let bw = |ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
-            rows.push(NcclBenchRow {
-                bytes,
-                world: self.world,
-                fixed_ms,
-                allreduce_ms,
-                fixed_algbw: bw(fixed_ms),
-                fixed_busbw: bw(fixed_ms) * factor,
-                allreduce_algbw: bw(allreduce_ms),
-                allreduce_busbw: bw(allreduce_ms) * factor,
-            });
-        }
-        Ok(rows)
-    }
-}
-
 impl Backend for NcclBackend {
     fn name(&self) -> &'static str {
         NAME
@@ -953,7 +339,7 @@ impl Backend for NcclBackend {
 
     fn environment(&self) -> serde_json::Value {
         let (token_source, job) = {
-            let (_, job, src) = job_identity();
+            let (_, job, src) = crate::dist::job::identity();
             (src, job)
         };
         serde_json::json!({
@@ -971,8 +357,8 @@ impl Backend for NcclBackend {
                 "opened": self.nccl.opened,
             },
             "dataflow": "exchange, redistribution and digest gather are ncclSend/ncclRecv only: NCCL_ALGO and NCCL_PROTO select nothing on the fixed-order path",
-            "emulated_hosts": emulated_hosts(),
-            "transport": transport_from_log(),
+            "emulated_hosts": facts::emulated_hosts(),
+            "transport": facts::transport_from_log(),
             "timeouts_s": {"init": self.cfg.init_timeout.as_secs_f64(), "collective": self.cfg.timeout.as_secs_f64()},
             "devices": self.ranks.iter().map(|r| r.dev.environment()).collect::<Vec<_>>(),
             "libraries": libs::loaded_libraries(),
@@ -1090,30 +476,5 @@ impl Drop for NcclBackend {
                 unsafe { (self.nccl.comm_destroy)(r.comm.0) };
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_log_summary_names_the_network_and_counts_connections_by_transport() {
-        let log = "\
-node:10:11 [0] NCCL INFO NCCL version 2.28.3+cuda13.0
-node:10:11 [0] NCCL INFO Using network Socket
-node:10:12 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/Socket/0
-node:10:12 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0
-node:10:12 [0] NCCL INFO Channel 01/0 : 0[0] -> 2[0] [send] via NET/Socket/0/Shared
-node:10:12 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via P2P/CUMEM
-";
-        let v = summarize_nccl_log(log);
-        assert_eq!(v["network"], "Socket");
-        assert_eq!(v["connections"]["NET/Socket/0"], 2);
-        assert_eq!(v["connections"]["NET/Socket/0/Shared"], 1);
-        assert_eq!(v["connections"]["P2P/CUMEM"], 1);
-        let none = summarize_nccl_log("node:1:1 [0] NCCL INFO Bootstrap : Using eth0\n");
-        assert!(none["network"].is_null());
-        assert_eq!(none["connections"].as_object().unwrap().len(), 0);
     }
 }
