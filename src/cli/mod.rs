@@ -314,10 +314,7 @@ fn exit_code(e: &anyhow::Error) -> i32 {
                 | backend::BackendError::OutOfMemory { .. } => EXIT_UNAVAILABLE,
             };
         }
-        if cause
-            .downcast_ref::<foldprint::dist::DistError>()
-            .is_some()
-        {
+        if cause.downcast_ref::<foldprint::dist::DistError>().is_some() {
             return EXIT_INFRASTRUCTURE;
         }
         if cause
@@ -389,6 +386,12 @@ fn execute(
     if let Some(n) = &note {
         eprintln!("note: {n}");
     }
+    if reporting {
+        let prov = foldprint::env::provenance();
+        if let Some(w) = foldprint::env::cpu_under_cuda_combination(be.name(), prov.as_ref()) {
+            eprintln!("warning: {w}");
+        }
+    }
     let total = experiments.iter().map(|e| e.cases.len()).sum();
     let mut bar = Bar::new(total);
     let cfg = RunConfig {
@@ -455,6 +458,11 @@ fn cmd_compare(a: CompareArgs) -> Result<i32> {
     let mut reports = Vec::new();
     for p in &a.reports {
         reports.push((p.display().to_string(), Report::read(p)?));
+    }
+    for (path, r) in &reports {
+        if let Some(n) = table::not_a_gpu_result(r) {
+            eprintln!("warning: {path}: {n}");
+        }
     }
     let cmp = compare(&reports, a.allow_missing);
     if a.json {

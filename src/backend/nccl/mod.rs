@@ -14,7 +14,9 @@ pub mod lib;
 use super::cuda::mem::{DeviceBuffer, F32};
 use super::cuda::world::{row_stride, Reader};
 use super::cuda::{kernels::FoldMode, libs, CudaConfig, Device, KernelVariant};
-use super::{failed, infrastructure, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
+use super::{
+    failed, infrastructure, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions,
+};
 use crate::dist::launcher::RankEnv;
 use crate::dist::rendezvous::{self, Plan};
 use crate::dist::watchdog::Watchdog;
