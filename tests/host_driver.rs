@@ -230,6 +230,18 @@ fn a_cpu_run_under_a_cuda_combination_says_it_is_not_a_gpu_result() {
         );
     }
 
+    // `doctor` under the same wrapper environment names the pins.
+    let out = fp()
+        .arg("doctor")
+        .env("FOLDPRINT_PROVENANCE", &prov)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("pins   cuda12_9 (cudaPackages_12_9; NVRTC none; NCCL none) from"),
+        "{text}"
+    );
+
     // `compare` warns about it too.
     let out = fp()
         .args(["compare"])

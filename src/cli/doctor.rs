@@ -147,6 +147,21 @@ pub fn run(json: bool) -> Result<i32> {
         println!("       NVRTC error: {e}");
     }
     print_host_driver(host["nvidia_kernel_driver"].as_str());
+    if let Some(p) = foldprint::env::provenance() {
+        let c = &p["content"];
+        let v = |x: &serde_json::Value| x["version"].as_str().unwrap_or("none").to_string();
+        println!(
+            "pins   {} ({}; NVRTC {}; NCCL {}) from {}",
+            c["combination"].as_str().unwrap_or("?"),
+            c["cuda"]["package_set"].as_str().unwrap_or("no CUDA set"),
+            v(&c["nvrtc"]),
+            v(&c["nccl"]),
+            p["path"].as_str().unwrap_or("?")
+        );
+        if let Some(e) = p["error"].as_str() {
+            println!("       provenance file unreadable: {e}");
+        }
+    }
     println!(
         "auto   would use {}",
         if cuda.usable { "cuda" } else { "cpu" }
