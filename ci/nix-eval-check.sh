@@ -19,8 +19,9 @@
 #   4. The derivation graphs: CUDA-only combinations (the default among them)
 #      have no NCCL in their closure; each NCCL combination has exactly one,
 #      of the matrix's release, compiled for exactly the matrix's runner
-#      capabilities; the binary's derivation holds no git revision; image
-#      licence labels name the CUDA EULA where NVRTC is inside.
+#      capabilities; each combination has its own CUDA set's NVRTC; the
+#      binary is built with the pinned toolchain and holds no git revision;
+#      image licence labels name the CUDA EULA where NVRTC is inside.
 #
 # Needs nix (2.8 or newer) and python3; writes .drv files to /nix/store.
 set -euo pipefail
@@ -101,6 +102,7 @@ python3 - "$tmp" "${systems[@]}" <<'PY'
 import json, re, subprocess, sys
 
 tmp, systems = sys.argv[1], sys.argv[2:]
+toolchain = re.search(r'^channel = "(.*)"', open("rust-toolchain.toml").read(), re.M).group(1)
 load = lambda n: json.load(open(f"{tmp}/{n}.json"))
 matrix = load("matrix")
 combos = {c["name"]: c for c in matrix["combinations"]}
@@ -134,12 +136,22 @@ for s in systems:
 
     # The binary: no git revision in its derivation (provenance is the
     # wrappers' business), so it changes only with the source.
-    unwrapped = show(pk["foldprint-unwrapped"])[pk["foldprint-unwrapped"]]
+    ugraph = show(pk["foldprint-unwrapped"])
+    unwrapped = ugraph[pk["foldprint-unwrapped"]]
     if any("GIT_REV" in k for k in unwrapped["env"]):
         fail(f"{s}: the binary's derivation carries a git revision")
+    # Built with the pinned toolchain, not nixpkgs' own rustc (what an
+    # argument left to callPackage would silently give).
+    rust = sorted(p for p in ugraph if re.search(r"-(rust-\w+-[\d.]+|rustc-[^/]*)\.drv$", p))
+    if len(rust) != 1 or not rust[0].endswith(f"-rust-minimal-{toolchain}.drv"):
+        fail(f"{s}: the binary is built with {rust}, not the pinned {toolchain}")
 
     for name, c in combos.items():
         graph = show(pk[name])
+        # NVRTC of the combination's own CUDA set and of no other.
+        nvrtc = {re.sub(r".*-(cuda[\d.]+)-cuda_nvrtc-.*", r"\1", p) for p in graph if "-cuda_nvrtc-" in p}
+        if nvrtc != {"cuda" + c["cudaVersion"]}:
+            fail(f"{s}: {name} has the NVRTC of {sorted(nvrtc)}, not of CUDA {c['cudaVersion']}")
         ncclDrvs = {p: d for p, d in graph.items() if re.search(r"-nccl-\d", p)}
         if c["nccl"] is None:
             if ncclDrvs:

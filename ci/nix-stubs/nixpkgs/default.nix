@@ -449,11 +449,15 @@ let
     cargo-nextest = leaf "cargo-nextest" { };
     cargo-deny = leaf "cargo-deny" { };
     cargo-audit = leaf "cargo-audit" { };
-    # nixpkgs' own Rust tools: the names a formal argument can collide with.
+    # nixpkgs' own Rust tools: the names a formal argument can collide with
+    # (a `rustPlatform` argument nobody passes gets this one, silently).
     clippy = leaf "clippy" { };
     rustc = leaf "rustc" { };
     cargo = leaf "cargo" { };
     rustfmt = leaf "rustfmt" { };
+    rustPlatform = final.makeRustPlatform {
+      inherit (final) cargo rustc;
+    };
 
     cudaPackages_12_6 = mkCudaSet "12.6";
     cudaPackages_12_8 = mkCudaSet "12.8";
