@@ -2,8 +2,10 @@
   description = "foldprint: bitwise-reproducible fixed-order float32 reduction, packaged per CUDA/NCCL combination";
 
   # The nixpkgs CUDA team's binary cache: CUDA redistributables and the
-  # nixpkgs-default builds of CUDA packages come from here. (The NCCL
-  # releases nix/matrix.nix selects are built from source.)
+  # nixpkgs-default builds of CUDA packages come from here, which is all a
+  # CUDA-only combination (the default) needs. (The NCCL releases
+  # nix/matrix.nix selects are built from source, for the CI runners'
+  # architectures only.)
   nixConfig = {
     extra-substituters = [ "https://cache.nixos-cuda.org" ];
     extra-trusted-public-keys = [
@@ -50,8 +52,9 @@
       output = name: lib.mapAttrs (_: s: s.${name}) bySystem;
     in
     {
-      # default = the newest combination; <combination>, foldprint-<combination>,
-      # image-<combination>, foldprint-cpu, foldprint-unwrapped, image, image-cpu.
+      # default = the newest CUDA set, CUDA only (nix/matrix.nix `default`);
+      # <combination>, foldprint-<combination>, image-<combination>,
+      # foldprint-cpu, foldprint-unwrapped, image, image-cpu.
       packages = output "packages";
       apps = output "apps";
       devShells = output "devShells";

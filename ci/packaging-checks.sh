@@ -6,7 +6,9 @@
 #
 # Debian's Nix is 2.8: it can parse the flake, read its lock offline and
 # evaluate the plain-data matrix, but not nixpkgs 25.11 (that needs Nix >=
-# 2.18 and the network), so nothing here builds or evaluates a package.
+# 2.18 and the network). So the flake's own code is evaluated against
+# stand-ins of nixpkgs and rust-overlay (ci/nix-eval-check.sh, ci/nix-stubs);
+# nothing here builds a package.
 #
 # FOLDPRINT names a built binary for the report-comparison test (default
 # target/release/foldprint, built if missing).
@@ -67,7 +69,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 # --- nix -----------------------------------------------------------------------
 step "nix: parse flake.nix and nix/*.nix ($(nix --version))"
-for f in flake.nix nix/*.nix; do
+for f in flake.nix nix/*.nix ci/nix-stubs/*/*.nix; do
     nix-instantiate --parse "$f" >/dev/null
 done
 
@@ -86,8 +88,14 @@ assert m["default"] in names, "default is not a combination"
 assert set(m["ci"]) <= set(names), "ci lists unknown combinations"
 for c in combos:
     assert re.fullmatch(r"cudaPackages_\d+_\d+", c["cudaAttr"]), c
-    assert re.fullmatch(r"sha256-[A-Za-z0-9+/]{43}=", c["ncclHash"]), c
-    assert c["name"] in doc, f"docs/NIX.md does not mention {c['name']}"
+    assert f"| `{c['name']}`" in doc, f"docs/NIX.md's table does not list {c['name']}"
+    if c["nccl"] is not None:
+        h = c["nccl"]["hash"]
+        assert re.fullmatch(r"sha256-[A-Za-z0-9+/]{43}=", h), c
+        assert h != m["fakeHash"], (
+            f"{c['name']}: NCCL {c['nccl']['version']} still has the placeholder fakeHash; "
+            "build it once and put the hash from the mismatch error in nix/matrix.nix")
+assert m["byName"][m["default"]]["nccl"] is None, "the default combination must be CUDA-only"
 print(f"   {len(names)} combinations, default {m['default']}, {len(m['ci'])} in CI")
 PY
 
@@ -118,6 +126,9 @@ for name, node in nodes.items():
     assert isinstance(locked.get("lastModified"), int) and locked["lastModified"] > 0, f"{name}: lastModified"
     print(f"   {name}: {locked['type']} {locked.get('owner')}/{locked.get('repo')} {locked['rev'][:12]}")
 PY
+
+step "nix: evaluate every output of the flake against stand-ins of nixpkgs and rust-overlay"
+bash ci/nix-eval-check.sh
 
 step "nix: flake metadata --offline (the lock matches flake.nix)"
 nix flake metadata --offline --no-update-lock-file --json . >"$tmp/meta.json"

@@ -44,12 +44,16 @@ for r in "$@"; do
         def cell: tostring | gsub("\\|"; "\\|") | gsub("\n"; " ");
         .environment.backend as $b
         | .environment.provenance.content as $p
-        | [ $file, $runner, $combo,
+        # A CPU run under a CUDA combination used none of its pins: never
+        # show them as if they had run.
+        | (.environment.provenance.used != false) as $used
+        | [ $file, $runner,
+            (if $used then $combo else "\($combo) (CPU run: pins unused, not a GPU result)" end),
             (.backend // "-"),
             ($b.gpu.name // (if $b.threads then "cpu, \($b.threads) threads" else "-" end)),
             ($b.driver.cuda_driver_api // $b.driver.version // "-"),
-            ($b.nvrtc.version // $p.nvrtc.version // "-"),
-            ($b.nccl.version // $p.nccl.version // "-"),
+            ($b.nvrtc.version // (if $used then $p.nvrtc.version else null end) // "-"),
+            ($b.nccl.version // (if $used then $p.nccl.version else null end) // "-"),
             (.summary.cases // "-"),
             (if .summary.ok == true then "pass" else "**FAIL**" end) ]
         | map(cell) | "| " + join(" | ") + " |"

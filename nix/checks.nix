@@ -1,6 +1,6 @@
 # CPU checks: what `nix flake check` builds. No GPU, no CUDA build (the
 # combinations are only evaluated here; building their NCCL is the GPU
-# jobs' business).
+# jobs' business). Imported with explicit arguments, not callPackage.
 {
   lib,
   runCommand,
@@ -18,7 +18,7 @@
   tests = foldprint;
 
   # clippy with the vendored dependencies, as in .ci/run.
-  clippy = foldprint.override { clippy = true; };
+  clippy = foldprint.override { lintOnly = true; };
 
   # rustfmt only reads sources; no dependencies needed.
   fmt = runCommand "foldprint-fmt" { nativeBuildInputs = [ toolchain ]; } ''

@@ -3,6 +3,7 @@
 # provenance file, so a report says it came from this package. `--backend
 # auto` finds no pinned NVRTC here and runs the CPU oracle unless the
 # caller's LD_LIBRARY_PATH provides CUDA libraries.
+# Called through callPackage: no formal argument has a default.
 {
   runCommand,
   makeBinaryWrapper,

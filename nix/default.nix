@@ -1,5 +1,12 @@
 # Everything the flake exposes for one system. flake.nix only maps these
 # into its outputs.
+#
+# callPackage passes every formal argument that names a nixpkgs attribute,
+# even one with a default, so the files called through it (package.nix,
+# combination.nix, cpu.nix, image.nix, gpu-check.nix) declare no defaults,
+# and every argument of ours is passed here explicitly.
+# ci/nix-eval-check.sh checks this and evaluates every output against
+# stand-ins of nixpkgs and rust-overlay.
 {
   self,
   nixpkgs,
@@ -8,17 +15,55 @@
   matrix,
 }:
 let
-  pkgs = import nixpkgs {
-    inherit system;
-    overlays = [ rust-overlay.overlays.default ];
-    # CUDA is unfree (the CUDA EULA); a flake's `legacyPackages` never allows
-    # unfree packages, hence this import.
-    config = {
-      allowUnfree = true;
-      cudaSupport = true;
+  inherit (nixpkgs) lib;
+
+  # Unfree packages allowed: those whose every unfree licence is NVIDIA's
+  # CUDA EULA (NVRTC, and the CUDA compiler and runtime NCCL is built with).
+  # nixpkgs gives the CUDA redistributables `licenses.nvidiaCudaRedist` with
+  # a per-package `url`, so the licence is recognised by its name, not by
+  # equality. NCCL itself is BSD-3-Clause (free) and needs no exception.
+  # Nothing else unfree is admitted: a new unfree dependency fails
+  # evaluation instead of being accepted silently.
+  cudaLicenseNames = [
+    lib.licenses.nvidiaCuda.shortName
+    lib.licenses.nvidiaCudaRedist.shortName
+  ];
+  allowUnfreePredicate =
+    pkg:
+    lib.all (l: (l.free or true) || lib.elem (l.shortName or "") cudaLicenseNames) (
+      lib.toList (pkg.meta.license or [ ])
+    );
+
+  importPkgs =
+    extraConfig:
+    import nixpkgs {
+      inherit system;
+      overlays = [ rust-overlay.overlays.default ];
+      # A flake's `legacyPackages` never allows unfree packages, hence this
+      # import.
+      config = {
+        inherit allowUnfreePredicate;
+      }
+      // extraConfig;
     };
-  };
-  inherit (pkgs) lib;
+
+  # The binary, the wrappers, NVRTC and the tools: nixpkgs' defaults, so the
+  # CUDA packages are the ones the CUDA team's cache holds.
+  pkgs = importPkgs { };
+
+  # NCCL is compiled from source in any case (the matrix overrides it), so
+  # it is compiled only for the runner architectures of nix/matrix.nix: one
+  # nixpkgs instance per list of capabilities.
+  capsKey = caps: lib.concatStringsSep "," caps;
+  ncclCombos = lib.filter (c: c.nccl != null) matrix.combinations;
+  pkgsForCaps = lib.listToAttrs (
+    map (
+      caps:
+      lib.nameValuePair (capsKey caps) (importPkgs {
+        cudaCapabilities = caps;
+      })
+    ) (lib.unique (map (c: c.nccl.cudaCapabilities) ncclCombos))
+  );
 
   toolchainFile = lib.importTOML ../rust-toolchain.toml;
   toolchain = pkgs.rust-bin.fromRustupToolchainFile ../rust-toolchain.toml;
@@ -28,12 +73,14 @@ let
   };
 
   version = (lib.importTOML ../Cargo.toml).package.version;
+  # Used by the wrappers and images only (provenance, labels).
   gitRev = self.rev or self.dirtyRev or "unknown";
   sources = import ./source.nix { inherit lib; };
 
   foldprint = pkgs.callPackage ./package.nix {
-    inherit rustPlatform version gitRev;
+    inherit rustPlatform version;
     src = sources.crate;
+    lintOnly = false;
   };
 
   # What every provenance file says about the build as a whole.
@@ -54,9 +101,9 @@ let
     };
   };
 
-  cudaSetFor =
-    combo:
-    pkgs.${combo.cudaAttr} or (throw
+  cudaSet =
+    set: combo:
+    set.${combo.cudaAttr} or (throw
       "nix/matrix.nix: ${combo.cudaAttr} is not in the pinned nixpkgs (${provenanceCommon.nixpkgs.rev}); remove it from the matrix or move the pin"
     );
 
@@ -66,7 +113,9 @@ let
       lib.nameValuePair combo.name (
         pkgs.callPackage ./combination.nix {
           inherit foldprint combo provenanceCommon;
-          cudaPackages = cudaSetFor combo;
+          cudaPackages = cudaSet pkgs combo;
+          ncclCudaPackages =
+            if combo.nccl == null then null else cudaSet pkgsForCaps.${capsKey combo.nccl.cudaCapabilities} combo;
         }
       )
     ) matrix.combinations
@@ -110,7 +159,12 @@ in
 
   checks = import ./checks.nix {
     inherit (pkgs) lib runCommand writeText jq;
-    inherit toolchain foldprint foldprint-cpu combinations;
+    inherit
+      toolchain
+      foldprint
+      foldprint-cpu
+      combinations
+      ;
     inherit (sources) crate experiments;
   };
 
@@ -139,8 +193,9 @@ in
       ];
     };
 
-    # As `default`, plus the default combination's pinned NVRTC and NCCL for
-    # `cargo run -- ... --backend cuda` (libcuda still comes from the host).
+    # As `default`, plus the default combination's pinned NVRTC for
+    # `cargo run -- ... --backend cuda` (foldprint finds the host's driver
+    # itself; `doctor` shows where).
     cuda = pkgs.mkShell {
       packages = [
         toolchain
@@ -148,8 +203,8 @@ in
         pkgs.jq
       ];
       shellHook = ''
-        export LD_LIBRARY_PATH="${default}/lib/foldprint:${lib.getLib default.nvrtc}/lib:${lib.getLib default.nccl}/lib''${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:${pkgs.addDriverRunpath.driverLink}/lib"
-        echo "foldprint dev shell: NVRTC/NCCL of ${matrix.default} first on LD_LIBRARY_PATH" >&2
+        export LD_LIBRARY_PATH="${default}/lib/foldprint''${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:${pkgs.addDriverRunpath.driverLink}/lib"
+        echo "foldprint dev shell: NVRTC of ${matrix.default} first on LD_LIBRARY_PATH" >&2
       '';
     };
 

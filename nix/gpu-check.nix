@@ -9,6 +9,7 @@
 #   nix build .#gpuChecks.x86_64-linux.<combination> -L
 #
 # The report, the JUnit file and `doctor`'s output are the outputs.
+# Called through callPackage: no formal argument has a default.
 {
   runCommand,
   jq,

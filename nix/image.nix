@@ -8,6 +8,9 @@
 # /etc/ld.so.cache, so the image lists on LD_LIBRARY_PATH the directories
 # the toolkit is known to inject into. The wrapper still puts the pinned
 # NVRTC/NCCL first (combination.nix).
+#
+# Called through callPackage: no formal argument has a default (see
+# package.nix).
 {
   lib,
   stdenv,
@@ -21,6 +24,22 @@
 }:
 let
   uid = "10001";
+  # The licence label: foldprint's own, and the licences of the libraries
+  # the package pins, as their nixpkgs `meta.license` says (SPDX ids where
+  # they have one; NVIDIA's CUDA EULA has none, hence a LicenseRef). The
+  # rest of the closure (glibc and the like) keeps its own licences.
+  pinned = lib.filter (p: p != null) [
+    (package.passthru.nvrtc or null)
+    (package.passthru.nccl or null)
+  ];
+  spdx =
+    l:
+    l.spdxId
+      or ("LicenseRef-" + lib.replaceStrings [ " " "(" ")" ] [ "-" "" "" ] (l.shortName or "unknown"));
+  licenseLabel = lib.concatStringsSep " AND " (
+    [ "(MIT OR Apache-2.0)" ]
+    ++ lib.unique (map spdx (lib.concatMap (p: lib.toList (p.meta.license or [ ])) pinned))
+  );
   # Debian's multiarch directory name: x86_64-linux-gnu, aarch64-linux-gnu.
   multiarch = "${stdenv.hostPlatform.parsed.cpu.name}-linux-gnu";
   driverDirs = [
@@ -76,7 +95,7 @@ dockerTools.streamLayeredImage {
       "org.opencontainers.image.description" = package.meta.description;
       "org.opencontainers.image.version" = package.passthru.foldprint.version;
       "org.opencontainers.image.revision" = gitRev;
-      "org.opencontainers.image.licenses" = "MIT OR Apache-2.0";
+      "org.opencontainers.image.licenses" = licenseLabel;
     };
   };
 }

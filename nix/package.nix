@@ -3,27 +3,32 @@
 # No CUDA at build time: cudarc is built with `dynamic-loading`, so the binary
 # dlopens libcuda, libnvrtc and libnccl when a CUDA backend starts. Which
 # NVRTC and NCCL it finds is decided by the thin wrappers in combination.nix.
+# Nothing here depends on the git revision: provenance (revision, store
+# paths, pins) lives in the wrappers, so a commit that changes only the
+# packaging or the documents leaves this derivation, and its test run, alone.
 #
-# `clippy = true` turns the same derivation (same vendored dependencies)
+# `lintOnly = true` turns the same derivation (same vendored dependencies)
 # into the lint check: it runs clippy like .ci/run does and installs nothing.
+#
+# Called through callPackage, which passes EVERY formal argument that names
+# a nixpkgs attribute, defaults included (`clippy ? false` received nixpkgs'
+# clippy package). So no formal here has a default, and every argument that
+# is not a package is passed explicitly by nix/default.nix;
+# ci/nix-eval-check.sh enforces both.
 {
   lib,
   rustPlatform,
   coreutils,
   src,
   version,
-  gitRev,
-  clippy ? false,
+  lintOnly,
 }:
 rustPlatform.buildRustPackage (
   {
-    pname = if clippy then "foldprint-clippy" else "foldprint";
+    pname = if lintOnly then "foldprint-clippy" else "foldprint";
     inherit version src;
 
     cargoLock.lockFile = ../Cargo.lock;
-
-    # Recorded in every report as `foldprint.git` (src/report/mod.rs).
-    env.FOLDPRINT_GIT_REV = gitRev;
 
     # The CPU test suite runs in the build (`cargo test --release`); the CLI
     # tests check dumps with `sha256sum -c`. tests/gpu.rs needs the
@@ -40,7 +45,7 @@ rustPlatform.buildRustPackage (
       platforms = lib.platforms.linux;
     };
   }
-  // lib.optionalAttrs clippy {
+  // lib.optionalAttrs lintOnly {
     # cargo-auditable wraps cargo and sets RUSTC_WORKSPACE_WRAPPER, which is
     # how clippy hooks in as well; lints need no audit data.
     auditable = false;

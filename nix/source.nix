@@ -1,28 +1,28 @@
-# Source trees the derivations see, as file sets, so that editing the
-# packaging (flake, nix/, ci/, containers/, .ci/) does not rebuild and
-# retest the binary. (A flake sees only files git tracks; target/ is listed
-# for evaluations of the working tree outside a flake, where it is visible.)
+# Source trees the derivations see, as file sets. The crate is an allowlist
+# of what cargo reads, so that editing the packaging (flake, nix/, ci/,
+# containers/, .ci/) or the documents (README, docs/) does not rebuild and
+# retest the binary.
 { lib }:
 let
   fs = lib.fileset;
   root = ../.;
-  packaging = fs.unions [
-    ../flake.nix
-    ../flake.lock
-    ../nix
-    (fs.maybeMissing ../ci)
-    (fs.maybeMissing ../containers)
-    (fs.maybeMissing ../.ci)
-    (fs.maybeMissing ../.github)
-    (fs.maybeMissing ../target)
-  ];
 in
 {
-  # Everything cargo needs: Cargo.toml/lock, src/, tests/, examples/,
-  # experiments/ (the CLI tests read them), rust-toolchain.toml.
+  # Everything `cargo build` and `cargo test` read: the manifest and lock,
+  # the toolchain file, src/, tests/ (with tests/data), examples/, and the
+  # files the tests load (experiments/ and audits/).
   crate = fs.toSource {
     inherit root;
-    fileset = fs.difference root packaging;
+    fileset = fs.unions [
+      ../Cargo.toml
+      ../Cargo.lock
+      ../rust-toolchain.toml
+      ../src
+      ../tests
+      ../examples
+      ../experiments
+      ../audits
+    ];
   };
 
   # The experiment files and their committed goldens, for the runtime checks

@@ -65,3 +65,28 @@ pub fn provenance() -> Option<Value> {
         },
     })
 }
+
+/// The CUDA combination a packaged build pins libraries for: the
+/// provenance's `combination` when its `cuda` block is set (the CPU package
+/// has `cuda: null`).
+pub fn cuda_combination(provenance: &Value) -> Option<String> {
+    let c = provenance.get("content")?;
+    if c.get("cuda").is_none_or(Value::is_null) {
+        return None;
+    }
+    Some(c["combination"].as_str().unwrap_or("unknown").to_string())
+}
+
+/// When the CPU backend runs under a package that pins CUDA libraries (a
+/// fallback of `--backend auto`, or `--backend cpu`), the sentence saying
+/// that this is not that combination's GPU result; `None` otherwise.
+pub fn cpu_under_cuda_combination(backend: &str, provenance: Option<&Value>) -> Option<String> {
+    if backend != "cpu" {
+        return None;
+    }
+    let combo = cuda_combination(provenance?)?;
+    Some(format!(
+        "the CPU backend ran under the CUDA combination `{combo}`: its pinned NVRTC/NCCL were not used, \
+         so this is the CPU oracle's result, not a GPU result of `{combo}`"
+    ))
+}

@@ -100,16 +100,36 @@ pub fn run(
         "backend": backend.environment(),
     });
     environment["backend_init_ms"] = serde_json::json!(cfg.backend_init_ms);
-    if let Some(p) = crate::env::provenance() {
+    let mut notes = cfg.notes.clone();
+    let mut tool = ToolInfo::current();
+    if let Some(mut p) = crate::env::provenance() {
+        // A CPU run under a package pinning CUDA libraries must not read as
+        // that combination's GPU result.
+        if let Some(note) = crate::env::cpu_under_cuda_combination(backend.name(), Some(&p)) {
+            p["used"] = serde_json::json!(false);
+            p["note"] = serde_json::json!(note);
+            notes.push(note);
+        }
+        // Packaged builds keep the git revision out of the binary (it would
+        // rebuild on every commit) and put it in the provenance.
+        if tool.git == "unknown" {
+            if let Some(g) = p["content"]["foldprint"]["git"].as_str() {
+                tool.git = g.to_string();
+            }
+        }
         environment["provenance"] = p;
     }
-    if !cfg.notes.is_empty() {
-        environment["notes"] = serde_json::json!(cfg.notes);
+    // How the host's CUDA driver was found, when this process looked.
+    if let Some(d) = crate::backend::cuda::host_driver::state() {
+        environment["host_driver"] = serde_json::json!(d);
+    }
+    if !notes.is_empty() {
+        environment["notes"] = serde_json::json!(notes);
     }
     let mut report = Report {
         format: REPORT_FORMAT.into(),
         version: REPORT_VERSION,
-        foldprint: ToolInfo::current(),
+        foldprint: tool,
         backend: backend.name().into(),
         nan_policy: cfg.nan_policy.name().into(),
         environment,

@@ -1,7 +1,7 @@
 //! `doctor`: which backends can run here, and what is missing.
 
 use anyhow::Result;
-use foldprint::backend::cuda::{probe, probe::version_text};
+use foldprint::backend::cuda::{host_driver, probe, probe::version_text};
 
 fn lib_line(name: &str, l: &foldprint::backend::cuda::probe::LibraryProbe) -> String {
     match (&l.opened_name, &l.path) {
@@ -27,6 +27,56 @@ fn lib_line(name: &str, l: &foldprint::backend::cuda::probe::LibraryProbe) -> St
     }
 }
 
+/// The host driver's libraries: how libcuda was obtained, then every
+/// library of the driver with where it is, or why it is missing.
+fn print_host_driver(kernel_module: Option<&str>) {
+    let Some(d) = host_driver::state() else {
+        return;
+    };
+    let how = match d.how {
+        "loader" => "libraries: libcuda found by the dynamic loader (LD_LIBRARY_PATH, /run/opengl-driver/lib, or the system's own cache)",
+        "found" => "libraries: libcuda not on the loader's path, found by foldprint and loaded by full path",
+        _ => "libraries: no libcuda found",
+    };
+    println!("driver {how}");
+    // In `loader` mode no search ran; run one now, for the listing only.
+    let own;
+    let search = match &d.search {
+        Some(s) => s,
+        None => {
+            own = host_driver::search(&host_driver::SearchPlan::from_env().0);
+            &own
+        }
+    };
+    for lib in host_driver::DRIVER_LIBRARIES.iter().rev() {
+        if let Some(f) = search.found.iter().find(|f| f.name == lib.name) {
+            println!("       {:<26} {} ({})", lib.name, f.path, f.source);
+        } else if let Some(m) = search.missing.iter().find(|m| m.name == lib.name) {
+            println!(
+                "       {:<26} MISSING: {}; needed for {}",
+                lib.name, m.reason, m.needed_for
+            );
+        }
+    }
+    match (search.driver_version.as_deref(), kernel_module) {
+        (Some(v), Some(k)) if v != k => println!(
+            "       driver libraries {v} but kernel module {k}: cuInit will refuse (reboot or reinstall the driver)"
+        ),
+        (Some(v), _) => println!("       driver libraries {v}"),
+        _ => {}
+    }
+    if !search.ignored.is_empty() {
+        println!(
+            "       ignored (another driver version): {}",
+            search.ignored.join(", ")
+        );
+    }
+    for e in &d.load_errors {
+        println!("       could not load {e}");
+    }
+    println!("       searched: {}", search.searched.join(", "));
+}
+
 pub fn run(json: bool) -> Result<i32> {
     let host = foldprint::env::host();
     let cpu = serde_json::json!({
@@ -36,7 +86,17 @@ pub fn run(json: bool) -> Result<i32> {
     });
     let cuda = probe();
     if json {
-        let v = serde_json::json!({ "host": host, "cpu": cpu, "cuda": cuda });
+        let search = host_driver::state().map(|d| match &d.search {
+            Some(s) => s.clone(),
+            None => host_driver::search(&host_driver::SearchPlan::from_env().0),
+        });
+        let v = serde_json::json!({
+            "host": host,
+            "cpu": cpu,
+            "cuda": cuda,
+            "host_driver": host_driver::state(),
+            "driver_libraries": search,
+        });
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
     }
@@ -85,6 +145,22 @@ pub fn run(json: bool) -> Result<i32> {
     }
     if let Some(e) = &cuda.nvrtc_error {
         println!("       NVRTC error: {e}");
+    }
+    print_host_driver(host["nvidia_kernel_driver"].as_str());
+    if let Some(p) = foldprint::env::provenance() {
+        let c = &p["content"];
+        let v = |x: &serde_json::Value| x["version"].as_str().unwrap_or("none").to_string();
+        println!(
+            "pins   {} ({}; NVRTC {}; NCCL {}) from {}",
+            c["combination"].as_str().unwrap_or("?"),
+            c["cuda"]["package_set"].as_str().unwrap_or("no CUDA set"),
+            v(&c["nvrtc"]),
+            v(&c["nccl"]),
+            p["path"].as_str().unwrap_or("?")
+        );
+        if let Some(e) = p["error"].as_str() {
+            println!("       provenance file unreadable: {e}");
+        }
     }
     println!(
         "auto   would use {}",

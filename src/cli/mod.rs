@@ -405,6 +405,12 @@ fn execute(
     if let Some(n) = &note {
         eprintln!("note: {n}");
     }
+    if reporting {
+        let prov = foldprint::env::provenance();
+        if let Some(w) = foldprint::env::cpu_under_cuda_combination(be.name(), prov.as_ref()) {
+            eprintln!("warning: {w}");
+        }
+    }
     let total = experiments.iter().map(|e| e.cases.len()).sum();
     let mut bar = Bar::new(total);
     let cfg = RunConfig {
@@ -471,6 +477,11 @@ fn cmd_compare(a: CompareArgs) -> Result<i32> {
     let mut reports = Vec::new();
     for p in &a.reports {
         reports.push((p.display().to_string(), Report::read(p)?));
+    }
+    for (path, r) in &reports {
+        if let Some(n) = table::not_a_gpu_result(r) {
+            eprintln!("warning: {path}: {n}");
+        }
     }
     let cmp = compare(&reports, a.allow_missing);
     if a.json {

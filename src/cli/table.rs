@@ -16,6 +16,18 @@ fn fmt_ms(ms: f64) -> String {
     }
 }
 
+/// The report's own sentence when it is a CPU run under a package that pins
+/// CUDA libraries (`environment.provenance.used == false`).
+pub fn not_a_gpu_result(r: &Report) -> Option<String> {
+    let p = &r.environment["provenance"];
+    (p["used"] == serde_json::json!(false)).then(|| {
+        p["note"]
+            .as_str()
+            .unwrap_or("CPU run under a CUDA combination")
+            .to_string()
+    })
+}
+
 pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
     let threads = r.environment["backend"]["threads"].as_u64();
     let b = &r.environment["backend"];
@@ -35,6 +47,10 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
         "foldprint {} · backend {} ({on}) · NaN policy {}{emulated}",
         r.foldprint.version, r.backend, r.nan_policy
     );
+    let not_gpu = not_a_gpu_result(r);
+    if let Some(n) = &not_gpu {
+        println!("NOT A GPU RESULT: {n}");
+    }
     for e in &r.experiments {
         println!();
         println!("{} — {} ({} cases)", e.name, e.path, e.cases);
@@ -129,6 +145,9 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
         );
     }
     println!();
+    if let Some(n) = &not_gpu {
+        println!("NOT A GPU RESULT: {n}");
+    }
     if r.summary.ok {
         print!(
             "ok: {} cases, {} groups, every check passed",

@@ -12,7 +12,8 @@ use std::sync::{Mutex, OnceLock};
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct LoadedLibrary {
     /// Which family it belongs to: `cuda`, `nvrtc`, `nvrtc-builtins`,
-    /// `nvidia-ptxjitcompiler` or `nccl`.
+    /// `nvidia-ptxjitcompiler`, `nvidia-nvvm`, `nvidia-gpucomp`,
+    /// `nvidia-ml` or `nccl`.
     pub family: &'static str,
     pub path: String,
     /// SHA-256 of the file's bytes; `None` when it could not be read.
@@ -23,11 +24,14 @@ pub struct LoadedLibrary {
 /// Classify a mapped file name; `None` for libraries we do not track.
 fn family_of(file_name: &str) -> Option<&'static str> {
     // Order matters: `libnvrtc-builtins` also starts with `libnvrtc`.
-    const FAMILIES: [(&str, &str); 6] = [
+    const FAMILIES: [(&str, &str); 9] = [
         ("libnvrtc-builtins", "nvrtc-builtins"),
         ("libnvrtc.so", "nvrtc"),
         ("libcuda.so", "cuda"),
         ("libnvidia-ptxjitcompiler.so", "nvidia-ptxjitcompiler"),
+        ("libnvidia-nvvm.so", "nvidia-nvvm"),
+        ("libnvidia-gpucomp.so", "nvidia-gpucomp"),
+        ("libnvidia-ml.so", "nvidia-ml"),
         ("libnccl.so", "nccl"),
         ("libnccl-net", "nccl"),
     ];

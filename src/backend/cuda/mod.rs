@@ -7,6 +7,7 @@
 
 pub mod bench;
 pub mod device;
+pub mod host_driver;
 pub mod kernels;
 pub mod libs;
 pub(crate) mod mem;

@@ -132,8 +132,19 @@ impl CudaProbe {
     /// Like `reason`, without the lists of names tried (for one-line notes).
     pub fn short_reason(&self) -> String {
         let mut parts = Vec::new();
-        if self.driver_library.opened_name.is_none() {
+        let d = &self.driver_library;
+        if d.opened_name.is_none() {
             parts.push("no CUDA driver library (libcuda.so)".to_string());
+        } else if !d.missing_symbols.is_empty() {
+            parts.push(format!(
+                "the CUDA driver library {} lacks {} symbol(s) foldprint calls ({}...)",
+                d.path
+                    .as_deref()
+                    .or(d.opened_name.as_deref())
+                    .unwrap_or("?"),
+                d.missing_symbols.len(),
+                d.missing_symbols[0]
+            ));
         } else if let Some(e) = &self.driver_error {
             parts.push(format!("driver: {e}"));
         } else if self.device_count == 0 {
@@ -204,8 +215,11 @@ fn open_library(mut names: Vec<String>, symbols: &[&str], family: &str) -> Libra
     probe
 }
 
-/// Probe the driver library only (cheap; cached by the loader).
+/// Probe the driver library only (cheap; cached by the loader). The first
+/// call also makes the host's driver loadable where the loader alone cannot
+/// find it (`host_driver`).
 pub(crate) fn driver_library() -> LibraryProbe {
+    super::host_driver::ensure_loaded();
     let names: Vec<String> = ["cuda", "nvcuda"]
         .iter()
         .flat_map(|l| cudarc::get_lib_name_candidates(l))
