@@ -37,23 +37,23 @@ pub fn run(json: bool) -> Result<i32> {
     let cuda = probe();
     if json {
         let v = serde_json::json!({ "host": host, "cpu": cpu, "cuda": cuda });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
     }
-    println!(
+    outln!(
         "host   {} · {} · {} cores",
         host["os"].as_str().unwrap_or(""),
         host["cpu"].as_str().unwrap_or(""),
         host["cores"]
     );
-    println!(
+    outln!(
         "cpu    usable · {} threads · {} MiB available",
         cpu["threads"],
         cpu["available_memory"]
             .as_u64()
             .map_or("?".into(), |b| (b >> 20).to_string())
     );
-    println!(
+    outln!(
         "cuda   {}",
         if cuda.usable {
             "usable".to_string()
@@ -61,15 +61,15 @@ pub fn run(json: bool) -> Result<i32> {
             format!("NOT usable: {}", cuda.short_reason())
         }
     );
-    println!("       {}", lib_line("driver", &cuda.driver_library));
+    outln!("       {}", lib_line("driver", &cuda.driver_library));
     if let Some(v) = cuda.driver_version {
-        println!("       driver API {}", version_text(v));
+        outln!("       driver API {}", version_text(v));
     }
     if let Some(e) = &cuda.driver_error {
-        println!("       driver error: {e}");
+        outln!("       driver error: {e}");
     }
     for d in &cuda.devices {
-        println!(
+        outln!(
             "       device {}: {} · sm_{}{} · {} SMs · {} MiB",
             d.ordinal,
             d.name,
@@ -79,14 +79,14 @@ pub fn run(json: bool) -> Result<i32> {
             d.total_memory_bytes >> 20
         );
     }
-    println!("       {}", lib_line("nvrtc", &cuda.nvrtc_library));
+    outln!("       {}", lib_line("nvrtc", &cuda.nvrtc_library));
     if let Some((a, b)) = cuda.nvrtc_version {
-        println!("       NVRTC {a}.{b}");
+        outln!("       NVRTC {a}.{b}");
     }
     if let Some(e) = &cuda.nvrtc_error {
-        println!("       NVRTC error: {e}");
+        outln!("       NVRTC error: {e}");
     }
-    println!(
+    outln!(
         "auto   would use {}",
         if cuda.usable { "cuda" } else { "cpu" }
     );

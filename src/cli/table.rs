@@ -1,7 +1,7 @@
 //! Human-readable output: one line per case, then invariance groups, then a
 //! one-line verdict. Everything here is also in the JSON report.
 
-use foldprint::report::{Comparison, Report};
+use foldprint::report::{Comparison, Report, Source};
 use std::path::{Path, PathBuf};
 
 fn short(d: &str) -> &str {
@@ -27,14 +27,16 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
         (None, Some(t)) => format!("{t} threads"),
         _ => String::new(),
     };
-    println!(
+    outln!(
         "foldprint {} · backend {} ({on}) · NaN policy {}",
-        r.foldprint.version, r.backend, r.nan_policy
+        r.foldprint.version,
+        r.backend,
+        r.nan_policy
     );
     for e in &r.experiments {
-        println!();
-        println!("{} — {} ({} cases)", e.name, e.path, e.cases);
-        println!(
+        outln!();
+        outln!("{} — {} ({} cases)", e.name, e.path, e.cases);
+        outln!(
             "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<35} {:>9}",
             "",
             "CASE",
@@ -60,7 +62,7 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
                 .iter()
                 .map(|t| t.total_ms)
                 .fold(f64::INFINITY, f64::min);
-            println!(
+            outln!(
                 "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<35} {:>9}",
                 if ok { "ok" } else { "FAIL" },
                 truncate(&c.id, 40),
@@ -77,18 +79,18 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
                 }
             );
             if !c.ranks_identical {
-                println!("       ranks ended with different arenas");
+                outln!("       ranks ended with different arenas");
             }
             if !c.rounds_identical {
-                println!("       rounds gave different digests");
+                outln!("       rounds gave different digests");
             }
         }
     }
     if !r.groups.is_empty() {
-        println!();
-        println!("invariance groups (cases differing only in delivery order)");
+        outln!();
+        outln!("invariance groups (cases differing only in delivery order)");
         for g in &r.groups {
-            println!(
+            outln!(
                 "  {:<4} {:<13} expect {:<8} got {:<12} {}",
                 if g.ok { "PASS" } else { "FAIL" },
                 g.contract,
@@ -96,15 +98,15 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
                 g.verdict,
                 g.key
             );
-            println!("       {}", g.note);
+            outln!("       {}", g.note);
         }
     }
     if !r.skipped.is_empty() {
         let mut reasons: Vec<&str> = r.skipped.iter().map(|s| s.reason.as_str()).collect();
         reasons.sort_unstable();
         reasons.dedup();
-        println!();
-        println!(
+        outln!();
+        outln!(
             "skipped {} case(s) this backend cannot run: {}",
             r.skipped.len(),
             truncate(&reasons.join("; "), 300)
@@ -117,33 +119,34 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
         .map(|c| c.id.as_str())
         .collect();
     if !blind.is_empty() {
-        println!();
-        println!(
+        outln!();
+        outln!(
             "note: {} case(s) have data that barely or never sees fold order (SENS < 1% or blind): {}",
             blind.len(),
             truncate(&blind.join(", "), 200)
         );
     }
-    println!();
+    outln!();
     if r.summary.ok {
-        print!(
+        out!(
             "ok: {} cases, {} groups, every check passed",
-            r.summary.cases, r.summary.groups
+            r.summary.cases,
+            r.summary.groups
         );
     } else {
-        println!("FAILED: {} problem(s)", r.summary.failures.len());
+        outln!("FAILED: {} problem(s)", r.summary.failures.len());
         for f in &r.summary.failures {
-            println!("  - {f}");
+            outln!("  - {f}");
         }
     }
     if r.summary.ok {
-        println!();
+        outln!();
     }
     if let Some(o) = out {
-        println!("report: {}", o.display());
+        outln!("report: {}", o.display());
     }
     if let Some(d) = dump {
-        println!(
+        outln!(
             "dumps: {} (check with `cd {} && sha256sum -c SHA256SUMS`)",
             d.display(),
             d.display()
@@ -161,40 +164,48 @@ fn truncate(s: &str, n: usize) -> String {
     }
 }
 
-pub fn print_comparison(reports: &[(String, Report)], cmp: &Comparison) {
+pub fn print_comparison(reports: &[(String, Source)], cmp: &Comparison) {
     for (name, r) in reports {
-        println!(
-            "  {name}: {} cases, backend {}, foldprint {}",
-            r.cases.len(),
-            r.backend,
-            r.foldprint.version
-        );
+        match r {
+            Source::Report(r) => outln!(
+                "  {name}: {} cases, backend {}, foldprint {}",
+                r.cases.len(),
+                r.backend,
+                r.foldprint.version
+            ),
+            Source::Golden(g) => outln!(
+                "  {name}: golden of `{}`, {} cases, {}",
+                g.experiment,
+                g.cases.len(),
+                g.produced_by
+            ),
+        }
     }
     if cmp.ok() {
-        println!(
+        outln!(
             "ok: {} cases agree across {} reports",
             cmp.compared,
             reports.len()
         );
     } else {
-        println!(
+        outln!(
             "MISMATCH: {} difference(s); first: {}",
             cmp.mismatches.len(),
             cmp.mismatches[0]
         );
         for m in cmp.mismatches.iter().take(20) {
-            println!("  - {m}");
+            outln!("  - {m}");
         }
         if cmp.mismatches.len() > 20 {
-            println!("  … and {} more", cmp.mismatches.len() - 20);
+            outln!("  … and {} more", cmp.mismatches.len() - 20);
         }
     }
 }
 
 pub fn print_verify(goldens: &[PathBuf], r: &Report, problems: &[String]) {
-    println!();
+    outln!();
     if problems.is_empty() {
-        println!(
+        outln!(
             "verify ok: {} cases match {} golden file(s){}",
             r.cases.len(),
             goldens.len(),
@@ -208,9 +219,9 @@ pub fn print_verify(goldens: &[PathBuf], r: &Report, problems: &[String]) {
             }
         );
     } else {
-        println!("verify FAILED: {} problem(s)", problems.len());
+        outln!("verify FAILED: {} problem(s)", problems.len());
         for p in problems {
-            println!("  - {p}");
+            outln!("  - {p}");
         }
     }
 }
@@ -220,20 +231,20 @@ pub fn print_dump_comparison(
     b: &Path,
     cmp: &foldprint::report::localize::DumpComparison,
 ) {
-    println!(
+    outln!(
         "{} vs {}: {} identical file(s)",
         a.display(),
         b.display(),
         cmp.identical
     );
     for u in &cmp.unmatched {
-        println!("  only one side: {u}");
+        outln!("  only one side: {u}");
     }
     for d in &cmp.differing {
         let ulp = d
             .max_ulp
             .map_or("NaN involved".to_string(), |u| u.to_string());
-        println!(
+        outln!(
             "  DIFFER {}: {} of {} elements differ (lengths {} / {}), max ULP distance {ulp}",
             d.name,
             d.differing,
@@ -241,12 +252,17 @@ pub fn print_dump_comparison(
             d.lens.0,
             d.lens.1
         );
-        println!(
+        outln!(
             "    {:>12}  {:>10} {:>16}  {:>10} {:>16}  {:>8}",
-            "INDEX", "LEFT", "", "RIGHT", "", "ULP"
+            "INDEX",
+            "LEFT",
+            "",
+            "RIGHT",
+            "",
+            "ULP"
         );
         for e in &d.first {
-            println!(
+            outln!(
                 "    {:>12}  0x{:08x} {:>16e}  0x{:08x} {:>16e}  {:>8}",
                 e.index,
                 e.left,
@@ -258,6 +274,6 @@ pub fn print_dump_comparison(
         }
     }
     if cmp.differing.is_empty() && cmp.unmatched.is_empty() {
-        println!("ok: dumps are identical");
+        outln!("ok: dumps are identical");
     }
 }

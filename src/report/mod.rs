@@ -3,13 +3,14 @@
 //! parameters only, so reports from different machines line up.
 
 pub mod attest;
+pub mod check;
 mod compare;
 mod golden;
 mod groups;
 mod junit;
 pub mod localize;
 
-pub use compare::{compare, Comparison, Mismatch};
+pub use compare::{compare, compare_sources, Comparison, Mismatch, Source};
 pub use golden::{Golden, GoldenCase, GOLDEN_FORMAT};
 pub use groups::{build_groups, Group};
 pub use junit::junit;
@@ -41,6 +42,12 @@ pub enum ReportError {
         what: &'static str,
         found: u64,
         expected: u32,
+    },
+    #[error("{path}: inconsistent {what}, refusing to trust it: {}", problems.join("; "))]
+    Inconsistent {
+        path: PathBuf,
+        what: &'static str,
+        problems: Vec<String>,
     },
     #[error("{path}: cannot write: {source}")]
     Write {
@@ -269,8 +276,19 @@ impl Report {
 
     /// Read a report, checking its format marker and version first so a
     /// wrong file gets a precise message rather than a field error.
+    /// The report is checked for internal consistency
+    /// ([`check::problems`]): an inconsistent one is an error.
     pub fn read(path: &Path) -> Result<Report, ReportError> {
-        read_versioned(path, REPORT_FORMAT, REPORT_VERSION, "report")
+        let r: Report = read_versioned(path, REPORT_FORMAT, REPORT_VERSION, "report")?;
+        let problems = check::problems(&r);
+        if !problems.is_empty() {
+            return Err(ReportError::Inconsistent {
+                path: path.to_path_buf(),
+                what: "report",
+                problems,
+            });
+        }
+        Ok(r)
     }
 }
 

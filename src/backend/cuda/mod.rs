@@ -542,6 +542,31 @@ impl Backend for CudaBackend {
         super::nccl_only(case)
     }
 
+    /// Host memory for kept values, and each arena's buffers against the
+    /// device's total memory (free memory is checked again per case, when
+    /// other shapes' buffers have been given back).
+    fn preflight(&self, case: &Case, opts: &RunOptions) -> Result<(), BackendError> {
+        self.check_case(case, opts)?;
+        let (_, total) = self.dev.memory().map_err(|e| failed(&case.id, e))?;
+        let racing = self.copy.len() >= 2;
+        let margin = 256u64 << 20;
+        for &n in &case.arenas {
+            let plan = shard_plan(n, case.world).ok_or_else(|| failed(&case.id, "world = 0"))?;
+            let nonempty = plan.iter().filter(|s| s.len > 0).count();
+            let nbuf = nonempty.min(if racing { 2 } else { 1 });
+            let needed = WorldBuffers::bytes_needed(case.world, n, &plan, nbuf) + margin;
+            if needed > total {
+                return Err(BackendError::OutOfMemory {
+                    case: case.id.clone(),
+                    what: "GPU memory (the device's total)",
+                    needed,
+                    available: total,
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
         self.check_case(case, opts)?;
         // Keep only this case's buffers: other shapes would pin memory.
