@@ -37,12 +37,23 @@ use std::path::PathBuf;
 #[command(
     name = "foldprint",
     version,
-    about = "Bitwise-reproducible fixed-order float32 reduction, with SHA-256 digests of the reduced arenas"
+    about = "Bitwise-reproducible fixed-order float32 reduction, with SHA-256 digests of the reduced arenas",
+    after_help = EXIT_CODES_HELP
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
+
+/// The exit codes, as `--help` shows them (README, "Exit codes", has the same table).
+const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0      every check held
+  1      a check failed: a digest, a rank copy, an invariance group, a golden or a comparison differs
+  2      bad input: usage, a malformed experiment, a corrupt or inconsistent report, an unusable output path
+  3      a resource is missing: no GPU, driver or library, not enough memory or disk space
+  4      the infrastructure failed mid-run: an NCCL error, a dead peer, the watchdog, the rendezvous
+  128+N  stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP) at a case boundary; nothing written";
 
 #[derive(Subcommand)]
 enum Command {

@@ -117,10 +117,13 @@ impl Source<'_> {
 
 /// Read and expand one experiment file.
 pub fn load(path: &Path) -> Result<Experiment, ExperimentError> {
-    let bytes = std::fs::read(path).map_err(|source| ExperimentError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes =
+        crate::env::read_capped(path, crate::env::MAX_EXPERIMENT_BYTES).map_err(|source| {
+            ExperimentError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
     let text = String::from_utf8(bytes.clone()).map_err(|_| ExperimentError::File {
         path: path.to_path_buf(),
         message: "not valid UTF-8".into(),

@@ -38,9 +38,14 @@ impl std::fmt::Display for DumpMismatch {
 /// every arena of the report has its file, and that nothing else is there.
 pub fn dump_subjects(report: &Report, dir: &Path) -> Result<Vec<Subject>, DumpMismatch> {
     let sums_path = dir.join("SHA256SUMS");
-    let sums = std::fs::read_to_string(&sums_path).map_err(|e| {
-        DumpMismatch::Unreadable(format!("{}: cannot read: {e}", sums_path.display()))
-    })?;
+    let sums = crate::env::read_capped(&sums_path, crate::env::MAX_REPORT_BYTES)
+        .and_then(|b| {
+            String::from_utf8(b)
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
+        })
+        .map_err(|e| {
+            DumpMismatch::Unreadable(format!("{}: cannot read: {e}", sums_path.display()))
+        })?;
     let cases: Vec<(&str, &str, usize)> = report
         .cases
         .iter()

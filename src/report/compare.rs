@@ -137,7 +137,7 @@ pub enum Source {
 impl Source {
     /// Read a report or a golden, whichever the file's `format` says.
     pub fn read(path: &Path) -> Result<Source, ReportError> {
-        let golden = std::fs::read(path)
+        let golden = crate::env::read_capped(path, crate::env::MAX_REPORT_BYTES)
             .ok()
             .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
             .is_some_and(|v| {

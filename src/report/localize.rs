@@ -90,10 +90,15 @@ fn read_sums(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
 
 fn read_sums_file(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
     let path = dir.join("SHA256SUMS");
-    let text = std::fs::read_to_string(&path).map_err(|source| ReportError::Io {
-        path: path.clone(),
-        source,
-    })?;
+    let text = crate::env::read_capped(&path, crate::env::MAX_REPORT_BYTES)
+        .and_then(|b| {
+            String::from_utf8(b)
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
+        })
+        .map_err(|source| ReportError::Io {
+            path: path.clone(),
+            source,
+        })?;
     let mut out = BTreeMap::new();
     for (i, line) in text.lines().enumerate() {
         let Some((hash, name)) = line.split_once("  ") else {

@@ -300,9 +300,15 @@ pub(crate) fn read_versioned<T: serde::de::DeserializeOwned>(
     version: u32,
     what: &'static str,
 ) -> Result<T, ReportError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ReportError::Io {
+    let bytes = crate::env::read_capped(path, crate::env::MAX_REPORT_BYTES).map_err(|source| {
+        ReportError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
+    let text = String::from_utf8(bytes).map_err(|_| ReportError::Malformed {
         path: path.to_path_buf(),
-        source,
+        message: "not valid UTF-8".into(),
     })?;
     let malformed = |message: String| ReportError::Malformed {
         path: path.to_path_buf(),
