@@ -297,7 +297,9 @@ pub(crate) fn stdout_write(args: std::fmt::Arguments<'_>) {
     if state.0 || state.1.is_some() {
         return;
     }
-    if let Err(e) = std::io::stdout().lock().write_fmt(args) {
+    let text = args.to_string();
+    let text = foldprint::report::printable(&text);
+    if let Err(e) = std::io::stdout().lock().write_all(text.as_bytes()) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             state.0 = true;
         } else {
@@ -352,7 +354,7 @@ pub fn main() -> i32 {
     let code = match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", message(&e));
+            eprintln!("error: {}", foldprint::report::printable(&message(&e)));
             exit_code(&e).code()
         }
     };

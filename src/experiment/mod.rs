@@ -115,6 +115,30 @@ impl Source<'_> {
     }
 }
 
+/// The key a value at byte `pos` belongs to: the nearest `key =` before it
+/// on its line, or on an earlier line when the value spans several.
+fn field_at(text: &str, pos: usize) -> Option<String> {
+    let before = text.get(..pos.min(text.len()))?;
+    for line in before.lines().rev().take(64) {
+        let line = line.split('#').next().unwrap_or("");
+        if let Some((key, _)) = line.split_once('=') {
+            let key = key.trim().trim_matches('"');
+            if !key.is_empty()
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+            {
+                return Some(key.to_string());
+            }
+        }
+        let t = line.trim();
+        if t.starts_with('[') && t.ends_with(']') && !t.contains(',') {
+            return None; // a table header: the value is not under a key
+        }
+    }
+    None
+}
+
 /// Read and expand one experiment file.
 pub fn load(path: &Path) -> Result<Experiment, ExperimentError> {
     let bytes =
@@ -183,7 +207,13 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, ExperimentError> {
     let src = Source { path, text };
     let raw: RawExperiment = toml::from_str(text).map_err(|e| {
         let span = e.span().unwrap_or(0..0);
-        src.at(span, e.message().trim_end().to_string())
+        let message = e.message().trim_end();
+        // serde's type errors do not say which field; the key is on the line.
+        let message = match field_at(text, span.start) {
+            Some(key) if !message.contains('`') => format!("field `{key}`: {message}"),
+            _ => message.to_string(),
+        };
+        src.at(span, message)
     })?;
     let name = raw.name.get_ref().trim().to_string();
     if name.is_empty()
@@ -234,7 +264,8 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, ExperimentError> {
             return Err(src.at(
                 sw.id.span(),
                 format!(
-                    "sweep `{}` expands to {combos} cases; the file would exceed the cap of {MAX_CASES} cases",
+                    "sweep `{}` expands to {combos} cases, which makes {total} in this file; \
+                     the cap is {MAX_CASES} cases per file",
                     sw.id.get_ref()
                 ),
             ));

@@ -21,6 +21,26 @@ use crate::sensitivity::Sensitivity;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+/// `s` with control characters (other than newline and tab) written as
+/// `\u{1b}`, so that an id cannot move a terminal's cursor or break XML.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !s.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    std::borrow::Cow::Owned(
+        s.chars()
+            .map(|c| {
+                if bad(c) {
+                    format!("\\u{{{:x}}}", c as u32)
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
+}
+
 pub const REPORT_FORMAT: &str = "foldprint-report";
 pub const REPORT_VERSION: u32 = 1;
 
