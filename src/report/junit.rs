@@ -7,8 +7,7 @@ use super::Report;
 /// as references) written as `\u{7}`.
 fn esc(s: &str) -> String {
     super::printable(s)
-        .replace('\n', " ")
-        .replace('\t', " ")
+        .replace(['\n', '\t'], " ")
         .replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
