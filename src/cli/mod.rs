@@ -533,30 +533,68 @@ fn load(paths: &[PathBuf]) -> Result<Vec<Experiment>> {
     Ok(experiment::load_all(paths)?)
 }
 
-struct Bar(Option<indicatif::ProgressBar>);
+/// Progress of a run: a bar on a terminal (stderr), ticking even while one
+/// long case runs, and, when asked, each case's table row printed as soon
+/// as the case finishes (so a piped run streams its rows).
+struct Bar {
+    pb: Option<indicatif::ProgressBar>,
+    /// (name, path, cases) of each experiment, when rows are streamed.
+    rows: Option<Vec<(String, String, usize)>>,
+    current: Option<String>,
+}
 
 impl Bar {
-    fn new(total: usize) -> Bar {
-        if !std::io::stderr().is_terminal() || total < 2 {
-            return Bar(None);
-        }
-        let pb = indicatif::ProgressBar::new(total as u64);
-        pb.set_style(
-            indicatif::ProgressStyle::with_template("{spinner} [{pos}/{len}] {wide_msg} {elapsed}")
+    fn new(total: usize, rows: Option<Vec<(String, String, usize)>>) -> Bar {
+        let pb = (std::io::stderr().is_terminal() && total >= 1).then(|| {
+            let pb = indicatif::ProgressBar::new(total as u64);
+            pb.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} [{pos}/{len}] {wide_msg} {elapsed}",
+                )
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        Bar(Some(pb))
+            );
+            pb.enable_steady_tick(std::time::Duration::from_millis(200));
+            pb
+        });
+        Bar {
+            pb,
+            rows,
+            current: None,
+        }
+    }
+
+    /// Print without tearing the bar.
+    fn print(&self, f: impl FnOnce()) {
+        match &self.pb {
+            Some(pb) => pb.suspend(f),
+            None => f(),
+        }
     }
 }
 
 impl runner::Progress for Bar {
     fn start(&mut self, case: &experiment::Case, _i: usize, _n: usize) {
-        if let Some(pb) = &self.0 {
-            pb.set_message(format!("{}/{}", case.experiment, case.id));
+        if let Some(pb) = &self.pb {
+            pb.set_message(format!(
+                "{}/{}",
+                case.experiment,
+                foldprint::report::printable(&case.id)
+            ));
+        }
+        if let Some(rows) = &self.rows {
+            if self.current.as_deref() != Some(case.experiment.as_str()) {
+                if let Some((name, path, n)) = rows.iter().find(|r| r.0 == case.experiment) {
+                    self.print(|| table::experiment_header(name, path, *n));
+                }
+                self.current = Some(case.experiment.clone());
+            }
         }
     }
-    fn done(&mut self, _case: &experiment::Case, _result: Option<&foldprint::report::CaseReport>) {
-        if let Some(pb) = &self.0 {
+    fn done(&mut self, _case: &experiment::Case, result: Option<&foldprint::report::CaseReport>) {
+        if let (Some(_), Some(c)) = (&self.rows, result) {
+            self.print(|| table::case_row(c));
+        }
+        if let Some(pb) = &self.pb {
             pb.inc(1);
         }
     }
@@ -564,7 +602,7 @@ impl runner::Progress for Bar {
 
 impl Drop for Bar {
     fn drop(&mut self) {
-        if let Some(pb) = &self.0 {
+        if let Some(pb) = &self.pb {
             pb.finish_and_clear();
         }
     }
@@ -576,6 +614,7 @@ fn execute(
     common: &Common,
     experiments: &[Experiment],
     dump: Option<&std::path::Path>,
+    stream: bool,
 ) -> Result<Option<Report>> {
     let t0 = std::time::Instant::now();
     let (mut be, note) = backend::select(common.backend, &common.cuda.options(experiments))?;
@@ -586,7 +625,25 @@ fn execute(
         eprintln!("note: {n}");
     }
     let total = experiments.iter().map(|e| e.cases.len()).sum();
-    let mut bar = Bar::new(total);
+    let stream = stream && reporting;
+    if stream {
+        table::banner(
+            env!("CARGO_PKG_VERSION"),
+            be.name(),
+            &table::on_what(&be.environment()),
+            common.nan_policy.name(),
+        );
+    }
+    let rows = stream.then(|| {
+        experiments
+            .iter()
+            .map(|e| {
+                let info = foldprint::report::ExperimentInfo::from(e);
+                (info.name, info.path, info.cases)
+            })
+            .collect()
+    });
+    let mut bar = Bar::new(total, rows);
     let cfg = RunConfig {
         nan_policy: common.nan_policy,
         dump,
@@ -629,14 +686,16 @@ fn cmd_run(a: RunArgs) -> Result<i32> {
     check_outputs(&a.common, &exps, a.dump.as_deref(), &[])?;
     start_threads()?;
     foldprint::interrupt::install();
-    let Some(report) = execute(&a.common, &exps, a.dump.as_deref())? else {
+    let stream = !a.common.json;
+    let Some(report) = execute(&a.common, &exps, a.dump.as_deref(), stream)? else {
         return Ok(0);
     };
     write_junit(&a.common, &report, &[])?;
     if a.common.json {
         out!("{}", report.to_json());
     } else {
-        table::print_report(&report, a.common.out.as_deref(), a.dump.as_deref());
+        // The banner and case rows were printed as the cases finished.
+        table::print_tail(&report, a.common.out.as_deref(), a.dump.as_deref());
     }
     Ok(ExitCode::verdict(report.summary.ok).code())
 }
@@ -711,7 +770,7 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
     }
     start_threads()?;
     foldprint::interrupt::install();
-    let Some(report) = execute(&a.common, &exps, None)? else {
+    let Some(report) = execute(&a.common, &exps, None, false)? else {
         return Ok(0);
     };
     let mut problems = Vec::new();
@@ -897,7 +956,8 @@ fn cmd_golden(a: GoldenArgs) -> Result<i32> {
             timeout: 300,
         },
     };
-    let report = execute(&common, &exps, None)?.context("goldens come from the CPU oracle")?;
+    let report =
+        execute(&common, &exps, None, false)?.context("goldens come from the CPU oracle")?;
     if !report.summary.ok {
         table::print_report(&report, None, None);
         return Err(Exit(

@@ -16,76 +16,98 @@ fn fmt_ms(ms: f64) -> String {
     }
 }
 
-pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
-    let threads = r.environment["backend"]["threads"].as_u64();
-    let b = &r.environment["backend"];
+/// What the backend runs on, from its environment block.
+pub fn on_what(backend_env: &serde_json::Value) -> String {
+    let b = backend_env;
     let device = b["gpu"]["name"]
         .as_str()
         .or(b["devices"][0]["gpu"]["name"].as_str());
-    let on = match (device, threads) {
+    match (device, b["threads"].as_u64()) {
         (Some(d), _) => d.to_string(),
         (None, Some(t)) => format!("{t} threads"),
         _ => String::new(),
-    };
+    }
+}
+
+pub fn banner(version: &str, backend: &str, on: &str, nan_policy: &str) {
+    outln!("foldprint {version} · backend {backend} ({on}) · NaN policy {nan_policy}");
+}
+
+/// The title and column header of one experiment's rows.
+pub fn experiment_header(name: &str, path: &str, cases: usize) {
+    outln!();
+    outln!("{name} — {path} ({cases} cases)");
     outln!(
-        "foldprint {} · backend {} ({on}) · NaN policy {}",
-        r.foldprint.version,
-        r.backend,
-        r.nan_policy
+        "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<35} {:>9}",
+        "",
+        "CASE",
+        "W",
+        "ARENAS",
+        "CONTRACT",
+        "ORDER",
+        "SENS",
+        "SHA-256 (per arena, first 16 hex)",
+        "TIME"
+    );
+}
+
+/// One case's row (and its failure lines).
+pub fn case_row(c: &foldprint::report::CaseReport) {
+    let ok = c.ranks_identical && c.rounds_identical;
+    let lens: Vec<String> = c.params.arenas.iter().map(|n| n.to_string()).collect();
+    let digests: Vec<&str> = c.arenas.iter().map(|a| short(&a.sha256)).collect();
+    let sens = match c.sensitivity.verdict.as_str() {
+        "blind" => "blind".to_string(),
+        _ => format!("{:.1}%", c.sensitivity.fraction * 100.0),
+    };
+    let best = c
+        .timings
+        .rounds
+        .iter()
+        .map(|t| t.total_ms)
+        .fold(f64::INFINITY, f64::min);
+    outln!(
+        "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<35} {:>9}",
+        if ok { "ok" } else { "FAIL" },
+        truncate(&c.id, 40),
+        c.params.world,
+        truncate(&lens.join("+"), 16),
+        c.params.contract,
+        truncate(&c.params.order, 12),
+        sens,
+        digests.join(" "),
+        if best.is_finite() {
+            fmt_ms(best)
+        } else {
+            "-".into()
+        }
+    );
+    if !c.ranks_identical {
+        outln!("       ranks ended with different arenas");
+    }
+    if !c.rounds_identical {
+        outln!("       rounds gave different digests");
+    }
+}
+
+pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
+    banner(
+        &r.foldprint.version,
+        &r.backend,
+        &on_what(&r.environment["backend"]),
+        &r.nan_policy,
     );
     for e in &r.experiments {
-        outln!();
-        outln!("{} — {} ({} cases)", e.name, e.path, e.cases);
-        outln!(
-            "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<35} {:>9}",
-            "",
-            "CASE",
-            "W",
-            "ARENAS",
-            "CONTRACT",
-            "ORDER",
-            "SENS",
-            "SHA-256 (per arena, first 16 hex)",
-            "TIME"
-        );
+        experiment_header(&e.name, &e.path, e.cases);
         for c in r.cases.iter().filter(|c| c.experiment == e.name) {
-            let ok = c.ranks_identical && c.rounds_identical;
-            let lens: Vec<String> = c.params.arenas.iter().map(|n| n.to_string()).collect();
-            let digests: Vec<&str> = c.arenas.iter().map(|a| short(&a.sha256)).collect();
-            let sens = match c.sensitivity.verdict.as_str() {
-                "blind" => "blind".to_string(),
-                _ => format!("{:.1}%", c.sensitivity.fraction * 100.0),
-            };
-            let best = c
-                .timings
-                .rounds
-                .iter()
-                .map(|t| t.total_ms)
-                .fold(f64::INFINITY, f64::min);
-            outln!(
-                "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<35} {:>9}",
-                if ok { "ok" } else { "FAIL" },
-                truncate(&c.id, 40),
-                c.params.world,
-                truncate(&lens.join("+"), 16),
-                c.params.contract,
-                truncate(&c.params.order, 12),
-                sens,
-                digests.join(" "),
-                if best.is_finite() {
-                    fmt_ms(best)
-                } else {
-                    "-".into()
-                }
-            );
-            if !c.ranks_identical {
-                outln!("       ranks ended with different arenas");
-            }
-            if !c.rounds_identical {
-                outln!("       rounds gave different digests");
-            }
+            case_row(c);
         }
     }
+    print_tail(r, out, dump);
+}
+
+/// Everything after the case rows: groups, skipped cases, notes, verdict.
+pub fn print_tail(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
     if !r.groups.is_empty() {
         outln!();
         outln!("invariance groups (cases differing only in delivery order)");
