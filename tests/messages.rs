@@ -161,3 +161,36 @@ fn equivalent_orders_are_named_as_one_sequence() {
     // Negative control: distinct sequences are not called the same.
     assert!(!out.contains("descending = "), "{out}");
 }
+
+#[test]
+fn golden_warns_when_it_changes_digests() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "one.toml",
+        "name = \"one\"\n[[case]]\nid = \"c\"\nworld = 3\narenas = [100]\n",
+    );
+    let g = dir.path().join("golden");
+    let run = || {
+        let mut c = fp();
+        c.arg("golden").arg(&p).arg("--golden").arg(&g);
+        c
+    };
+    // First write and an unchanged rewrite: no warning.
+    for _ in 0..2 {
+        let err = stderr_of(&run().assert().success());
+        assert!(!err.contains("warning"), "{err}");
+    }
+    // A golden holding other digests is rewritten, with a warning.
+    let path = g.join("one.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["cases"][0]["arenas"][0] = "ab".repeat(32).into();
+    std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+    let err = stderr_of(&run().assert().success());
+    assert!(
+        err.contains("warning") && err.contains("one.json changed"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+}
