@@ -263,11 +263,18 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, ExperimentError> {
         if total > MAX_CASES {
             return Err(src.at(
                 sw.id.span(),
-                format!(
-                    "sweep `{}` expands to {combos} cases, which makes {total} in this file; \
-                     the cap is {MAX_CASES} cases per file",
-                    sw.id.get_ref()
-                ),
+                if total == combos {
+                    format!(
+                        "sweep `{}` expands to {combos} cases, over the cap of {MAX_CASES} cases per file",
+                        sw.id.get_ref()
+                    )
+                } else {
+                    format!(
+                        "sweep `{}` expands to {combos} cases, which makes {total} in this file, \
+                         over the cap of {MAX_CASES} cases per file",
+                        sw.id.get_ref()
+                    )
+                },
             ));
         }
         for (suffix, over) in expand_sweep(sw) {
