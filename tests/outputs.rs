@@ -442,6 +442,14 @@ fn outputs_and_memory_are_checked_before_any_work() {
     );
     assert!(err.contains("no/such/dir"), "{err}");
     assert!(!d.exists(), "dumps were written before the --out check");
+    // audit, too, checks its --out before starting any configuration.
+    let t0 = std::time::Instant::now();
+    fp().args(["audit", "audits/cpu.toml", "--out"])
+        .arg(dir.path().join("no/such/dir/audit.json"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("cannot write there"));
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5));
     // A small case first, then one that can never fit.
     let two = write(
         dir.path(),

@@ -61,6 +61,9 @@ impl audit::Progress for StderrProgress {
 }
 
 pub fn run(a: AuditArgs) -> Result<i32> {
+    if let Some(out) = &a.out {
+        super::check_output("--out", out)?;
+    }
     let matrix = audit::load(&a.matrix).map_err(|e| Exit(e.exit_code(), e.to_string()))?;
     let exe = std::env::current_exe().context("locating the foldprint binary")?;
     let opts = audit::Options { exe, keep: a.keep };

@@ -406,7 +406,7 @@ pub(crate) fn start_threads() -> Result<()> {
 }
 
 /// Check an output path before any work (exit 2 when it cannot be used).
-fn check_output(flag: &str, path: &std::path::Path) -> Result<()> {
+pub(crate) fn check_output(flag: &str, path: &std::path::Path) -> Result<()> {
     foldprint::check_writable(path).map_err(|e| {
         Exit(
             ExitCode::BadInput,
