@@ -9,15 +9,20 @@ use std::sync::atomic::{AtomicI32, Ordering};
 static PENDING: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn record(sig: libc::c_int) {
-    // Only an atomic store: async-signal-safe.
+    // An atomic store and a write(2): both async-signal-safe.
     PENDING.store(sig, Ordering::SeqCst);
+    let msg = b"\nfoldprint: stopping after the case in progress; nothing will be written (signal again to stop at once)\n";
+    // SAFETY: writing a static buffer to stderr.
+    unsafe {
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+    }
 }
 
 /// Install the handlers (idempotent).
 pub fn install() {
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         // SAFETY: a zeroed sigaction is valid; the handler is
-        // async-signal-safe (one atomic store).
+        // async-signal-safe (an atomic store and a write).
         unsafe {
             let mut act: libc::sigaction = std::mem::zeroed();
             act.sa_sigaction = record as *const () as libc::sighandler_t;
