@@ -64,22 +64,28 @@ fn read_u64(path: &std::path::Path) -> Option<u64> {
 /// The tightest (limit - usage) over this process's cgroup and its parents.
 fn cgroup_left() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    cgroup_left_in(&text, std::path::Path::new("/sys/fs/cgroup"))
+}
+
+/// [`cgroup_left`] for a `/proc/self/cgroup` text and a cgroup mount root.
+fn cgroup_left_in(text: &str, mount: &std::path::Path) -> Option<u64> {
     let mut best: Option<u64> = None;
     for line in text.lines() {
         let mut parts = line.splitn(3, ':');
         let (_, controllers, rel) = (parts.next()?, parts.next()?, parts.next()?);
         let (root, limit_file, usage_file) = if controllers.is_empty() {
-            ("/sys/fs/cgroup", "memory.max", "memory.current")
+            (mount.to_path_buf(), "memory.max", "memory.current")
         } else if controllers.split(',').any(|c| c == "memory") {
             (
-                "/sys/fs/cgroup/memory",
+                mount.join("memory"),
                 "memory.limit_in_bytes",
                 "memory.usage_in_bytes",
             )
         } else {
             continue;
         };
-        let mut dir = std::path::PathBuf::from(root).join(rel.trim_start_matches('/'));
+        let root_len = root.as_os_str().len();
+        let mut dir = root.join(rel.trim_start_matches('/'));
         loop {
             // "max" (v2) does not parse: no limit at this level.
             if let (Some(limit), Some(usage)) = (
@@ -89,7 +95,7 @@ fn cgroup_left() -> Option<u64> {
                 let left = limit.saturating_sub(usage);
                 best = Some(best.map_or(left, |b| b.min(left)));
             }
-            if dir.as_os_str().len() <= root.len() || !dir.pop() {
+            if dir.as_os_str().len() <= root_len || !dir.pop() {
                 break;
             }
         }
@@ -100,6 +106,34 @@ fn cgroup_left() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cgroup_limits_are_read_up_the_hierarchy() {
+        let root = tempfile::tempdir().unwrap();
+        let put = |rel: &str, file: &str, text: &str| {
+            let d = root.path().join(rel);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join(file), text).unwrap();
+        };
+        // v2: the job's own group has no limit ("max"); its parent has one.
+        put("job.slice", "memory.max", "1000000\n");
+        put("job.slice", "memory.current", "400000\n");
+        put("job.slice/run", "memory.max", "max\n");
+        put("job.slice/run", "memory.current", "300000\n");
+        assert_eq!(
+            cgroup_left_in("0::/job.slice/run\n", root.path()),
+            Some(600_000)
+        );
+        // No limit anywhere: nothing to say.
+        assert_eq!(cgroup_left_in("0::/other\n", root.path()), None);
+        // v1: the memory controller's hierarchy.
+        put("memory/x", "memory.limit_in_bytes", "5000\n");
+        put("memory/x", "memory.usage_in_bytes", "1000\n");
+        assert_eq!(
+            cgroup_left_in("4:cpu:/x\n3:memory:/x\n", root.path()),
+            Some(4000)
+        );
+    }
 
     #[test]
     fn headroom_is_the_least_of_the_limits() {
