@@ -164,7 +164,10 @@ jq '.environment.provenance = {path: "test", content: {combination: "cuda12_9-nc
 FOLDPRINT=$foldprint ci/compare-reports.sh --expect 1 --junit "$tmp/junit.xml" "$tmp/reports" >"$tmp/ok.md"
 grep -q '^\*\*PASS\*\*' "$tmp/ok.md"
 grep -q 'failures="0"' "$tmp/junit.xml"
-jq '.cases[0].arenas[0].sha256 |= (if startswith("0") then "1" else "0" end) + .[1:]' \
+# Consistently, as another machine would report it: the arena digest is
+# rank 0's and every rank agrees (an inconsistent report is refused, exit 2).
+jq '.cases[0].arenas[0] |= (.sha256 |= (if startswith("0") then "1" else "0" end) + .[1:]
+        | .sha256 as $d | .rank_sha256 |= map($d))' \
     "$tmp/reports/report-h200-cuda12_9-nccl2_28_9.json" >"$tmp/reports/report-b200-cuda12_9-nccl2_28_9.json"
 if FOLDPRINT=$foldprint ci/compare-reports.sh --expect 2 --junit "$tmp/junit.xml" "$tmp/reports" >"$tmp/bad.md"; then
     echo "compare-reports.sh passed reports that differ" >&2

@@ -1,27 +1,179 @@
-//! Atomic file writes: write a temp file beside the target, fsync, rename.
-//! An interrupted run leaves the old file or nothing, never a truncated one.
+//! Output files that never destroy or forge: every file is written to a
+//! fresh temp file with an unpredictable name (created with O_EXCL, so a
+//! planted symlink is never followed), synced, then renamed over the
+//! target. An interrupted run leaves the old file or nothing, never a
+//! truncated one. Targets that are not regular files (symlinks, fifos,
+//! devices, directories) are refused rather than replaced.
 
 use std::io::Write;
-use std::path::Path;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 
-pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
+/// The directory a target lives in (`.` for a bare file name).
+pub fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
-    };
+    }
+}
+
+/// What kind of thing is at `path`, in words, when it is not a regular file.
+fn special_kind(ft: &std::fs::FileType) -> Option<&'static str> {
+    if ft.is_file() {
+        None
+    } else if ft.is_symlink() {
+        Some("a symbolic link")
+    } else if ft.is_dir() {
+        Some("a directory")
+    } else if ft.is_fifo() {
+        Some("a fifo")
+    } else if ft.is_char_device() {
+        Some("a character device")
+    } else if ft.is_block_device() {
+        Some("a block device")
+    } else if ft.is_socket() {
+        Some("a socket")
+    } else {
+        Some("not a regular file")
+    }
+}
+
+/// Err unless `path` is absent or a regular file (not followed if a link).
+pub fn check_replaceable(path: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) => match special_kind(&m.file_type()) {
+            None => Ok(()),
+            Some(kind) => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("it is {kind}; foldprint only replaces regular files"),
+            )),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Check, before any work, that `path` can be written: its directory
+/// exists and takes new files, and the target is absent or a regular file.
+pub fn check_writable(path: &Path) -> std::io::Result<()> {
+    if path.file_name().is_none() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "names no file",
+        ));
+    }
+    check_replaceable(path)?;
+    let dir = parent_dir(path);
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotADirectory,
+                format!("{} is not a directory", dir.display()),
+            ))
+        }
+        Err(e) => {
+            return Err(std::io::Error::new(
+                e.kind(),
+                format!("directory {}: {e}", dir.display()),
+            ))
+        }
+    }
+    // A probe file proves the directory takes new files (permissions,
+    // read-only mounts); it is removed at once.
+    tempfile::Builder::new()
+        .prefix(".foldprint-probe.")
+        .tempfile_in(dir)
+        .map(drop)
+}
+
+pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    check_replaceable(path)?;
+    let dir = parent_dir(path);
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "out".into());
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    // Keep the mode an existing file has; new files get 0666 less the umask,
+    // as a plain create would.
+    let mode = std::fs::symlink_metadata(path)
+        .map(|m| m.permissions().mode() & 0o7777)
+        .unwrap_or(0o666);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".tmp")
+        .permissions(std::fs::Permissions::from_mode(mode))
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    // Checked again just before the rename: something may have appeared.
+    check_replaceable(path)?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// Canonical form of a path that may not exist yet: its directory resolved,
+/// its file name kept.
+pub fn resolved(path: &Path) -> PathBuf {
+    if let Ok(p) = std::fs::canonicalize(path) {
+        return p;
     }
-    result
+    let dir = std::fs::canonicalize(parent_dir(path)).unwrap_or_else(|_| parent_dir(path).into());
+    match path.file_name() {
+        Some(n) => dir.join(n),
+        None => dir,
+    }
+}
+
+/// Whether two paths name the same file (or would, once written).
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+        return x.dev() == y.dev() && x.ino() == y.ino();
+    }
+    resolved(a) == resolved(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replaces_regular_files_and_refuses_links_and_fifos() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.json");
+        write(&p, b"one").unwrap();
+        write(&p, b"two").unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"two");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let link = dir.path().join("link.json");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        assert!(write(&link, b"x").is_err());
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(
+            names.iter().all(|n| !n.ends_with(".tmp")),
+            "no temp file left: {names:?}"
+        );
+    }
+
+    #[test]
+    fn same_file_sees_through_spellings() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("a.json");
+        assert!(same_file(&a, &dir.path().join(".").join("a.json")));
+        std::fs::write(&a, b"x").unwrap();
+        let sub = dir.path().join("s");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(same_file(&a, &sub.join("..").join("a.json")));
+        assert!(!same_file(&a, &dir.path().join("b.json")));
+    }
 }

@@ -1,4 +1,27 @@
-//! The host part of a report's environment block (the backend adds its own).
+//! The host part of a report's environment block (the backend adds its own),
+//! and size-capped reads of input files.
+
+/// Largest experiment file read (a sweep makes 4096 cases from a few lines).
+pub const MAX_EXPERIMENT_BYTES: u64 = 4 << 20;
+/// Largest report, golden or SHA256SUMS read.
+pub const MAX_REPORT_BYTES: u64 = 256 << 20;
+
+/// Read a whole input file, refusing one larger than `cap` bytes (so that
+/// `/dev/zero` or a mistaken multi-gigabyte file is an error, not an
+/// out-of-memory abort).
+pub fn read_capped(path: &std::path::Path, cap: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let f = std::fs::File::open(path)?;
+    let mut out = Vec::new();
+    f.take(cap + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > cap {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than the {} MiB foldprint reads", cap >> 20),
+        ));
+    }
+    Ok(out)
+}
 
 use serde_json::{json, Value};
 

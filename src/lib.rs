@@ -4,16 +4,21 @@
 //! Dataflow: [`experiment`] (TOML -> cases) -> [`backend`] (reduce) ->
 //! [`digest`] (bytes -> SHA-256) -> [`report`] (JSON, compare, goldens).
 
-mod atomic;
+pub mod atomic;
 pub use atomic::write as atomic_write;
+pub use atomic::{check_writable, same_file};
 pub mod audit;
 pub mod backend;
 pub mod data;
 pub mod digest;
 pub mod dist;
+pub mod dumpdir;
 pub mod env;
+pub mod exit;
 pub mod experiment;
 pub mod fold;
+pub mod interrupt;
+pub mod memory;
 pub mod report;
 pub mod runner;
 pub mod sensitivity;

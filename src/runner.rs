@@ -1,7 +1,7 @@
 //! One `run`: experiments -> backend -> digests -> report (+ dumps).
 
 use crate::backend::{Backend, BackendError, RunOptions};
-use crate::digest::{hashed_bytes, sha256_hex, NanPolicy};
+use crate::digest::{hashed_bytes, NanPolicy};
 use crate::experiment::{Case, Experiment};
 use crate::report::{
     build_groups, CaseReport, ExperimentInfo, Report, SkippedCase, Summary, ToolInfo,
@@ -19,12 +19,26 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    #[error("--dump: {0}")]
+    DumpNames(String),
+    /// A signal asked the run to stop; it did, at a case boundary, and
+    /// wrote nothing.
+    #[error(
+        "interrupted by {} after {done} of {total} cases: nothing was written",
+        crate::interrupt::signal_name(*signal)
+    )]
+    Interrupted {
+        signal: i32,
+        done: usize,
+        total: usize,
+    },
 }
 
 /// Called before and after each case (for progress bars).
 pub trait Progress {
     fn start(&mut self, _case: &Case, _index: usize, _total: usize) {}
-    fn done(&mut self, _case: &Case) {}
+    /// `result` is `None` for a skipped case.
+    fn done(&mut self, _case: &Case, _result: Option<&CaseReport>) {}
 }
 
 impl Progress for () {}
@@ -49,10 +63,44 @@ pub fn run(
         keep_values: cfg.dump.is_some(),
     };
     let all: Vec<&Case> = experiments.iter().flat_map(|e| &e.cases).collect();
-    let mut dumps = Vec::new();
+    // Everything that can be known before the first case is checked first:
+    // dump names, every case's memory need, the dump directory.
+    let running: Vec<&Case> = all
+        .iter()
+        .copied()
+        .filter(|c| backend.skip_reason(c).is_none())
+        .collect();
+    let names = dump_names(
+        &running
+            .iter()
+            .map(|c| (c.experiment.as_str(), c.id.as_str(), c.arenas.len()))
+            .collect::<Vec<_>>(),
+    )
+    .map_err(RunError::DumpNames)?;
+    for case in &running {
+        backend.preflight(case, &opts)?;
+    }
+    let mut dump = match cfg.dump {
+        Some(dir) => {
+            Some(
+                crate::dumpdir::DumpDir::create(dir).map_err(|source| RunError::Dump {
+                    path: dir.to_path_buf(),
+                    source,
+                })?,
+            )
+        }
+        None => None,
+    };
     let mut cases = Vec::with_capacity(all.len());
     let mut skipped = Vec::new();
     for (i, case) in all.iter().enumerate() {
+        if let Some(signal) = crate::interrupt::pending() {
+            return Err(RunError::Interrupted {
+                signal,
+                done: i,
+                total: all.len(),
+            });
+        }
         progress.start(case, i, all.len());
         if let Some(reason) = backend.skip_reason(case) {
             skipped.push(SkippedCase {
@@ -61,20 +109,23 @@ pub fn run(
                 id: case.id.clone(),
                 reason,
             });
-            progress.done(case);
+            progress.done(case, None);
             continue;
         }
         let mut out = backend.run_case(case, &opts)?;
         let s0 = std::time::Instant::now();
         let sensitivity = crate::sensitivity::measure(case);
         let sensitivity_ms = s0.elapsed().as_secs_f64() * 1e3;
-        if let Some(dir) = cfg.dump {
+        if let Some(dir) = dump.as_mut() {
             for (a, arena) in out.arenas.iter_mut().enumerate() {
                 if let Some(values) = arena.values.take() {
-                    let name = dump_name(case, a);
+                    let name = &names[&(case.experiment.as_str(), case.id.as_str(), a)];
                     let bytes = hashed_bytes(&values, cfg.nan_policy);
-                    write_dump(dir, &name, &bytes)?;
-                    dumps.push((sha256_hex(&bytes), name));
+                    drop(values);
+                    dir.write(name, &bytes).map_err(|source| RunError::Dump {
+                        path: dir.target().join(name),
+                        source,
+                    })?;
                 }
             }
         }
@@ -86,13 +137,21 @@ pub fn run(
             sensitivity,
         );
         report.timings.sensitivity_ms = sensitivity_ms;
+        progress.done(case, Some(&report));
         cases.push(report);
-        progress.done(case);
     }
-    if let Some(dir) = cfg.dump {
-        // Written last: its presence means every listed file is complete.
-        let sums: String = dumps.iter().map(|(h, n)| format!("{h}  {n}\n")).collect();
-        write_dump(dir, "SHA256SUMS", sums.as_bytes())?;
+    if let Some(signal) = crate::interrupt::pending() {
+        return Err(RunError::Interrupted {
+            signal,
+            done: all.len(),
+            total: all.len(),
+        });
+    }
+    if let Some(dir) = dump {
+        // SHA256SUMS is written last and the directory swapped in whole.
+        let path = dir.target().to_path_buf();
+        dir.commit()
+            .map_err(|source| RunError::Dump { path, source })?;
     }
     let groups = build_groups(&cases);
     let mut environment = serde_json::json!({
@@ -144,7 +203,12 @@ pub fn run(
 }
 
 /// `<experiment>.<case id>.a<k>.bin`, with anything unsafe in a file name replaced.
+/// Not injective on its own: [`dump_names`] disambiguates.
 pub fn dump_name(case: &Case, arena: usize) -> String {
+    dump_name_of(&case.experiment, &case.id, arena, false)
+}
+
+fn dump_name_of(experiment: &str, id: &str, arena: usize, tagged: bool) -> String {
     let clean = |s: &str| -> String {
         s.chars()
             .map(|c| {
@@ -156,16 +220,49 @@ pub fn dump_name(case: &Case, arena: usize) -> String {
             })
             .collect()
     };
-    format!(
-        "{}.{}.a{arena}.bin",
-        clean(&case.experiment),
-        clean(&case.id)
-    )
+    let tag = if tagged {
+        // `~` never survives `clean`, so a tagged name meets no plain one.
+        let h = crate::digest::sha256_hex(format!("{experiment}\0{id}").as_bytes());
+        format!("~{}", &h[..16])
+    } else {
+        String::new()
+    };
+    format!("{}.{}{tag}.a{arena}.bin", clean(experiment), clean(id))
 }
 
-fn write_dump(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), RunError> {
-    let path = dir.join(name);
-    std::fs::create_dir_all(dir)
-        .and_then(|_| crate::atomic::write(&path, bytes))
-        .map_err(|source| RunError::Dump { path, source })
+/// The dump file of every (experiment, case id, arena) of a run, one to
+/// one: cases whose plain names would collide (exactly, or ignoring case,
+/// as some file systems do) get a `~<hash of experiment and id>` tag.
+/// `cases` lists (experiment, case id, number of arenas) of the cases that
+/// run (skipped cases are not dumped and take no part).
+pub fn dump_names<'c>(
+    cases: &[(&'c str, &'c str, usize)],
+) -> Result<std::collections::HashMap<(&'c str, &'c str, usize), String>, String> {
+    use std::collections::{HashMap, HashSet};
+    let entries: Vec<(&str, &str, usize)> = cases
+        .iter()
+        .flat_map(|&(e, i, n)| (0..n).map(move |a| (e, i, a)))
+        .collect();
+    let mut count: HashMap<String, usize> = HashMap::new();
+    for &(e, i, a) in &entries {
+        *count
+            .entry(dump_name_of(e, i, a, false).to_lowercase())
+            .or_default() += 1;
+    }
+    let mut out = HashMap::new();
+    let mut seen = HashSet::new();
+    for (e, i, a) in entries {
+        let plain = dump_name_of(e, i, a, false);
+        let name = if count[&plain.to_lowercase()] > 1 {
+            dump_name_of(e, i, a, true)
+        } else {
+            plain
+        };
+        if !seen.insert(name.to_lowercase()) || out.insert((e, i, a), name.clone()).is_some() {
+            return Err(format!(
+                "case `{i}` of `{e}` would reuse dump file name {name}"
+            ));
+        }
+    }
+    Ok(out)
 }

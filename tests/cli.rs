@@ -145,9 +145,21 @@ fn compare_catches_a_single_flipped_bit_and_names_the_case() {
         &d[..63],
         u8::from_str_radix(&d[63..], 16).unwrap() ^ 1
     );
-    v["cases"][2]["arenas"][1]["sha256"] = flipped.into();
+    // Consistently, as another machine's report would say it: the arena
+    // digest is rank 0's, and every rank agrees.
+    v["cases"][2]["arenas"][1]["sha256"] = flipped.clone().into();
+    for r in v["cases"][2]["arenas"][1]["rank_sha256"]
+        .as_array_mut()
+        .unwrap()
+    {
+        *r = flipped.clone().into();
+    }
     let id = v["cases"][2]["id"].as_str().unwrap().to_string();
-    std::fs::write(&b, serde_json::to_vec(&v).unwrap()).unwrap();
+    // Its groups and summary then follow from its cases.
+    let mut r: foldprint::report::Report = serde_json::from_value(v).unwrap();
+    r.groups = foldprint::report::build_groups(&r.cases);
+    r.summarize();
+    std::fs::write(&b, r.to_json()).unwrap();
     fp().arg("compare")
         .arg(&a)
         .arg(&b)
@@ -699,9 +711,20 @@ fn compare_of_reports_narrows_a_one_element_difference_to_its_chunk() {
     let arena = &mut v["cases"][0]["arenas"][0];
     assert_eq!(arena["chunk_elems"], chunk);
     assert_eq!(arena["chunk_sha256"].as_array().unwrap().len(), 4);
-    arena["sha256"] = foldprint::digest::sha256_hex(&bytes).into();
+    let digest = foldprint::digest::sha256_hex(&bytes);
+    arena["sha256"] = digest.clone().into();
+    for r in arena["rank_sha256"].as_array_mut().unwrap() {
+        *r = digest.clone().into();
+    }
     arena["chunk_sha256"][2] =
         foldprint::digest::sha256_hex(&bytes[2 * chunk * 4..3 * chunk * 4]).into();
+    let chunks: Vec<String> = serde_json::from_value(arena["chunk_sha256"].clone()).unwrap();
+    arena["chunk_root"] = foldprint::digest::ChunkedDigest {
+        sha256: String::new(),
+        chunks,
+    }
+    .chunk_root()
+    .into();
     std::fs::write(&rb, serde_json::to_vec(&v).unwrap()).unwrap();
     fp().arg("compare")
         .arg(&ra)

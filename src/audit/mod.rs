@@ -70,16 +70,6 @@ pub enum AuditError {
     },
 }
 
-impl AuditError {
-    /// The CLI exit code: 2 bad input, 3 this machine cannot run it.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            AuditError::WorkDir { .. } | AuditError::Oracle(_) => 3,
-            _ => 2,
-        }
-    }
-}
-
 /// What happened to one configuration's child run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]

@@ -49,6 +49,10 @@ impl Backend for CpuBackend {
         super::nccl_only(case)
     }
 
+    fn preflight(&self, case: &Case, opts: &RunOptions) -> Result<(), BackendError> {
+        check_memory(case, opts)
+    }
+
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
         if let Some(why) = self.skip_reason(case) {
             return Err(BackendError::Failed {
@@ -56,34 +60,35 @@ impl Backend for CpuBackend {
                 message: why,
             });
         }
-        check_memory(case)?;
+        check_memory(case, opts)?;
         super::repeat_rounds(case.rounds, || Ok(run_round(case, opts)))
     }
 }
 
-/// The largest arena's W rank copies must fit in available memory.
-fn check_memory(case: &Case) -> Result<(), BackendError> {
+/// The largest arena's W rank copies (plus, for `--dump`, the kept values
+/// and their hashed bytes) must fit in what this process may allocate.
+fn check_memory(case: &Case, opts: &RunOptions) -> Result<(), BackendError> {
     let largest = case.arenas.iter().copied().max().unwrap_or(0) as u64;
-    let needed = largest * 4 * case.world as u64;
-    if let Some(available) = available_memory() {
-        if needed > available {
+    let mut needed = largest * 4 * case.world as u64;
+    if opts.keep_values {
+        needed += case.total_len() * 4 + largest * 4;
+    }
+    if let Some(h) = crate::memory::headroom() {
+        if needed > h.bytes {
             return Err(BackendError::OutOfMemory {
                 case: case.id.clone(),
-                what: "host memory",
+                what: h.what,
                 needed,
-                available,
+                available: h.bytes,
             });
         }
     }
     Ok(())
 }
 
-/// MemAvailable from /proc/meminfo, when the OS says.
+/// What this process may still allocate (see [`crate::memory::headroom`]).
 pub fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    crate::memory::headroom().map(|h| h.bytes)
 }
 
 fn run_round(case: &Case, opts: &RunOptions) -> (Vec<ReducedArena>, RoundTimings) {

@@ -119,6 +119,12 @@ pub trait Backend {
     /// What this backend runs on, for the report's environment block.
     fn environment(&self) -> serde_json::Value;
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError>;
+    /// Whether `case` can run here (memory, limits), asked of every case
+    /// before the first one runs so that a run never throws away finished
+    /// cases for a later one that could never have run.
+    fn preflight(&self, _case: &Case, _opts: &RunOptions) -> Result<(), BackendError> {
+        Ok(())
+    }
     /// Why this backend cannot run `case` (e.g. W differs from its world).
     fn skip_reason(&self, _case: &Case) -> Option<String> {
         None

@@ -8,6 +8,7 @@ use clap::Args;
 use foldprint::audit::{
     self, AuditResult, CaseRow, Cell, Config, ConfigOutcome, ControlCell, Status,
 };
+use foldprint::exit::HasExitCode;
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -60,6 +61,9 @@ impl audit::Progress for StderrProgress {
 }
 
 pub fn run(a: AuditArgs) -> Result<i32> {
+    if let Some(out) = &a.out {
+        super::check_output("--out", out)?;
+    }
     let matrix = audit::load(&a.matrix).map_err(|e| Exit(e.exit_code(), e.to_string()))?;
     let exe = std::env::current_exe().context("locating the foldprint binary")?;
     let opts = audit::Options { exe, keep: a.keep };
@@ -71,14 +75,14 @@ pub fn run(a: AuditArgs) -> Result<i32> {
             .map_err(|e| Exit(e.exit_code(), e.to_string()))?;
     }
     if a.json {
-        print!("{}", result.to_json());
+        out!("{}", result.to_json());
         for f in &result.failures {
             eprintln!("audit: {f}");
         }
     } else {
         print_result(&result, &matrix);
         if let Some(out) = &a.out {
-            println!("wrote {}", out.display());
+            outln!("wrote {}", out.display());
         }
     }
     if result.exit_code >= 2 {
@@ -210,7 +214,7 @@ fn print_grid(headers: &[String], rows: &[Vec<String>], first_width: usize) {
             .zip(&widths)
             .map(|(c, &w)| format!("{:<w$}", truncate(c, w)))
             .collect();
-        println!("  {}", parts.join("  ").trim_end());
+        outln!("  {}", parts.join("  ").trim_end());
     };
     line(headers);
     for r in rows {
@@ -233,7 +237,7 @@ fn find_key<'a>(v: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::V
 fn print_result(r: &AuditResult, m: &audit::Matrix) {
     let labels = labels(r);
     let controls = r.configurations.iter().filter(|o| o.control).count();
-    println!(
+    outln!(
         "foldprint audit · {} ({}) · {} configuration(s), {} control(s) · {} case(s) · baseline `{}`",
         r.matrix.path,
         r.matrix.name,
@@ -243,11 +247,11 @@ fn print_result(r: &AuditResult, m: &audit::Matrix) {
         r.baseline
     );
     if !r.matrix.description.is_empty() {
-        println!("{}", r.matrix.description);
+        outln!("{}", r.matrix.description);
     }
 
-    println!();
-    println!("configurations");
+    outln!();
+    outln!("configurations");
     let mut rows = Vec::new();
     for (o, label) in r.configurations.iter().zip(&labels) {
         let cfg = m.configs.iter().find(|c| c.name == o.name);
@@ -340,7 +344,7 @@ fn print_result(r: &AuditResult, m: &audit::Matrix) {
             lines.push(format!("kept in {k}"));
         }
         for l in lines {
-            println!(
+            outln!(
                 "  {:<3} {l}",
                 if l.starts_with("  ") {
                     ""
@@ -356,8 +360,8 @@ fn print_result(r: &AuditResult, m: &audit::Matrix) {
         .iter()
         .any(|o| o.baseline && matches!(o.status, Status::Ok | Status::ChecksFailed));
     if r.cases.is_empty() || !baseline_ran {
-        println!();
-        println!(
+        outln!();
+        outln!(
             "no digest matrix: the baseline `{}` gave no report",
             r.baseline
         );
@@ -368,8 +372,8 @@ fn print_result(r: &AuditResult, m: &audit::Matrix) {
     let label_width = 60;
     let case_label = |row: &CaseRow| format!("{}/{}", row.experiment, row.id);
 
-    println!();
-    println!(
+    outln!();
+    outln!(
         "digests against the baseline (column {}: first 8 hex of arena 0; = same digests; !hex the first differing arena; skip / MISSING / - not run{})",
         labels
             .iter()
@@ -404,8 +408,8 @@ fn print_result(r: &AuditResult, m: &audit::Matrix) {
         .filter(|&i| r.configurations[i].control)
         .collect();
     if r.oracle || !control_idx.is_empty() {
-        println!();
-        println!(
+        outln!();
+        outln!(
             "negative controls (changed: the digests differ, as a control's must; UNCHANGED: they do not; SENS says whether the data can show a reordering)"
         );
         let mut headers = vec!["CASE".to_string(), "SENS".to_string()];
@@ -433,7 +437,7 @@ fn print_result(r: &AuditResult, m: &audit::Matrix) {
             .collect();
         print_grid(&headers, &rows, label_width);
         if r.oracle {
-            println!("  (contract controls run on the CPU oracle and compare with the case's own CPU digests; n/a: W <= 2 for a reversed order, W <= 3 or the case itself for the tree)");
+            outln!("  (contract controls run on the CPU oracle and compare with the case's own CPU digests; n/a: W <= 2 for a reversed order, W <= 3 or the case itself for the tree)");
         }
     }
 
@@ -444,7 +448,7 @@ fn print_result(r: &AuditResult, m: &audit::Matrix) {
 fn print_verdict(r: &AuditResult) {
     let plain_count = r.configurations.iter().filter(|o| !o.control).count();
     match r.exit_code {
-        0 => println!(
+        0 => outln!(
             "audit PASSED: {} configuration(s) gave the baseline `{}`'s digests on all {} case(s){}{}",
             plain_count,
             r.baseline,
@@ -456,7 +460,7 @@ fn print_verdict(r: &AuditResult) {
             },
             if r.oracle { "; the CPU oracle agrees" } else { "" }
         ),
-        code => println!(
+        code => outln!(
             "audit FAILED (exit {code}): {} problem(s), listed above",
             r.failures.len()
         ),
@@ -466,18 +470,18 @@ fn print_verdict(r: &AuditResult) {
 /// Warnings and failures, each under its heading.
 fn print_problems(r: &AuditResult) {
     if !r.warnings.is_empty() {
-        println!();
-        println!("warnings");
+        outln!();
+        outln!("warnings");
         for w in &r.warnings {
-            println!("  - {w}");
+            outln!("  - {w}");
         }
     }
     if !r.failures.is_empty() {
-        println!();
-        println!("failures");
+        outln!();
+        outln!("failures");
         for f in &r.failures {
-            println!("  - {f}");
+            outln!("  - {f}");
         }
     }
-    println!();
+    outln!();
 }

@@ -12,15 +12,15 @@ use std::time::Instant;
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// World size of the fold benchmark.
-    #[arg(long, default_value_t = 8)]
-    world: usize,
+    /// World size of the fold benchmark (1 or more).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    world: u32,
     /// log2 of the arena length of the fold benchmark.
     #[arg(long, default_value_t = 24)]
     log2_len: u32,
-    /// MiB hashed by the SHA-256 benchmark.
-    #[arg(long, default_value_t = 512)]
-    sha_mib: usize,
+    /// MiB hashed by the SHA-256 benchmark (1 or more).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=1048576))]
+    sha_mib: u32,
     /// Print rows as JSON.
     #[arg(long)]
     json: bool,
@@ -39,19 +39,27 @@ fn run_cuda(json: bool) -> Result<i32> {
     use foldprint::backend::cuda::bench::{bench_fold, BenchConfig};
     let report = bench_fold(&BenchConfig::default())?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(0);
     }
-    println!(
+    outln!(
         "{} · driver {} · NVRTC {} · {}",
-        report.device, report.driver, report.nvrtc, report.target
+        report.device,
+        report.driver,
+        report.nvrtc,
+        report.target
     );
-    println!(
+    outln!(
         "{:>3} {:>9} {:<9} {:>10} {:>10} {:>7} BITS",
-        "W", "n", "WHAT", "MEDIAN ms", "MIN ms", "TB/s"
+        "W",
+        "n",
+        "WHAT",
+        "MEDIAN ms",
+        "MIN ms",
+        "TB/s"
     );
     for r in &report.rows {
-        println!(
+        outln!(
             "{:>3} {:>9} {:<9} {:>10.4} {:>10.4} {:>7.3} {}",
             r.world,
             r.n,
@@ -152,25 +160,31 @@ fn run_nccl(gpus: usize, json: bool) -> Result<i32> {
             "bandwidth_result": emulated.is_none(),
             "rows": rows,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
     }
     if let Some(e) = &emulated {
-        println!(
+        outln!(
             "NOT A BANDWIDTH RESULT: emulated hosts ({}); NCCL moved every byte over its socket transport on loopback",
             e["layout"].as_str().unwrap_or("?")
         );
     }
-    println!(
+    outln!(
         "NCCL world of {} rank(s); median of 20; busbw = algbw x 2(W-1)/W",
         be.world()
     );
-    println!(
+    outln!(
         "{:>12} {:>12} {:>10} {:>10} {:>14} {:>10} {:>10}",
-        "BYTES", "FIXED ms", "algbw", "busbw", "ALLREDUCE ms", "algbw", "busbw"
+        "BYTES",
+        "FIXED ms",
+        "algbw",
+        "busbw",
+        "ALLREDUCE ms",
+        "algbw",
+        "busbw"
     );
     for r in &rows {
-        println!(
+        outln!(
             "{:>12} {:>12.4} {:>10.2} {:>10.2} {:>14.4} {:>10.2} {:>10.2}",
             r.bytes,
             r.fixed_ms,
@@ -192,6 +206,7 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         BackendChoice::Auto if foldprint::backend::cuda::probe().usable => return run_cuda(a.json),
         _ => {}
     }
+    super::start_threads()?;
     let n = 1usize
         .checked_shl(a.log2_len)
         .filter(|_| a.log2_len <= 32)
@@ -199,7 +214,7 @@ pub fn run(a: BenchArgs) -> Result<i32> {
     let case = Case {
         experiment: "bench".into(),
         id: "bench".into(),
-        world: a.world.max(1),
+        world: a.world as usize,
         arenas: vec![n],
         order: DeliveryOrder::Descending,
         seed: 1,
@@ -215,7 +230,9 @@ pub fn run(a: BenchArgs) -> Result<i32> {
     }
 
     // Streaming: one large arena from memory, as a run hashes it.
-    let values: Vec<f32> = (0..a.sha_mib * (1 << 18)).map(|i| i as f32).collect();
+    let values: Vec<f32> = (0..a.sha_mib as usize * (1 << 18))
+        .map(|i| i as f32)
+        .collect();
     let bytes = (values.len() * 4) as u64;
     let t = Instant::now();
     let _ = digest_arena(&values, NanPolicy::Canonical);
@@ -249,16 +266,22 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         None => eprintln!("note: `openssl speed` is not available here; no SHA-256 baseline"),
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        println!(
+        outln!(
             "{:<48} {:>7} {:>10} {:>9}",
-            "WHAT", "THREADS", "SECONDS", "GB/s"
+            "WHAT",
+            "THREADS",
+            "SECONDS",
+            "GB/s"
         );
         for r in &rows {
-            println!(
+            outln!(
                 "{:<48} {:>7} {:>10.3} {:>9.2}",
-                r.what, r.threads, r.seconds, r.gb_per_s
+                r.what,
+                r.threads,
+                r.seconds,
+                r.gb_per_s
             );
         }
     }

@@ -38,7 +38,7 @@ fn print_host_driver(kernel_module: Option<&str>) {
         "found" => "libraries: libcuda not on the loader's path, found by foldprint and loaded by full path",
         _ => "libraries: no libcuda found",
     };
-    println!("driver {how}");
+    outln!("driver {how}");
     // In `loader` mode no search ran; run one now, for the listing only.
     let own;
     let search = match &d.search {
@@ -50,31 +50,33 @@ fn print_host_driver(kernel_module: Option<&str>) {
     };
     for lib in host_driver::DRIVER_LIBRARIES.iter().rev() {
         if let Some(f) = search.found.iter().find(|f| f.name == lib.name) {
-            println!("       {:<26} {} ({})", lib.name, f.path, f.source);
+            outln!("       {:<26} {} ({})", lib.name, f.path, f.source);
         } else if let Some(m) = search.missing.iter().find(|m| m.name == lib.name) {
-            println!(
+            outln!(
                 "       {:<26} MISSING: {}; needed for {}",
-                lib.name, m.reason, m.needed_for
+                lib.name,
+                m.reason,
+                m.needed_for
             );
         }
     }
     match (search.driver_version.as_deref(), kernel_module) {
-        (Some(v), Some(k)) if v != k => println!(
+        (Some(v), Some(k)) if v != k => outln!(
             "       driver libraries {v} but kernel module {k}: cuInit will refuse (reboot or reinstall the driver)"
         ),
-        (Some(v), _) => println!("       driver libraries {v}"),
+        (Some(v), _) => outln!("       driver libraries {v}"),
         _ => {}
     }
     if !search.ignored.is_empty() {
-        println!(
+        outln!(
             "       ignored (another driver version): {}",
             search.ignored.join(", ")
         );
     }
     for e in &d.load_errors {
-        println!("       could not load {e}");
+        outln!("       could not load {e}");
     }
-    println!("       searched: {}", search.searched.join(", "));
+    outln!("       searched: {}", search.searched.join(", "));
 }
 
 pub fn run(json: bool) -> Result<i32> {
@@ -97,23 +99,23 @@ pub fn run(json: bool) -> Result<i32> {
             "host_driver": host_driver::state(),
             "driver_libraries": search,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
     }
-    println!(
+    outln!(
         "host   {} · {} · {} cores",
         host["os"].as_str().unwrap_or(""),
         host["cpu"].as_str().unwrap_or(""),
         host["cores"]
     );
-    println!(
+    outln!(
         "cpu    usable · {} threads · {} MiB available",
         cpu["threads"],
         cpu["available_memory"]
             .as_u64()
             .map_or("?".into(), |b| (b >> 20).to_string())
     );
-    println!(
+    outln!(
         "cuda   {}",
         if cuda.usable {
             "usable".to_string()
@@ -121,15 +123,15 @@ pub fn run(json: bool) -> Result<i32> {
             format!("NOT usable: {}", cuda.short_reason())
         }
     );
-    println!("       {}", lib_line("driver", &cuda.driver_library));
+    outln!("       {}", lib_line("driver", &cuda.driver_library));
     if let Some(v) = cuda.driver_version {
-        println!("       driver API {}", version_text(v));
+        outln!("       driver API {}", version_text(v));
     }
     if let Some(e) = &cuda.driver_error {
-        println!("       driver error: {e}");
+        outln!("       driver error: {e}");
     }
     for d in &cuda.devices {
-        println!(
+        outln!(
             "       device {}: {} · sm_{}{} · {} SMs · {} MiB",
             d.ordinal,
             d.name,
@@ -139,18 +141,18 @@ pub fn run(json: bool) -> Result<i32> {
             d.total_memory_bytes >> 20
         );
     }
-    println!("       {}", lib_line("nvrtc", &cuda.nvrtc_library));
+    outln!("       {}", lib_line("nvrtc", &cuda.nvrtc_library));
     if let Some((a, b)) = cuda.nvrtc_version {
-        println!("       NVRTC {a}.{b}");
+        outln!("       NVRTC {a}.{b}");
     }
     if let Some(e) = &cuda.nvrtc_error {
-        println!("       NVRTC error: {e}");
+        outln!("       NVRTC error: {e}");
     }
     print_host_driver(host["nvidia_kernel_driver"].as_str());
     if let Some(p) = foldprint::env::provenance() {
         let c = &p["content"];
         let v = |x: &serde_json::Value| x["version"].as_str().unwrap_or("none").to_string();
-        println!(
+        outln!(
             "pins   {} ({}; NVRTC {}; NCCL {}) from {}",
             c["combination"].as_str().unwrap_or("?"),
             c["cuda"]["package_set"].as_str().unwrap_or("no CUDA set"),
@@ -159,10 +161,10 @@ pub fn run(json: bool) -> Result<i32> {
             p["path"].as_str().unwrap_or("?")
         );
         if let Some(e) = p["error"].as_str() {
-            println!("       provenance file unreadable: {e}");
+            outln!("       provenance file unreadable: {e}");
         }
     }
-    println!(
+    outln!(
         "auto   would use {}",
         if cuda.usable { "cuda" } else { "cpu" }
     );

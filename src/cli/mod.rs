@@ -1,9 +1,21 @@
 //! CLI edge: argument parsing, exit codes, and human or JSON output.
 //!
-//! Exit codes: 0 all checks passed; 1 a check failed (digest mismatch,
-//! invariance violated, golden differs); 2 bad input (experiment, report,
-//! arguments); 3 the environment cannot run it (backend or library missing,
-//! not enough memory).
+//! Exit codes: [`foldprint::exit::ExitCode`] (0 all checks passed; 1 a
+//! check failed; 2 bad input; 3 a resource is missing; 4 the
+//! infrastructure failed mid-run; 128+N stopped by signal N).
+
+/// `println!` for stdout that never panics: a closed pipe (`| head -1`)
+/// silences the rest of the output, any other write error (a full disk)
+/// is reported once the command ends (see [`finish_stdout`]).
+macro_rules! outln {
+    () => { $crate::cli::stdout_write(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::cli::stdout_write(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// `print!` counterpart of [`outln!`].
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::cli::stdout_write(format_args!($($arg)*)) };
+}
 
 mod audit;
 mod bench;
@@ -14,8 +26,9 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use foldprint::backend::{self, BackendChoice};
 use foldprint::digest::NanPolicy;
+use foldprint::exit::ExitCode;
 use foldprint::experiment::{self, Experiment};
-use foldprint::report::{compare, Golden, Report};
+use foldprint::report::{Golden, Report};
 use foldprint::runner::{self, RunConfig};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -24,12 +37,23 @@ use std::path::PathBuf;
 #[command(
     name = "foldprint",
     version,
-    about = "Bitwise-reproducible fixed-order float32 reduction, with SHA-256 digests of the reduced arenas"
+    about = "Bitwise-reproducible fixed-order float32 reduction, with SHA-256 digests of the reduced arenas",
+    after_help = EXIT_CODES_HELP
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
+
+/// The exit codes, as `--help` shows them (README, "Exit codes", has the same table).
+const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0      every check held
+  1      a check failed: a digest, a rank copy, an invariance group, a golden or a comparison differs
+  2      bad input: usage, a malformed experiment, a corrupt or inconsistent report, an unusable output path
+  3      a resource is missing: no GPU, driver or library, not enough memory or disk space
+  4      the infrastructure failed mid-run: an NCCL error, a dead peer, the watchdog, the rendezvous
+  128+N  stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP) at a case boundary; nothing written";
 
 #[derive(Subcommand)]
 enum Command {
@@ -270,14 +294,9 @@ fn parse_nan_policy(s: &str) -> Result<NanPolicy, String> {
     s.parse()
 }
 
-/// Exit codes, the CLI's contract with CI (README, "Exit codes").
-pub const EXIT_CHECK_FAILED: i32 = 1;
-pub const EXIT_UNAVAILABLE: i32 = 3;
-pub const EXIT_INFRASTRUCTURE: i32 = 4;
-
 /// An error that carries its exit code.
 #[derive(Debug)]
-pub struct Exit(pub i32, pub String);
+pub struct Exit(pub ExitCode, pub String);
 
 impl std::fmt::Display for Exit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -286,6 +305,51 @@ impl std::fmt::Display for Exit {
 }
 
 impl std::error::Error for Exit {}
+
+/// What went wrong writing stdout, if anything (a closed pipe is not an error).
+static STDOUT_STATE: std::sync::Mutex<(bool, Option<std::io::Error>)> =
+    std::sync::Mutex::new((false, None));
+
+pub(crate) fn stdout_write(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut state = STDOUT_STATE.lock().unwrap_or_else(|p| p.into_inner());
+    if state.0 || state.1.is_some() {
+        return;
+    }
+    let text = args.to_string();
+    let text = foldprint::report::printable(&text);
+    if let Err(e) = std::io::stdout().lock().write_all(text.as_bytes()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            state.0 = true;
+        } else {
+            state.1 = Some(e);
+        }
+    }
+}
+
+/// Flush stdout; a write error turns a success into an error exit.
+fn finish_stdout(code: i32) -> i32 {
+    use std::io::Write;
+    let mut state = STDOUT_STATE.lock().unwrap_or_else(|p| p.into_inner());
+    if !state.0 && state.1.is_none() {
+        if let Err(e) = std::io::stdout().lock().flush() {
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                state.1 = Some(e);
+            }
+        }
+    }
+    match state.1.take() {
+        Some(e) => {
+            eprintln!("error: cannot write to standard output: {e}");
+            if code == 0 {
+                foldprint::exit::io_exit_code(&e).code()
+            } else {
+                code
+            }
+        }
+        None => code,
+    }
+}
 
 pub fn main() -> i32 {
     let cli = match Cli::try_parse() {
@@ -306,77 +370,250 @@ pub fn main() -> i32 {
         Command::Attest(a) => cmd_attest(a),
         Command::Audit(a) => audit::run(a),
     };
-    match result {
+    let code = match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
-            exit_code(&e)
+            eprintln!("error: {}", foldprint::report::printable(&message(&e)));
+            exit_code(&e).code()
         }
-    }
+    };
+    finish_stdout(code)
 }
 
-fn exit_code(e: &anyhow::Error) -> i32 {
+/// The error chain joined with `: `, each message once: an I/O error that
+/// a message already quotes is not repeated.
+fn message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if s.is_empty() || out.contains(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    out
+}
+
+fn exit_code(e: &anyhow::Error) -> ExitCode {
     for cause in e.chain() {
         if let Some(Exit(code, _)) = cause.downcast_ref::<Exit>() {
             return *code;
         }
-        // `RunError::Backend` is transparent: look inside it too.
-        let inner = match cause.downcast_ref::<foldprint::runner::RunError>() {
-            Some(foldprint::runner::RunError::Backend(b)) => Some(b),
-            _ => None,
-        };
-        if let Some(b) = cause.downcast_ref::<backend::BackendError>().or(inner) {
-            return match b {
-                backend::BackendError::Failed { .. } => EXIT_CHECK_FAILED,
-                backend::BackendError::Infrastructure { .. } => EXIT_INFRASTRUCTURE,
-                backend::BackendError::Unavailable { .. }
-                | backend::BackendError::OutOfMemory { .. } => EXIT_UNAVAILABLE,
-            };
+        if let Some(code) = foldprint::exit::of_typed(cause) {
+            return code;
         }
-        if cause.downcast_ref::<foldprint::dist::DistError>().is_some() {
-            return EXIT_INFRASTRUCTURE;
-        }
-        if cause
-            .downcast_ref::<experiment::ExperimentError>()
-            .is_some()
-            || cause
-                .downcast_ref::<foldprint::report::ReportError>()
-                .is_some()
-        {
-            return 2;
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            return foldprint::exit::io_exit_code(io);
         }
     }
-    2
+    ExitCode::BadInput
+}
+
+/// Start the worker threads now, so that a machine that cannot start them
+/// gets a clear error (exit 3) instead of a panic at the first parallel step.
+pub(crate) fn start_threads() -> Result<()> {
+    rayon::ThreadPoolBuilder::new().build_global().map_err(|e| {
+        Exit(
+            ExitCode::Unavailable,
+            format!("cannot start worker threads: {e}"),
+        )
+        .into()
+    })
+}
+
+/// Check an output path before any work (exit 2 when it cannot be used).
+pub(crate) fn check_output(flag: &str, path: &std::path::Path) -> Result<()> {
+    foldprint::check_writable(path).map_err(|e| {
+        Exit(
+            ExitCode::BadInput,
+            format!("{flag} {}: cannot write there: {e}", path.display()),
+        )
+        .into()
+    })
+}
+
+/// Refuse an output that is one of the inputs, or another output.
+fn refuse_same(
+    flag: &str,
+    out: &std::path::Path,
+    other: &str,
+    path: &std::path::Path,
+) -> Result<()> {
+    if foldprint::same_file(out, path) {
+        return Err(Exit(
+            ExitCode::BadInput,
+            format!(
+                "{flag} {} is {other} {}; refusing to overwrite it",
+                out.display(),
+                path.display()
+            ),
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Whether `path` lies inside directory `dir` (once both are resolved).
+fn inside(path: &std::path::Path, dir: &std::path::Path) -> bool {
+    let (p, d) = (
+        foldprint::atomic::resolved(path),
+        foldprint::atomic::resolved(dir),
+    );
+    p != d && p.starts_with(&d)
+}
+
+/// Every output of a run, checked before the backend starts: writable,
+/// not an input, not another output, not inside the dump directory.
+fn check_outputs(
+    common: &Common,
+    experiments: &[Experiment],
+    dump: Option<&std::path::Path>,
+    also_inputs: &[PathBuf],
+) -> Result<()> {
+    let outs: Vec<(&str, &PathBuf)> = [("--out", &common.out), ("--junit", &common.junit)]
+        .into_iter()
+        .filter_map(|(f, p)| p.as_ref().map(|p| (f, p)))
+        .collect();
+    for (flag, path) in &outs {
+        check_output(flag, path)?;
+        for e in experiments {
+            refuse_same(flag, path, "the experiment", &e.path)?;
+        }
+        for i in also_inputs {
+            refuse_same(flag, path, "the input", i)?;
+        }
+        if let Some(d) = dump {
+            if inside(path, d) || foldprint::same_file(path, d) {
+                return Err(Exit(
+                    ExitCode::BadInput,
+                    format!(
+                        "{flag} {} is inside the --dump directory {}, which a run replaces whole",
+                        path.display(),
+                        d.display()
+                    ),
+                )
+                .into());
+            }
+        }
+    }
+    if let (Some(o), Some(j)) = (&common.out, &common.junit) {
+        refuse_same("--junit", j, "also the report (--out)", o)?;
+    }
+    if let Some(d) = dump {
+        foldprint::dumpdir::check_target(d).map_err(|e| {
+            Exit(
+                ExitCode::BadInput,
+                format!("--dump {}: cannot use it: {e}", d.display()),
+            )
+        })?;
+        for e in experiments {
+            if inside(&e.path, d) {
+                return Err(Exit(
+                    ExitCode::BadInput,
+                    format!(
+                        "--dump {}: the experiment {} is inside it",
+                        d.display(),
+                        e.path.display()
+                    ),
+                )
+                .into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An interruption says which outputs were left as they were.
+fn interrupted(
+    e: runner::RunError,
+    common: &Common,
+    dump: Option<&std::path::Path>,
+) -> anyhow::Error {
+    if let runner::RunError::Interrupted { signal, .. } = &e {
+        let kept: Vec<String> = [common.out.as_deref(), common.junit.as_deref(), dump]
+            .into_iter()
+            .flatten()
+            .map(|p| p.display().to_string())
+            .collect();
+        let tail = if kept.is_empty() {
+            String::new()
+        } else {
+            format!("; {} left as they were", kept.join(", "))
+        };
+        return Exit(ExitCode::Interrupted(*signal), format!("{e}{tail}")).into();
+    }
+    e.into()
 }
 
 fn load(paths: &[PathBuf]) -> Result<Vec<Experiment>> {
     Ok(experiment::load_all(paths)?)
 }
 
-struct Bar(Option<indicatif::ProgressBar>);
+/// Progress of a run: a bar on a terminal (stderr), ticking even while one
+/// long case runs, and, when asked, each case's table row printed as soon
+/// as the case finishes (so a piped run streams its rows).
+struct Bar {
+    pb: Option<indicatif::ProgressBar>,
+    /// (name, path, cases) of each experiment, when rows are streamed.
+    rows: Option<Vec<(String, String, usize)>>,
+    current: Option<String>,
+}
 
 impl Bar {
-    fn new(total: usize) -> Bar {
-        if !std::io::stderr().is_terminal() || total < 2 {
-            return Bar(None);
-        }
-        let pb = indicatif::ProgressBar::new(total as u64);
-        pb.set_style(
-            indicatif::ProgressStyle::with_template("{spinner} [{pos}/{len}] {wide_msg} {elapsed}")
+    fn new(total: usize, rows: Option<Vec<(String, String, usize)>>) -> Bar {
+        let pb = (std::io::stderr().is_terminal() && total >= 1).then(|| {
+            let pb = indicatif::ProgressBar::new(total as u64);
+            pb.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} [{pos}/{len}] {wide_msg} {elapsed}",
+                )
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        Bar(Some(pb))
+            );
+            pb.enable_steady_tick(std::time::Duration::from_millis(200));
+            pb
+        });
+        Bar {
+            pb,
+            rows,
+            current: None,
+        }
+    }
+
+    /// Print without tearing the bar.
+    fn print(&self, f: impl FnOnce()) {
+        match &self.pb {
+            Some(pb) => pb.suspend(f),
+            None => f(),
+        }
     }
 }
 
 impl runner::Progress for Bar {
     fn start(&mut self, case: &experiment::Case, _i: usize, _n: usize) {
-        if let Some(pb) = &self.0 {
-            pb.set_message(format!("{}/{}", case.experiment, case.id));
+        if let Some(pb) = &self.pb {
+            pb.set_message(format!(
+                "{}/{}",
+                case.experiment,
+                foldprint::report::printable(&case.id)
+            ));
+        }
+        if let Some(rows) = &self.rows {
+            if self.current.as_deref() != Some(case.experiment.as_str()) {
+                if let Some((name, path, n)) = rows.iter().find(|r| r.0 == case.experiment) {
+                    self.print(|| table::experiment_header(name, path, *n));
+                }
+                self.current = Some(case.experiment.clone());
+            }
         }
     }
-    fn done(&mut self, _case: &experiment::Case) {
-        if let Some(pb) = &self.0 {
+    fn done(&mut self, _case: &experiment::Case, result: Option<&foldprint::report::CaseReport>) {
+        if let (Some(_), Some(c)) = (&self.rows, result) {
+            self.print(|| table::case_row(c));
+        }
+        if let Some(pb) = &self.pb {
             pb.inc(1);
         }
     }
@@ -384,7 +621,7 @@ impl runner::Progress for Bar {
 
 impl Drop for Bar {
     fn drop(&mut self) {
-        if let Some(pb) = &self.0 {
+        if let Some(pb) = &self.pb {
             pb.finish_and_clear();
         }
     }
@@ -396,6 +633,7 @@ fn execute(
     common: &Common,
     experiments: &[Experiment],
     dump: Option<&std::path::Path>,
+    stream: bool,
 ) -> Result<Option<Report>> {
     let t0 = std::time::Instant::now();
     let (mut be, note) = backend::select(common.backend, &common.cuda.options(experiments))?;
@@ -412,21 +650,40 @@ fn execute(
         }
     }
     let total = experiments.iter().map(|e| e.cases.len()).sum();
-    let mut bar = Bar::new(total);
+    let stream = stream && reporting;
+    if stream {
+        table::banner(
+            env!("CARGO_PKG_VERSION"),
+            be.name(),
+            &be.environment(),
+            common.nan_policy.name(),
+        );
+    }
+    let rows = stream.then(|| {
+        experiments
+            .iter()
+            .map(|e| {
+                let info = foldprint::report::ExperimentInfo::from(e);
+                (info.name, info.path, info.cases)
+            })
+            .collect()
+    });
+    let mut bar = Bar::new(total, rows);
     let cfg = RunConfig {
         nan_policy: common.nan_policy,
         dump,
         notes: note.into_iter().collect(),
         backend_init_ms,
     };
-    let report = runner::run(experiments, be.as_mut(), &cfg, &mut bar)?;
+    let report = runner::run(experiments, be.as_mut(), &cfg, &mut bar)
+        .map_err(|e| interrupted(e, common, dump))?;
     drop(bar);
     if !reporting {
         return if report.summary.ok {
             Ok(None)
         } else {
             Err(Exit(
-                1,
+                ExitCode::CheckFailed,
                 format!(
                     "this rank's checks failed: {}",
                     report.summary.failures.join("; ")
@@ -451,20 +708,25 @@ fn write_junit(common: &Common, report: &Report, problems: &[String]) -> Result<
 
 fn cmd_run(a: RunArgs) -> Result<i32> {
     let exps = load(&a.common.paths)?;
-    let Some(report) = execute(&a.common, &exps, a.dump.as_deref())? else {
+    check_outputs(&a.common, &exps, a.dump.as_deref(), &[])?;
+    start_threads()?;
+    foldprint::interrupt::install();
+    let stream = !a.common.json;
+    let Some(report) = execute(&a.common, &exps, a.dump.as_deref(), stream)? else {
         return Ok(0);
     };
     write_junit(&a.common, &report, &[])?;
     if a.common.json {
-        print!("{}", report.to_json());
+        out!("{}", report.to_json());
     } else {
-        table::print_report(&report, a.common.out.as_deref(), a.dump.as_deref());
+        // The banner and case rows were printed as the cases finished.
+        table::print_tail(&report, a.common.out.as_deref(), a.dump.as_deref());
     }
-    Ok(if report.summary.ok { 0 } else { 1 })
+    Ok(ExitCode::verdict(report.summary.ok).code())
 }
 
 fn cmd_compare(a: CompareArgs) -> Result<i32> {
-    use foldprint::report::localize;
+    use foldprint::report::{compare_sources, localize, Source};
     if a.reports.iter().all(|p| localize::is_dump_dir(p)) {
         let mut ok = true;
         for other in &a.reports[1..] {
@@ -472,40 +734,47 @@ fn cmd_compare(a: CompareArgs) -> Result<i32> {
             table::print_dump_comparison(&a.reports[0], other, &cmp);
             ok &= cmp.differing.is_empty() && cmp.unmatched.is_empty();
         }
-        return Ok(if ok { 0 } else { 1 });
+        return Ok(ExitCode::verdict(ok).code());
     }
-    let mut reports = Vec::new();
+    let mut sources = Vec::new();
     for p in &a.reports {
-        reports.push((p.display().to_string(), Report::read(p)?));
+        sources.push((p.display().to_string(), Source::read(p)?));
     }
-    for (path, r) in &reports {
-        if let Some(n) = table::not_a_gpu_result(r) {
-            eprintln!("warning: {path}: {n}");
+    for (path, s) in &sources {
+        if let Source::Report(r) = s {
+            if let Some(n) = table::not_a_gpu_result(r) {
+                eprintln!("warning: {path}: {n}");
+            }
         }
     }
-    let cmp = compare(&reports, a.allow_missing);
+    let cmp = compare_sources(&sources, a.allow_missing);
     if a.json {
         let v = serde_json::json!({
             "compared": cmp.compared,
             "ok": cmp.ok(),
             "mismatches": cmp.mismatches.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        table::print_comparison(&reports, &cmp);
+        table::print_comparison(&sources, &cmp);
     }
-    Ok(if cmp.ok() { 0 } else { 1 })
+    Ok(ExitCode::verdict(cmp.ok()).code())
 }
 
 fn cmd_verify(a: VerifyArgs) -> Result<i32> {
     let exps = load(&a.common.paths)?;
+    let golden_files: Vec<PathBuf> = exps
+        .iter()
+        .map(|e| Golden::path_in(&a.golden, &e.name))
+        .collect();
+    check_outputs(&a.common, &exps, None, &golden_files)?;
     // Read every golden before running anything: a missing one is known early.
     let mut goldens = Vec::new();
     for e in &exps {
         let path = Golden::path_in(&a.golden, &e.name);
         if !path.exists() {
             return Err(Exit(
-                1,
+                ExitCode::CheckFailed,
                 format!(
                     "no golden for experiment `{}` at {} (generate it with `foldprint golden {} --golden {}`)",
                     e.name,
@@ -519,7 +788,7 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
         let g = Golden::read(&path)?;
         if g.nan_policy != a.common.nan_policy.name() {
             return Err(Exit(
-                2,
+                ExitCode::BadInput,
                 format!(
                     "{}: golden was made with NaN policy `{}`, this run uses `{}`",
                     path.display(),
@@ -531,7 +800,9 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
         }
         goldens.push((path, g));
     }
-    let Some(report) = execute(&a.common, &exps, None)? else {
+    start_threads()?;
+    foldprint::interrupt::install();
+    let Some(report) = execute(&a.common, &exps, None, false)? else {
         return Ok(0);
     };
     let mut problems = Vec::new();
@@ -597,7 +868,7 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
     write_junit(&a.common, &report, &problems)?;
     if a.common.json {
         let v = serde_json::json!({ "ok": problems.is_empty(), "problems": problems, "report": report });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         table::print_report(&report, a.common.out.as_deref(), None);
         table::print_verify(
@@ -606,11 +877,26 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
             &problems,
         );
     }
-    Ok(if problems.is_empty() { 0 } else { 1 })
+    Ok(ExitCode::verdict(problems.is_empty()).code())
 }
 
 fn cmd_attest(a: AttestArgs) -> Result<i32> {
     use foldprint::report::attest;
+    check_output("--out", &a.out)?;
+    refuse_same("--out", &a.out, "the report", &a.report)?;
+    if let Some(d) = &a.dump {
+        if inside(&a.out, d) {
+            return Err(Exit(
+                ExitCode::BadInput,
+                format!(
+                    "--out {} is inside the dump directory {}; refusing to write there",
+                    a.out.display(),
+                    d.display()
+                ),
+            )
+            .into());
+        }
+    }
     let report = Report::read(&a.report)?;
     let bytes =
         std::fs::read(&a.report).with_context(|| format!("{}: cannot read", a.report.display()))?;
@@ -623,39 +909,18 @@ fn cmd_attest(a: AttestArgs) -> Result<i32> {
         sha256: foldprint::digest::sha256_hex(&bytes),
     }];
     if let Some(dir) = &a.dump {
-        let sums_path = dir.join("SHA256SUMS");
-        let sums = std::fs::read_to_string(&sums_path)
-            .with_context(|| format!("{}: cannot read", sums_path.display()))?;
-        for line in sums.lines() {
-            let (hash, file) = line.split_once("  ").ok_or_else(|| {
-                Exit(
-                    2,
-                    format!("{}: malformed line `{line}`", sums_path.display()),
-                )
-            })?;
-            let data = std::fs::read(dir.join(file))
-                .with_context(|| format!("{}: cannot read", dir.join(file).display()))?;
-            let actual = foldprint::digest::sha256_hex(&data);
-            if actual != hash {
-                return Err(Exit(
-                    1,
-                    format!(
-                        "{}: SHA-256 is {actual}, SHA256SUMS says {hash}",
-                        dir.join(file).display()
-                    ),
-                )
-                .into());
-            }
-            subjects.push(attest::Subject {
-                name: file.to_string(),
-                sha256: actual,
-            });
-        }
+        subjects.extend(attest::dump_subjects(&report, dir).map_err(|e| {
+            let code = match e {
+                attest::DumpMismatch::Unreadable(_) => ExitCode::BadInput,
+                attest::DumpMismatch::Contradicts(_) => ExitCode::CheckFailed,
+            };
+            Exit(code, e.to_string())
+        })?);
     }
     let text = attest::canonical(&attest::statement(&report, &subjects));
     foldprint::atomic_write(&a.out, text.as_bytes())
         .with_context(|| format!("{}: cannot write", a.out.display()))?;
-    println!(
+    outln!(
         "wrote {} ({} subjects, predicate {})",
         a.out.display(),
         subjects.len(),
@@ -692,7 +957,7 @@ fn cmd_launch(a: LaunchArgs) -> Result<i32> {
     };
     if needs_gpus && gpus == 0 {
         return Err(Exit(
-            EXIT_UNAVAILABLE,
+            ExitCode::Unavailable,
             "launch: no GPU is visible, and every NCCL rank needs one (see `foldprint doctor`)"
                 .into(),
         )
@@ -700,7 +965,7 @@ fn cmd_launch(a: LaunchArgs) -> Result<i32> {
     }
     if needs_gpus && a.ranks > gpus && !a.emulate_hosts {
         return Err(Exit(
-            2,
+            ExitCode::BadInput,
             format!(
                 "launch -n {n}: {gpus} GPU(s) visible, and NCCL refuses two ranks of one host on one GPU. \
                  To run {n} ranks here anyway, add --emulate-hosts: each rank becomes its own NCCL host \
@@ -725,7 +990,7 @@ fn cmd_launch(a: LaunchArgs) -> Result<i32> {
     };
     let outcome = launch(&spec).map_err(|e| match e {
         foldprint::dist::DistError::Launch(m) if m.starts_with("-n ") => {
-            anyhow::Error::new(Exit(2, format!("launch: {m}")))
+            anyhow::Error::new(Exit(ExitCode::BadInput, format!("launch: {m}")))
         }
         other => other.into(),
     })?;
@@ -751,6 +1016,18 @@ fn cmd_launch(a: LaunchArgs) -> Result<i32> {
 
 fn cmd_golden(a: GoldenArgs) -> Result<i32> {
     let exps = load(&a.paths)?;
+    for e in &exps {
+        check_output("--golden", &Golden::path_in(&a.golden, &e.name)).or_else(|err| {
+            // A golden directory that does not exist yet is made below.
+            if a.golden.exists() {
+                Err(err)
+            } else {
+                Ok(())
+            }
+        })?;
+    }
+    start_threads()?;
+    foldprint::interrupt::install();
     let common = Common {
         paths: a.paths.clone(),
         backend: BackendChoice::Cpu,
@@ -769,11 +1046,12 @@ fn cmd_golden(a: GoldenArgs) -> Result<i32> {
             timeout: 300,
         },
     };
-    let report = execute(&common, &exps, None)?.context("goldens come from the CPU oracle")?;
+    let report =
+        execute(&common, &exps, None, false)?.context("goldens come from the CPU oracle")?;
     if !report.summary.ok {
         table::print_report(&report, None, None);
         return Err(Exit(
-            1,
+            ExitCode::CheckFailed,
             "the run failed its own checks; no goldens written".into(),
         )
         .into());
@@ -782,8 +1060,17 @@ fn cmd_golden(a: GoldenArgs) -> Result<i32> {
         .with_context(|| format!("creating {}", a.golden.display()))?;
     for e in &exps {
         let path = Golden::path_in(&a.golden, &e.name);
-        Golden::from_report(&report, &e.name).write(&path)?;
-        println!("wrote {} ({} cases)", path.display(), e.cases.len());
+        let golden = Golden::from_report(&report, &e.name);
+        let changed = Golden::read(&path).is_ok_and(|old| old.cases != golden.cases);
+        golden.write(&path)?;
+        outln!("wrote {} ({} cases)", path.display(), e.cases.len());
+        if changed {
+            eprintln!(
+                "warning: {} changed: its digests differ from the ones it held; review the \
+                 difference before committing it",
+                path.display()
+            );
+        }
     }
     Ok(0)
 }

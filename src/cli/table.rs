@@ -1,7 +1,7 @@
 //! Human-readable output: one line per case, then invariance groups, then a
 //! one-line verdict. Everything here is also in the JSON report.
 
-use foldprint::report::{Comparison, Report};
+use foldprint::report::{Comparison, Report, Source};
 use std::path::{Path, PathBuf};
 
 fn short(d: &str) -> &str {
@@ -28,87 +28,113 @@ pub fn not_a_gpu_result(r: &Report) -> Option<String> {
     })
 }
 
-pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
-    let threads = r.environment["backend"]["threads"].as_u64();
-    let b = &r.environment["backend"];
+/// What the backend runs on, from its environment block.
+pub fn on_what(backend_env: &serde_json::Value) -> String {
+    let b = backend_env;
     let device = b["gpu"]["name"]
         .as_str()
         .or(b["devices"][0]["gpu"]["name"].as_str());
-    let on = match (device, threads) {
+    match (device, b["threads"].as_u64()) {
         (Some(d), _) => d.to_string(),
         (None, Some(t)) => format!("{t} threads"),
         _ => String::new(),
-    };
-    let emulated = match b["emulated_hosts"]["layout"].as_str() {
+    }
+}
+
+/// The first line of a run's output. `backend_env` says whether hosts
+/// were emulated (several NCCL ranks on one GPU).
+pub fn banner(version: &str, backend: &str, backend_env: &serde_json::Value, nan_policy: &str) {
+    let on = on_what(backend_env);
+    let emulated = match backend_env["emulated_hosts"]["layout"].as_str() {
         Some(layout) => format!(" · emulated hosts: yes ({layout})"),
         None => String::new(),
     };
-    println!(
-        "foldprint {} · backend {} ({on}) · NaN policy {}{emulated}",
-        r.foldprint.version, r.backend, r.nan_policy
+    outln!("foldprint {version} · backend {backend} ({on}) · NaN policy {nan_policy}{emulated}");
+}
+
+/// The title and column header of one experiment's rows.
+pub fn experiment_header(name: &str, path: &str, cases: usize) {
+    outln!();
+    outln!("{name} — {path} ({cases} cases)");
+    outln!(
+        "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<35} {:>9}",
+        "",
+        "CASE",
+        "W",
+        "ARENAS",
+        "CONTRACT",
+        "ORDER",
+        "SENS",
+        "SHA-256 (per arena, first 16 hex)",
+        "TIME"
     );
-    let not_gpu = not_a_gpu_result(r);
-    if let Some(n) = &not_gpu {
-        println!("NOT A GPU RESULT: {n}");
+}
+
+/// One case's row (and its failure lines).
+pub fn case_row(c: &foldprint::report::CaseReport) {
+    let ok = c.ranks_identical && c.rounds_identical;
+    let lens: Vec<String> = c.params.arenas.iter().map(|n| n.to_string()).collect();
+    let digests: Vec<&str> = c.arenas.iter().map(|a| short(&a.sha256)).collect();
+    let sens = match c.sensitivity.verdict.as_str() {
+        "blind" => "blind".to_string(),
+        _ => format!("{:.1}%", c.sensitivity.fraction * 100.0),
+    };
+    let best = c
+        .timings
+        .rounds
+        .iter()
+        .map(|t| t.total_ms)
+        .fold(f64::INFINITY, f64::min);
+    outln!(
+        "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<35} {:>9}",
+        if ok { "ok" } else { "FAIL" },
+        truncate(&c.id, 40),
+        c.params.world,
+        truncate(&lens.join("+"), 16),
+        c.params.contract,
+        truncate(&c.params.order, 12),
+        sens,
+        digests.join(" "),
+        if best.is_finite() {
+            fmt_ms(best)
+        } else {
+            "-".into()
+        }
+    );
+    if !c.ranks_identical {
+        outln!("       ranks ended with different arenas");
+    }
+    if !c.rounds_identical {
+        outln!("       rounds gave different digests");
+    }
+}
+
+pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
+    banner(
+        &r.foldprint.version,
+        &r.backend,
+        &r.environment["backend"],
+        &r.nan_policy,
+    );
+    if let Some(n) = not_a_gpu_result(r) {
+        outln!("NOT A GPU RESULT: {n}");
     }
     for e in &r.experiments {
-        println!();
-        println!("{} — {} ({} cases)", e.name, e.path, e.cases);
-        println!(
-            "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<35} {:>9}",
-            "",
-            "CASE",
-            "W",
-            "ARENAS",
-            "CONTRACT",
-            "ORDER",
-            "SENS",
-            "SHA-256 (per arena, first 16 hex)",
-            "TIME"
-        );
+        experiment_header(&e.name, &e.path, e.cases);
         for c in r.cases.iter().filter(|c| c.experiment == e.name) {
-            let ok = c.ranks_identical && c.rounds_identical;
-            let lens: Vec<String> = c.params.arenas.iter().map(|n| n.to_string()).collect();
-            let digests: Vec<&str> = c.arenas.iter().map(|a| short(&a.sha256)).collect();
-            let sens = match c.sensitivity.verdict.as_str() {
-                "blind" => "blind".to_string(),
-                _ => format!("{:.1}%", c.sensitivity.fraction * 100.0),
-            };
-            let best = c
-                .timings
-                .rounds
-                .iter()
-                .map(|t| t.total_ms)
-                .fold(f64::INFINITY, f64::min);
-            println!(
-                "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<35} {:>9}",
-                if ok { "ok" } else { "FAIL" },
-                truncate(&c.id, 40),
-                c.params.world,
-                truncate(&lens.join("+"), 16),
-                c.params.contract,
-                truncate(&c.params.order, 12),
-                sens,
-                digests.join(" "),
-                if best.is_finite() {
-                    fmt_ms(best)
-                } else {
-                    "-".into()
-                }
-            );
-            if !c.ranks_identical {
-                println!("       ranks ended with different arenas");
-            }
-            if !c.rounds_identical {
-                println!("       rounds gave different digests");
-            }
+            case_row(c);
         }
     }
+    print_tail(r, out, dump);
+}
+
+/// Everything after the case rows: groups, skipped cases, notes, verdict.
+pub fn print_tail(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
     if !r.groups.is_empty() {
-        println!();
-        println!("invariance groups (cases differing only in delivery order)");
+        outln!();
+        outln!("invariance groups (cases differing only in delivery order)");
         for g in &r.groups {
-            println!(
+            outln!(
                 "  {:<4} {:<13} expect {:<8} got {:<12} {}",
                 if g.ok { "PASS" } else { "FAIL" },
                 g.contract,
@@ -116,15 +142,15 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
                 g.verdict,
                 g.key
             );
-            println!("       {}", g.note);
+            outln!("       {}", g.note);
         }
     }
     if !r.skipped.is_empty() {
         let mut reasons: Vec<&str> = r.skipped.iter().map(|s| s.reason.as_str()).collect();
         reasons.sort_unstable();
         reasons.dedup();
-        println!();
-        println!(
+        outln!();
+        outln!(
             "skipped {} case(s) this backend cannot run: {}",
             r.skipped.len(),
             truncate(&reasons.join("; "), 300)
@@ -137,36 +163,37 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
         .map(|c| c.id.as_str())
         .collect();
     if !blind.is_empty() {
-        println!();
-        println!(
+        outln!();
+        outln!(
             "note: {} case(s) have data that barely or never sees fold order (SENS < 1% or blind): {}",
             blind.len(),
             truncate(&blind.join(", "), 200)
         );
     }
-    println!();
-    if let Some(n) = &not_gpu {
-        println!("NOT A GPU RESULT: {n}");
+    outln!();
+    if let Some(n) = not_a_gpu_result(r) {
+        outln!("NOT A GPU RESULT: {n}");
     }
     if r.summary.ok {
-        print!(
+        out!(
             "ok: {} cases, {} groups, every check passed",
-            r.summary.cases, r.summary.groups
+            r.summary.cases,
+            r.summary.groups
         );
     } else {
-        println!("FAILED: {} problem(s)", r.summary.failures.len());
+        outln!("FAILED: {} problem(s)", r.summary.failures.len());
         for f in &r.summary.failures {
-            println!("  - {f}");
+            outln!("  - {f}");
         }
     }
     if r.summary.ok {
-        println!();
+        outln!();
     }
     if let Some(o) = out {
-        println!("report: {}", o.display());
+        outln!("report: {}", o.display());
     }
     if let Some(d) = dump {
-        println!(
+        outln!(
             "dumps: {} (check with `cd {} && sha256sum -c SHA256SUMS`)",
             d.display(),
             d.display()
@@ -184,40 +211,48 @@ fn truncate(s: &str, n: usize) -> String {
     }
 }
 
-pub fn print_comparison(reports: &[(String, Report)], cmp: &Comparison) {
+pub fn print_comparison(reports: &[(String, Source)], cmp: &Comparison) {
     for (name, r) in reports {
-        println!(
-            "  {name}: {} cases, backend {}, foldprint {}",
-            r.cases.len(),
-            r.backend,
-            r.foldprint.version
-        );
+        match r {
+            Source::Report(r) => outln!(
+                "  {name}: {} cases, backend {}, foldprint {}",
+                r.cases.len(),
+                r.backend,
+                r.foldprint.version
+            ),
+            Source::Golden(g) => outln!(
+                "  {name}: golden of `{}`, {} cases, {}",
+                g.experiment,
+                g.cases.len(),
+                g.produced_by
+            ),
+        }
     }
     if cmp.ok() {
-        println!(
+        outln!(
             "ok: {} cases agree across {} reports",
             cmp.compared,
             reports.len()
         );
     } else {
-        println!(
+        outln!(
             "MISMATCH: {} difference(s); first: {}",
             cmp.mismatches.len(),
             cmp.mismatches[0]
         );
         for m in cmp.mismatches.iter().take(20) {
-            println!("  - {m}");
+            outln!("  - {m}");
         }
         if cmp.mismatches.len() > 20 {
-            println!("  … and {} more", cmp.mismatches.len() - 20);
+            outln!("  … and {} more", cmp.mismatches.len() - 20);
         }
     }
 }
 
 pub fn print_verify(goldens: &[PathBuf], r: &Report, problems: &[String]) {
-    println!();
+    outln!();
     if problems.is_empty() {
-        println!(
+        outln!(
             "verify ok: {} cases match {} golden file(s){}",
             r.cases.len(),
             goldens.len(),
@@ -231,9 +266,9 @@ pub fn print_verify(goldens: &[PathBuf], r: &Report, problems: &[String]) {
             }
         );
     } else {
-        println!("verify FAILED: {} problem(s)", problems.len());
+        outln!("verify FAILED: {} problem(s)", problems.len());
         for p in problems {
-            println!("  - {p}");
+            outln!("  - {p}");
         }
     }
 }
@@ -243,20 +278,20 @@ pub fn print_dump_comparison(
     b: &Path,
     cmp: &foldprint::report::localize::DumpComparison,
 ) {
-    println!(
+    outln!(
         "{} vs {}: {} identical file(s)",
         a.display(),
         b.display(),
         cmp.identical
     );
     for u in &cmp.unmatched {
-        println!("  only one side: {u}");
+        outln!("  only one side: {u}");
     }
     for d in &cmp.differing {
         let ulp = d
             .max_ulp
             .map_or("NaN involved".to_string(), |u| u.to_string());
-        println!(
+        outln!(
             "  DIFFER {}: {} of {} elements differ (lengths {} / {}), max ULP distance {ulp}",
             d.name,
             d.differing,
@@ -264,12 +299,17 @@ pub fn print_dump_comparison(
             d.lens.0,
             d.lens.1
         );
-        println!(
+        outln!(
             "    {:>12}  {:>10} {:>16}  {:>10} {:>16}  {:>8}",
-            "INDEX", "LEFT", "", "RIGHT", "", "ULP"
+            "INDEX",
+            "LEFT",
+            "",
+            "RIGHT",
+            "",
+            "ULP"
         );
         for e in &d.first {
-            println!(
+            outln!(
                 "    {:>12}  0x{:08x} {:>16e}  0x{:08x} {:>16e}  {:>8}",
                 e.index,
                 e.left,
@@ -281,6 +321,6 @@ pub fn print_dump_comparison(
         }
     }
     if cmp.differing.is_empty() && cmp.unmatched.is_empty() {
-        println!("ok: dumps are identical");
+        outln!("ok: dumps are identical");
     }
 }

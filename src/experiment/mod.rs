@@ -115,12 +115,39 @@ impl Source<'_> {
     }
 }
 
+/// The key a value at byte `pos` belongs to: the nearest `key =` before it
+/// on its line, or on an earlier line when the value spans several.
+fn field_at(text: &str, pos: usize) -> Option<String> {
+    let before = text.get(..pos.min(text.len()))?;
+    for line in before.lines().rev().take(64) {
+        let line = line.split('#').next().unwrap_or("");
+        if let Some((key, _)) = line.split_once('=') {
+            let key = key.trim().trim_matches('"');
+            if !key.is_empty()
+                && key
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+            {
+                return Some(key.to_string());
+            }
+        }
+        let t = line.trim();
+        if t.starts_with('[') && t.ends_with(']') && !t.contains(',') {
+            return None; // a table header: the value is not under a key
+        }
+    }
+    None
+}
+
 /// Read and expand one experiment file.
 pub fn load(path: &Path) -> Result<Experiment, ExperimentError> {
-    let bytes = std::fs::read(path).map_err(|source| ExperimentError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes =
+        crate::env::read_capped(path, crate::env::MAX_EXPERIMENT_BYTES).map_err(|source| {
+            ExperimentError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
     let text = String::from_utf8(bytes.clone()).map_err(|_| ExperimentError::File {
         path: path.to_path_buf(),
         message: "not valid UTF-8".into(),
@@ -180,7 +207,13 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, ExperimentError> {
     let src = Source { path, text };
     let raw: RawExperiment = toml::from_str(text).map_err(|e| {
         let span = e.span().unwrap_or(0..0);
-        src.at(span, e.message().trim_end().to_string())
+        let message = e.message().trim_end();
+        // serde's type errors do not say which field; the key is on the line.
+        let message = match field_at(text, span.start) {
+            Some(key) if !message.contains('`') => format!("field `{key}`: {message}"),
+            _ => message.to_string(),
+        };
+        src.at(span, message)
     })?;
     let name = raw.name.get_ref().trim().to_string();
     if name.is_empty()
@@ -230,10 +263,18 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, ExperimentError> {
         if total > MAX_CASES {
             return Err(src.at(
                 sw.id.span(),
-                format!(
-                    "sweep `{}` expands to {combos} cases; the file would exceed the cap of {MAX_CASES} cases",
-                    sw.id.get_ref()
-                ),
+                if total == combos {
+                    format!(
+                        "sweep `{}` expands to {combos} cases, over the cap of {MAX_CASES} cases per file",
+                        sw.id.get_ref()
+                    )
+                } else {
+                    format!(
+                        "sweep `{}` expands to {combos} cases, which makes {total} in this file, \
+                         over the cap of {MAX_CASES} cases per file",
+                        sw.id.get_ref()
+                    )
+                },
             ));
         }
         for (suffix, over) in expand_sweep(sw) {

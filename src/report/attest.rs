@@ -5,6 +5,7 @@
 
 use super::Report;
 use serde_json::{json, Map, Value};
+use std::path::Path;
 
 pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
 pub const PREDICATE_TYPE: &str = "urn:foldprint:predicate:run:v1";
@@ -13,6 +14,122 @@ pub const PREDICATE_TYPE: &str = "urn:foldprint:predicate:run:v1";
 pub struct Subject {
     pub name: String,
     pub sha256: String,
+}
+
+/// Why a dump directory cannot be attested with a report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DumpMismatch {
+    /// The directory or its SHA256SUMS cannot be read or parsed.
+    Unreadable(String),
+    /// A file, SHA256SUMS and the report do not all say the same thing.
+    Contradicts(String),
+}
+
+impl std::fmt::Display for DumpMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DumpMismatch::Unreadable(m) | DumpMismatch::Contradicts(m) => f.write_str(m),
+        }
+    }
+}
+
+/// The dumped arenas as subjects, after checking that each file hashes to
+/// its SHA256SUMS line and to the digest the report gives its arena, that
+/// every arena of the report has its file, and that nothing else is there.
+pub fn dump_subjects(report: &Report, dir: &Path) -> Result<Vec<Subject>, DumpMismatch> {
+    let sums_path = dir.join("SHA256SUMS");
+    let sums = crate::env::read_capped(&sums_path, crate::env::MAX_REPORT_BYTES)
+        .and_then(|b| {
+            String::from_utf8(b)
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
+        })
+        .map_err(|e| {
+            DumpMismatch::Unreadable(format!("{}: cannot read: {e}", sums_path.display()))
+        })?;
+    let cases: Vec<(&str, &str, usize)> = report
+        .cases
+        .iter()
+        .map(|c| (c.experiment.as_str(), c.id.as_str(), c.arenas.len()))
+        .collect();
+    let names = crate::runner::dump_names(&cases).map_err(DumpMismatch::Unreadable)?;
+    let mut expected: std::collections::BTreeMap<&str, &str> = std::collections::BTreeMap::new();
+    for c in &report.cases {
+        for (k, a) in c.arenas.iter().enumerate() {
+            expected.insert(
+                names[&(c.experiment.as_str(), c.id.as_str(), k)].as_str(),
+                a.sha256.as_str(),
+            );
+        }
+    }
+    let mut subjects = Vec::new();
+    let mut listed = std::collections::BTreeSet::new();
+    for (n, line) in sums.lines().enumerate() {
+        let bad = || {
+            DumpMismatch::Unreadable(format!(
+                "{} line {}: not `<sha256>  <file>`",
+                sums_path.display(),
+                n + 1
+            ))
+        };
+        let (hash, file) = line.split_once("  ").ok_or_else(bad)?;
+        if !super::check::is_digest(hash) || file.is_empty() || file.contains('/') {
+            return Err(bad());
+        }
+        if !listed.insert(file) {
+            return Err(DumpMismatch::Contradicts(format!(
+                "{}: lists {file} twice",
+                sums_path.display()
+            )));
+        }
+        let path = dir.join(file);
+        let data = std::fs::read(&path).map_err(|e| {
+            DumpMismatch::Contradicts(format!("{}: cannot read: {e}", path.display()))
+        })?;
+        let actual = crate::digest::sha256_hex(&data);
+        if actual != hash {
+            return Err(DumpMismatch::Contradicts(format!(
+                "{}: SHA-256 is {actual}, SHA256SUMS says {hash}",
+                path.display()
+            )));
+        }
+        match expected.get(file) {
+            None => {
+                return Err(DumpMismatch::Contradicts(format!(
+                    "{}: no arena of the report is dumped under this name",
+                    path.display()
+                )))
+            }
+            Some(want) if *want != actual => {
+                return Err(DumpMismatch::Contradicts(format!(
+                    "{}: SHA-256 is {actual}, the report says {want}",
+                    path.display()
+                )))
+            }
+            Some(_) => {}
+        }
+        subjects.push(Subject {
+            name: file.to_string(),
+            sha256: actual,
+        });
+    }
+    if let Some(missing) = expected.keys().find(|k| !listed.contains(*k)) {
+        return Err(DumpMismatch::Contradicts(format!(
+            "{}: the report's arena {missing} is not in SHA256SUMS",
+            dir.display()
+        )));
+    }
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| DumpMismatch::Unreadable(format!("{}: cannot read: {e}", dir.display())))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name != "SHA256SUMS" && !listed.contains(name.as_str()) {
+            return Err(DumpMismatch::Contradicts(format!(
+                "{}: {name} is not listed in SHA256SUMS",
+                dir.display()
+            )));
+        }
+    }
+    Ok(subjects)
 }
 
 pub fn statement(report: &Report, subjects: &[Subject]) -> Value {

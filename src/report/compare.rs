@@ -1,7 +1,10 @@
-//! Cross-report agreement by case key.
+//! Cross-report agreement by case key. Every digest a report carries is
+//! compared (arena, per rank, per chunk, chunk root), and the parameters;
+//! a golden file (arena digests of one experiment) can stand on either side.
 
-use super::{ArenaReport, Report};
+use super::{ArenaReport, CaseParams, Golden, Report, ReportError};
 use std::collections::BTreeMap;
+use std::path::Path;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Mismatch {
@@ -29,6 +32,20 @@ pub enum Mismatch {
         left: String,
         right: String,
     },
+    /// Anything else a case carries that differs: a rank or chunk digest,
+    /// the chunk root, a length, the parameters.
+    Field {
+        key: String,
+        id: String,
+        what: String,
+        left: (String, String),
+        right: (String, String),
+    },
+    /// The two sides hashed NaNs differently: their digests are not comparable.
+    NanPolicy {
+        left: (String, String),
+        right: (String, String),
+    },
 }
 
 impl std::fmt::Display for Mismatch {
@@ -51,7 +68,9 @@ impl std::fmt::Display for Mismatch {
                     let shown: Vec<String> =
                         c.iter().take(8).map(|(a, b)| format!("{a}..{b}")).collect();
                     let more = c.len().saturating_sub(8);
-                    write!(f, "; differing elements in {}", shown.join(", "))?;
+                    if !shown.is_empty() {
+                        write!(f, "; differing elements in {}", shown.join(", "))?;
+                    }
                     if more > 0 {
                         write!(f, " and {more} more chunk(s)")?;
                     }
@@ -75,6 +94,22 @@ impl std::fmt::Display for Mismatch {
                     "case {key} has different arena counts in {left} and {right}"
                 )
             }
+            Mismatch::Field {
+                key,
+                id,
+                what,
+                left,
+                right,
+            } => write!(
+                f,
+                "case `{id}` ({key}) {what}: {} has {}, {} has {}",
+                left.0, left.1, right.0, right.1
+            ),
+            Mismatch::NanPolicy { left, right } => write!(
+                f,
+                "{} used NaN policy `{}`, {} used `{}`: their digests are not comparable",
+                left.0, left.1, right.0, right.1
+            ),
         }
     }
 }
@@ -92,65 +127,141 @@ impl Comparison {
     }
 }
 
+/// One side of a comparison: a report, or a golden file.
+#[derive(Debug, Clone)]
+pub enum Source {
+    Report(Report),
+    Golden(Golden),
+}
+
+impl Source {
+    /// Read a report or a golden, whichever the file's `format` says.
+    pub fn read(path: &Path) -> Result<Source, ReportError> {
+        let golden = crate::env::read_capped(path, crate::env::MAX_REPORT_BYTES)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|v| {
+                v.get("format").and_then(|f| f.as_str()) == Some(super::GOLDEN_FORMAT)
+            });
+        if golden {
+            Golden::read(path).map(Source::Golden)
+        } else {
+            Report::read(path).map(Source::Report)
+        }
+    }
+
+    pub fn nan_policy(&self) -> &str {
+        match self {
+            Source::Report(r) => &r.nan_policy,
+            Source::Golden(g) => &g.nan_policy,
+        }
+    }
+
+    /// The experiment a golden covers (a report covers all of its own).
+    fn only_experiment(&self) -> Option<&str> {
+        match self {
+            Source::Report(_) => None,
+            Source::Golden(g) => Some(&g.experiment),
+        }
+    }
+
+    fn cases(&self, only: Option<&str>) -> BTreeMap<String, View<'_>> {
+        match self {
+            Source::Report(r) => r
+                .cases
+                .iter()
+                .filter(|c| only.is_none_or(|e| e == c.experiment))
+                .map(|c| {
+                    (
+                        c.key.clone(),
+                        View {
+                            id: c.id.clone(),
+                            params: Some(&c.params),
+                            digests: c.arenas.iter().map(|a| a.sha256.as_str()).collect(),
+                            arenas: Some(c.arenas.iter().collect()),
+                        },
+                    )
+                })
+                .collect(),
+            Source::Golden(g) => g
+                .cases
+                .iter()
+                .map(|c| {
+                    (
+                        c.key.clone(),
+                        View {
+                            id: c.id.clone(),
+                            params: None,
+                            digests: c.arenas.iter().map(String::as_str).collect(),
+                            arenas: None,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What a case carries on one side.
+struct View<'a> {
+    id: String,
+    params: Option<&'a CaseParams>,
+    digests: Vec<&'a str>,
+    /// Full arena records (reports only).
+    arenas: Option<Vec<&'a ArenaReport>>,
+}
+
 /// Compare every report against the first. `names` label reports in messages.
 pub fn compare(reports: &[(String, Report)], allow_missing: bool) -> Comparison {
+    let sources: Vec<(String, Source)> = reports
+        .iter()
+        .map(|(n, r)| (n.clone(), Source::Report(r.clone())))
+        .collect();
+    compare_sources(&sources, allow_missing)
+}
+
+/// Compare every source (report or golden) against the first. Where a
+/// golden is involved, only the cases of its experiment are compared.
+pub fn compare_sources(sources: &[(String, Source)], allow_missing: bool) -> Comparison {
     let mut out = Comparison::default();
-    let Some((base_name, base)) = reports.first() else {
+    let Some((base_name, base)) = sources.first() else {
         return out;
     };
-    fn index(r: &Report) -> BTreeMap<String, (String, Vec<&ArenaReport>)> {
-        r.cases
-            .iter()
-            .map(|c| (c.key.clone(), (c.id.clone(), c.arenas.iter().collect())))
-            .collect()
-    }
-    let base_idx = index(base);
     let mut compared_keys = std::collections::BTreeSet::new();
-    for (name, other) in &reports[1..] {
-        let idx = index(other);
-        for (key, (id, digests)) in &base_idx {
+    for (name, other) in &sources[1..] {
+        if base.nan_policy() != other.nan_policy() {
+            out.mismatches.push(Mismatch::NanPolicy {
+                left: (base_name.clone(), base.nan_policy().to_string()),
+                right: (name.clone(), other.nan_policy().to_string()),
+            });
+        }
+        let only = other.only_experiment().or(base.only_experiment());
+        let base_idx = base.cases(only);
+        let idx = other.cases(only);
+        for (key, mine) in &base_idx {
             match idx.get(key) {
                 None => {
                     if !allow_missing {
                         out.mismatches.push(Mismatch::Missing {
                             key: key.clone(),
-                            id: id.clone(),
+                            id: mine.id.clone(),
                             present_in: base_name.clone(),
                             absent_from: name.clone(),
                         });
                     }
                 }
-                Some((_, theirs)) => {
+                Some(theirs) => {
                     compared_keys.insert(key.clone());
-                    if theirs.len() != digests.len() {
-                        out.mismatches.push(Mismatch::Shape {
-                            key: key.clone(),
-                            left: base_name.clone(),
-                            right: name.clone(),
-                        });
-                        continue;
-                    }
-                    for (a, (l, r)) in digests.iter().zip(theirs).enumerate() {
-                        if l.sha256 != r.sha256 {
-                            out.mismatches.push(Mismatch::Digest {
-                                key: key.clone(),
-                                id: id.clone(),
-                                arena: a,
-                                left: (base_name.clone(), l.sha256.clone()),
-                                right: (name.clone(), r.sha256.clone()),
-                                chunks: differing_chunks(l, r),
-                            });
-                        }
-                    }
+                    compare_case(key, (base_name, mine), (name, theirs), &mut out);
                 }
             }
         }
         if !allow_missing {
-            for (key, (id, _)) in &idx {
+            for (key, theirs) in &idx {
                 if !base_idx.contains_key(key) {
                     out.mismatches.push(Mismatch::Missing {
                         key: key.clone(),
-                        id: id.clone(),
+                        id: theirs.id.clone(),
                         present_in: name.clone(),
                         absent_from: base_name.clone(),
                     });
@@ -160,6 +271,115 @@ pub fn compare(reports: &[(String, Report)], allow_missing: bool) -> Comparison 
     }
     out.compared = compared_keys.len();
     out
+}
+
+fn compare_case(key: &str, l: (&String, &View), r: (&String, &View), out: &mut Comparison) {
+    let (ln, lv) = l;
+    let (rn, rv) = r;
+    let field = |what: String, a: String, b: String| Mismatch::Field {
+        key: key.to_string(),
+        id: lv.id.clone(),
+        what,
+        left: (ln.clone(), a),
+        right: (rn.clone(), b),
+    };
+    if let (Some(a), Some(b)) = (lv.params, rv.params) {
+        if a != b {
+            let js = |p: &CaseParams| serde_json::to_string(p).unwrap_or_default();
+            out.mismatches
+                .push(field("parameters".into(), js(a), js(b)));
+        }
+    }
+    if lv.digests.len() != rv.digests.len() {
+        out.mismatches.push(Mismatch::Shape {
+            key: key.to_string(),
+            left: ln.clone(),
+            right: rn.clone(),
+        });
+        return;
+    }
+    for (i, (a, b)) in lv.digests.iter().zip(&rv.digests).enumerate() {
+        let full = lv
+            .arenas
+            .as_ref()
+            .zip(rv.arenas.as_ref())
+            .map(|(x, y)| (x[i], y[i]));
+        if a != b {
+            out.mismatches.push(Mismatch::Digest {
+                key: key.to_string(),
+                id: lv.id.clone(),
+                arena: i,
+                left: (ln.clone(), a.to_string()),
+                right: (rn.clone(), b.to_string()),
+                chunks: full.and_then(|(x, y)| differing_chunks(x, y)),
+            });
+        }
+        let Some((x, y)) = full else { continue };
+        if x.len != y.len {
+            out.mismatches.push(field(
+                format!("arena {i} length"),
+                x.len.to_string(),
+                y.len.to_string(),
+            ));
+        }
+        // Where the arena digests differ, that one mismatch (localized by
+        // chunk) says it; rank and chunk details matter where they agree.
+        for (rank, (p, q)) in x.rank_sha256.iter().zip(&y.rank_sha256).enumerate() {
+            if p != q && a == b {
+                out.mismatches.push(field(
+                    format!("arena {i} rank {rank} digest"),
+                    p.clone(),
+                    q.clone(),
+                ));
+            }
+        }
+        if x.rank_sha256.len() != y.rank_sha256.len() && a == b {
+            out.mismatches.push(field(
+                format!("arena {i} rank count"),
+                x.rank_sha256.len().to_string(),
+                y.rank_sha256.len().to_string(),
+            ));
+        }
+        if x.ranks_identical != y.ranks_identical {
+            out.mismatches.push(field(
+                format!("arena {i} ranks_identical"),
+                x.ranks_identical.to_string(),
+                y.ranks_identical.to_string(),
+            ));
+        }
+        // Chunk lists are compared when both sides carry them (older
+        // reports may not): the digests differ exactly where chunks do.
+        if !x.chunk_sha256.is_empty() && !y.chunk_sha256.is_empty() {
+            if x.chunk_root != y.chunk_root && a == b {
+                out.mismatches.push(field(
+                    format!("arena {i} chunk_root"),
+                    x.chunk_root.clone(),
+                    y.chunk_root.clone(),
+                ));
+            }
+            if a == b {
+                if x.chunk_elems != y.chunk_elems || x.chunk_sha256.len() != y.chunk_sha256.len() {
+                    out.mismatches.push(field(
+                        format!("arena {i} chunking"),
+                        format!("{} chunks of {}", x.chunk_sha256.len(), x.chunk_elems),
+                        format!("{} chunks of {}", y.chunk_sha256.len(), y.chunk_elems),
+                    ));
+                } else {
+                    for (k, (p, q)) in x.chunk_sha256.iter().zip(&y.chunk_sha256).enumerate() {
+                        if p != q {
+                            let s = k * x.chunk_elems;
+                            let e = (s + x.chunk_elems).min(x.len);
+                            out.mismatches.push(field(
+                                format!("arena {i} chunk {k} (elements {s}..{e}) digest"),
+                                p.clone(),
+                                q.clone(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Element ranges of the chunks whose digests differ, if both sides carry

@@ -168,7 +168,40 @@ impl Golden {
         })
     }
 
+    /// Read a golden, refusing malformed digests and duplicate case keys.
     pub fn read(path: &Path) -> Result<Golden, ReportError> {
-        super::read_versioned(path, GOLDEN_FORMAT, GOLDEN_VERSION, "golden")
+        let g: Golden = super::read_versioned(path, GOLDEN_FORMAT, GOLDEN_VERSION, "golden")?;
+        let problems = g.problems();
+        if !problems.is_empty() {
+            return Err(ReportError::Inconsistent {
+                path: path.to_path_buf(),
+                what: "golden",
+                problems,
+            });
+        }
+        Ok(g)
+    }
+
+    /// Malformed digests and repeated case keys, in words.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut seen = std::collections::HashMap::new();
+        for c in &self.cases {
+            if let Some(first) = seen.insert(c.key.as_str(), c.id.as_str()) {
+                out.push(format!(
+                    "case key {} appears twice (cases `{first}` and `{}`)",
+                    c.key, c.id
+                ));
+            }
+            for (i, d) in c.arenas.iter().enumerate() {
+                if !super::check::is_digest(d) {
+                    out.push(format!(
+                        "case `{}` arena {i}: `{d}` is not a SHA-256 digest",
+                        c.id
+                    ));
+                }
+            }
+        }
+        out
     }
 }

@@ -98,6 +98,22 @@ pub fn build_groups(cases: &[CaseReport]) -> Vec<Group> {
         } else {
             ("agree", verdict_seen, false, format!("{distinct} distinct results across {} delivery orders: delivery order changed the bits", orders.len()))
         };
+        // Different spellings of one sequence (`ascending`, `rotate:0`,
+        // `[0,1,2,3]`) are one order, not several: say so.
+        let mut spellings: BTreeMap<&[usize], Vec<&str>> = BTreeMap::new();
+        for c in &members {
+            let names = spellings.entry(&c.params.order_sequence).or_default();
+            if !names.contains(&c.params.order.as_str()) {
+                names.push(&c.params.order);
+            }
+        }
+        let mut note = note;
+        for names in spellings.values().filter(|n| n.len() > 1) {
+            note.push_str(&format!(
+                "; {} are the same delivery sequence",
+                names.join(" = ")
+            ));
+        }
         groups.push(Group {
             key: key.to_string(),
             contract,

@@ -3,8 +3,12 @@
 
 use super::Report;
 
+/// XML-escaped, with control characters (which XML 1.0 cannot carry even
+/// as references) written as `\u{7}`.
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
+    super::printable(s)
+        .replace(['\n', '\t'], " ")
+        .replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
         .replace('"', "&quot;")

@@ -48,12 +48,57 @@ pub struct DumpComparison {
     pub unmatched: Vec<String>,
 }
 
+/// SHA256SUMS of a dump directory, after checking it against the files:
+/// each listed file must exist and hash to its line, and no other file may
+/// be there (`sha256sum -c` catches the first two; a dump directory that
+/// lies is corrupt input, not a comparison result).
 fn read_sums(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
-    let path = dir.join("SHA256SUMS");
-    let text = std::fs::read_to_string(&path).map_err(|source| ReportError::Io {
-        path: path.clone(),
+    let sums = read_sums_file(dir)?;
+    for (name, hash) in &sums {
+        let path = dir.join(name);
+        let bytes = std::fs::read(&path).map_err(|source| ReportError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let actual = crate::digest::sha256_hex(&bytes);
+        if actual != *hash {
+            return Err(ReportError::Malformed {
+                path,
+                message: format!("SHA-256 is {actual} but SHA256SUMS says {hash}"),
+            });
+        }
+    }
+    let entries = std::fs::read_dir(dir).map_err(|source| ReportError::Io {
+        path: dir.to_path_buf(),
         source,
     })?;
+    for entry in entries {
+        let entry = entry.map_err(|source| ReportError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name != "SHA256SUMS" && !sums.contains_key(&name) {
+            return Err(ReportError::Malformed {
+                path: dir.join(&name),
+                message: "not listed in SHA256SUMS".into(),
+            });
+        }
+    }
+    Ok(sums)
+}
+
+fn read_sums_file(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
+    let path = dir.join("SHA256SUMS");
+    let text = crate::env::read_capped(&path, crate::env::MAX_REPORT_BYTES)
+        .and_then(|b| {
+            String::from_utf8(b)
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))
+        })
+        .map_err(|source| ReportError::Io {
+            path: path.clone(),
+            source,
+        })?;
     let mut out = BTreeMap::new();
     for (i, line) in text.lines().enumerate() {
         let Some((hash, name)) = line.split_once("  ") else {
@@ -62,7 +107,18 @@ fn read_sums(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
                 message: format!("line {} is not `<sha256>  <file>`", i + 1),
             });
         };
-        out.insert(name.to_string(), hash.to_string());
+        if !super::check::is_digest(hash) || name.is_empty() || name.contains('/') {
+            return Err(ReportError::Malformed {
+                path: path.clone(),
+                message: format!("line {} is not `<sha256>  <file>`", i + 1),
+            });
+        }
+        if out.insert(name.to_string(), hash.to_string()).is_some() {
+            return Err(ReportError::Malformed {
+                path: path.clone(),
+                message: format!("line {}: {name} is listed twice", i + 1),
+            });
+        }
     }
     Ok(out)
 }

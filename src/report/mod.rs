@@ -3,13 +3,14 @@
 //! parameters only, so reports from different machines line up.
 
 pub mod attest;
+pub mod check;
 mod compare;
 mod golden;
 mod groups;
 mod junit;
 pub mod localize;
 
-pub use compare::{compare, Comparison, Mismatch};
+pub use compare::{compare, compare_sources, Comparison, Mismatch, Source};
 pub use golden::{Golden, GoldenCase, GOLDEN_FORMAT};
 pub use groups::{build_groups, Group};
 pub use junit::junit;
@@ -19,6 +20,26 @@ use crate::experiment::{Case, CaseParams, Experiment};
 use crate::sensitivity::Sensitivity;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+
+/// `s` with control characters (other than newline and tab) written as
+/// `\u{1b}`, so that an id cannot move a terminal's cursor or break XML.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !s.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    std::borrow::Cow::Owned(
+        s.chars()
+            .map(|c| {
+                if bad(c) {
+                    format!("\\u{{{:x}}}", c as u32)
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
+}
 
 pub const REPORT_FORMAT: &str = "foldprint-report";
 pub const REPORT_VERSION: u32 = 1;
@@ -41,6 +62,12 @@ pub enum ReportError {
         what: &'static str,
         found: u64,
         expected: u32,
+    },
+    #[error("{path}: inconsistent {what}, refusing to trust it: {}", problems.join("; "))]
+    Inconsistent {
+        path: PathBuf,
+        what: &'static str,
+        problems: Vec<String>,
     },
     #[error("{path}: cannot write: {source}")]
     Write {
@@ -269,8 +296,19 @@ impl Report {
 
     /// Read a report, checking its format marker and version first so a
     /// wrong file gets a precise message rather than a field error.
+    /// The report is checked for internal consistency
+    /// ([`check::problems`]): an inconsistent one is an error.
     pub fn read(path: &Path) -> Result<Report, ReportError> {
-        read_versioned(path, REPORT_FORMAT, REPORT_VERSION, "report")
+        let r: Report = read_versioned(path, REPORT_FORMAT, REPORT_VERSION, "report")?;
+        let problems = check::problems(&r);
+        if !problems.is_empty() {
+            return Err(ReportError::Inconsistent {
+                path: path.to_path_buf(),
+                what: "report",
+                problems,
+            });
+        }
+        Ok(r)
     }
 }
 
@@ -282,9 +320,15 @@ pub(crate) fn read_versioned<T: serde::de::DeserializeOwned>(
     version: u32,
     what: &'static str,
 ) -> Result<T, ReportError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ReportError::Io {
+    let bytes = crate::env::read_capped(path, crate::env::MAX_REPORT_BYTES).map_err(|source| {
+        ReportError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
+    let text = String::from_utf8(bytes).map_err(|_| ReportError::Malformed {
         path: path.to_path_buf(),
-        source,
+        message: "not valid UTF-8".into(),
     })?;
     let malformed = |message: String| ReportError::Malformed {
         path: path.to_path_buf(),

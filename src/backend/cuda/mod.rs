@@ -32,6 +32,21 @@ use world::{Reader, RoundSpec, WorldBuffers};
 
 const NAME: &str = "cuda";
 
+/// A driver call failed mid-case. That is never a failed check: running
+/// out of device memory is a missing resource (exit 3), anything else the
+/// infrastructure failing (exit 4).
+fn driver_failed(case: &str, phase: &str, message: impl Into<String>) -> BackendError {
+    let message = message.into();
+    if message.contains("OUT_OF_MEMORY") {
+        BackendError::Unavailable {
+            backend: NAME,
+            reason: format!("case `{case}`: {phase}: {message}"),
+        }
+    } else {
+        super::infrastructure(case, phase, message)
+    }
+}
+
 /// `CUDA_ERROR_X: text` for a driver error.
 pub(crate) fn driver_error_text(e: cudarc::driver::DriverError) -> String {
     let name = e
@@ -171,11 +186,18 @@ impl CudaBackend {
         }
         let plan = shard_plan(n, case.world).ok_or_else(|| failed(&case.id, "world = 0"))?;
         let needed = WorldBuffers::bytes_needed(case.world, n, &plan, nbuf);
-        let (mut free, _) = self.dev.memory().map_err(|e| failed(&case.id, e))?;
+        let (mut free, _) = self
+            .dev
+            .memory()
+            .map_err(|e| driver_failed(&case.id, "memory query", e))?;
         if needed > free && !self.worlds.is_empty() {
             // Give back other lengths' buffers before declaring defeat.
             self.worlds.clear();
-            free = self.dev.memory().map_err(|e| failed(&case.id, e))?.0;
+            free = self
+                .dev
+                .memory()
+                .map_err(|e| driver_failed(&case.id, "memory query", e))?
+                .0;
         }
         // Keep a margin for the driver, streams and kernels.
         let margin = 256u64 << 20;
@@ -188,7 +210,7 @@ impl CudaBackend {
             });
         }
         let bufs = WorldBuffers::alloc(&self.dev, case.world, n, &plan, nbuf)
-            .map_err(|e| failed(&case.id, e))?;
+            .map_err(|e| driver_failed(&case.id, "allocating rank arenas", e))?;
         self.worlds.insert(key, bufs);
         Ok(())
     }
@@ -240,7 +262,7 @@ impl CudaBackend {
             };
             self.ensure_world(case, n, nbuf)?;
             self.ensure_readers(case.world)
-                .map_err(|e| failed(&case.id, e))?;
+                .map_err(|e| driver_failed(&case.id, "read-back buffers", e))?;
             let bufs = &self.worlds[&(case.world, n)];
             let spec = RoundSpec {
                 plan: &plan,
@@ -257,7 +279,7 @@ impl CudaBackend {
             };
             let (gen_ms, reduce_ms) =
                 world::run_round(&self.dev, &self.main, &self.copy, bufs, &spec)
-                    .map_err(|e| failed(&case.id, e))?;
+                    .map_err(|e| driver_failed(&case.id, "round", e))?;
             t.generate_ms += gen_ms;
             t.reduce_ms += reduce_ms;
             let d = Instant::now();
@@ -268,7 +290,7 @@ impl CudaBackend {
                 opts.nan_policy,
                 opts.keep_values,
             )
-            .map_err(|e| failed(&case.id, e))?;
+            .map_err(|e| driver_failed(&case.id, "digest", e))?;
             t.digest_ms += d.elapsed().as_secs_f64() * 1e3;
             out.push(ReducedArena {
                 len: n,
@@ -543,15 +565,69 @@ impl Backend for CudaBackend {
         super::nccl_only(case)
     }
 
+    /// Host memory for kept values, and each arena's buffers against the
+    /// device's total memory (free memory is checked again per case, when
+    /// other shapes' buffers have been given back).
+    fn preflight(&self, case: &Case, opts: &RunOptions) -> Result<(), BackendError> {
+        self.check_case(case, opts)?;
+        let (_, total) = self
+            .dev
+            .memory()
+            .map_err(|e| driver_failed(&case.id, "memory query", e))?;
+        let racing = self.copy.len() >= 2;
+        let margin = 256u64 << 20;
+        for &n in &case.arenas {
+            let plan = shard_plan(n, case.world).ok_or_else(|| failed(&case.id, "world = 0"))?;
+            let nonempty = plan.iter().filter(|s| s.len > 0).count();
+            let nbuf = nonempty.min(if racing { 2 } else { 1 });
+            let needed = WorldBuffers::bytes_needed(case.world, n, &plan, nbuf) + margin;
+            if needed > total {
+                return Err(BackendError::OutOfMemory {
+                    case: case.id.clone(),
+                    what: "GPU memory (the device's total)",
+                    needed,
+                    available: total,
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
         self.check_case(case, opts)?;
         // Keep only this case's buffers: other shapes would pin memory.
         self.worlds
             .retain(|&(w, n), _| w == case.world && case.arenas.contains(&n));
         let (mode, prog) = contract_program(case)?;
-        let prog_buf = upload_prog(&self.dev, &prog).map_err(|e| failed(&case.id, e))?;
+        let prog_buf = upload_prog(&self.dev, &prog)
+            .map_err(|e| driver_failed(&case.id, "uploading the fold program", e))?;
         super::repeat_rounds(case.rounds, || {
             self.round(case, opts, mode, &prog_buf, prog.len() as u32)
         })
+    }
+}
+
+#[cfg(test)]
+mod driver_error_tests {
+    use super::driver_failed;
+    use crate::exit::{ExitCode, HasExitCode};
+
+    #[test]
+    fn driver_errors_are_never_failed_checks() {
+        let oom = driver_failed(
+            "c",
+            "allocating rank arenas",
+            "CUDA_ERROR_OUT_OF_MEMORY (out of memory)",
+        );
+        assert_eq!(oom.exit_code(), ExitCode::Unavailable);
+        let lost = driver_failed(
+            "c",
+            "round",
+            "CUDA_ERROR_LAUNCH_FAILED (unspecified launch failure)",
+        );
+        assert_eq!(lost.exit_code(), ExitCode::Infrastructure);
+        assert!(lost
+            .to_string()
+            .contains("case `c`: round: CUDA_ERROR_LAUNCH_FAILED"));
     }
 }

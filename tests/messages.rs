@@ -1,0 +1,196 @@
+//! Messages a person reads: fields named, OS errors once, totals that add
+//! up, nothing dangling, nothing a terminal or XML parser would obey.
+
+use assert_cmd::Command;
+use std::path::{Path, PathBuf};
+
+fn fp() -> Command {
+    Command::cargo_bin("foldprint").unwrap()
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn stderr_of(a: &assert_cmd::assert::Assert) -> String {
+    String::from_utf8_lossy(&a.get_output().stderr).into_owned()
+}
+
+fn stdout_of(a: &assert_cmd::assert::Assert) -> String {
+    String::from_utf8_lossy(&a.get_output().stdout).into_owned()
+}
+
+#[test]
+fn type_errors_name_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "t.toml",
+        "name = \"t\"\n[[case]]\nid = \"c\"\nworld = \"4\"\narenas = [3]\n",
+    );
+    let err = stderr_of(
+        &fp()
+            .args(["run", "--backend", "cpu"])
+            .arg(&p)
+            .assert()
+            .code(2),
+    );
+    assert!(
+        err.contains("t.toml:4:9: field `world`: invalid type"),
+        "{err}"
+    );
+}
+
+#[test]
+fn os_errors_are_printed_once() {
+    let err = stderr_of(
+        &fp()
+            .args(["run", "--backend", "cpu", "no-such-file.toml"])
+            .assert()
+            .code(2),
+    );
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
+}
+
+#[test]
+fn the_sweep_cap_counts_the_whole_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let seeds: Vec<String> = (1..=4096).map(|s| s.to_string()).collect();
+    let p = write(
+        dir.path(),
+        "cap.toml",
+        &format!(
+            "name = \"t\"\n[defaults]\nworld = 3\narenas = [3]\n[[case]]\nid = \"c\"\n\
+             [[sweep]]\nid = \"s\"\nseed = [{}]\n",
+            seeds.join(",")
+        ),
+    );
+    let err = stderr_of(
+        &fp()
+            .args(["run", "--backend", "cpu"])
+            .arg(&p)
+            .assert()
+            .code(2),
+    );
+    assert!(
+        err.contains("expands to 4096 cases, which makes 4097 in this file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_digest_mismatch_without_chunk_differences_says_nothing_dangling() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "one.toml",
+        "name = \"one\"\n[[case]]\nid = \"c\"\nworld = 3\narenas = [100]\n",
+    );
+    let a = dir.path().join("a.json");
+    fp().args(["run", "--backend", "cpu", "--out"])
+        .arg(&a)
+        .arg(&p)
+        .assert()
+        .success();
+    // Another arena digest (consistently, on every rank), the same chunks.
+    let mut r: foldprint::report::Report =
+        serde_json::from_slice(&std::fs::read(&a).unwrap()).unwrap();
+    let other = "ab".repeat(32);
+    r.cases[0].arenas[0].sha256 = other.clone();
+    r.cases[0].arenas[0].rank_sha256 = vec![other; 3];
+    let b = dir.path().join("b.json");
+    std::fs::write(&b, r.to_json()).unwrap();
+    let out = stdout_of(&fp().arg("compare").arg(&a).arg(&b).assert().code(1));
+    assert!(out.contains("arena 0"), "{out}");
+    assert!(!out.contains("differing elements in \n"), "{out}");
+    assert!(
+        out.lines()
+            .all(|l| !l.trim_end().ends_with("differing elements in")),
+        "{out}"
+    );
+}
+
+#[test]
+fn control_characters_in_ids_are_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "ctl.toml",
+        "name = \"ctl\"\n[[case]]\nid = \"bell\\u0007red\\u001b[31m\"\nworld = 3\narenas = [10]\n",
+    );
+    let j = dir.path().join("j.xml");
+    let a = fp()
+        .args(["run", "--backend", "cpu", "--junit"])
+        .arg(&j)
+        .arg(&p)
+        .assert()
+        .success();
+    let out = stdout_of(&a);
+    assert!(!out.contains('\u{7}') && !out.contains('\u{1b}'), "{out:?}");
+    assert!(out.contains("bell\\u{7}red\\u{1b}[31m"), "{out}");
+    let xml = std::fs::read_to_string(&j).unwrap();
+    assert!(
+        xml.chars().all(|c| !c.is_control() || c == '\n'),
+        "JUnit XML carries control characters: {xml:?}"
+    );
+    assert!(xml.contains("bell\\u{7}red\\u{1b}[31m"), "{xml}");
+}
+
+#[test]
+fn equivalent_orders_are_named_as_one_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "eq.toml",
+        "name = \"eq\"\n[defaults]\nworld = 4\narenas = [1000]\n[[sweep]]\nid = \"o\"\n\
+         order = [\"ascending\", \"rotate:0\", [0, 1, 2, 3], \"descending\"]\n",
+    );
+    let out = stdout_of(
+        &fp()
+            .args(["run", "--backend", "cpu"])
+            .arg(&p)
+            .assert()
+            .success(),
+    );
+    assert!(
+        out.contains("ascending = rotate:0 = [0,1,2,3] are the same delivery sequence"),
+        "{out}"
+    );
+    // Negative control: distinct sequences are not called the same.
+    assert!(!out.contains("descending = "), "{out}");
+}
+
+#[test]
+fn golden_warns_when_it_changes_digests() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "one.toml",
+        "name = \"one\"\n[[case]]\nid = \"c\"\nworld = 3\narenas = [100]\n",
+    );
+    let g = dir.path().join("golden");
+    let run = || {
+        let mut c = fp();
+        c.arg("golden").arg(&p).arg("--golden").arg(&g);
+        c
+    };
+    // First write and an unchanged rewrite: no warning.
+    for _ in 0..2 {
+        let err = stderr_of(&run().assert().success());
+        assert!(!err.contains("warning"), "{err}");
+    }
+    // A golden holding other digests is rewritten, with a warning.
+    let path = g.join("one.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["cases"][0]["arenas"][0] = "ab".repeat(32).into();
+    std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+    let err = stderr_of(&run().assert().success());
+    assert!(
+        err.contains("warning") && err.contains("one.json changed"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+}
