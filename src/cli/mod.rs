@@ -643,10 +643,12 @@ fn execute(
     if let Some(n) = &note {
         eprintln!("note: {n}");
     }
+    let mut not_gpu = None;
     if reporting {
         let prov = foldprint::env::provenance();
         if let Some(w) = foldprint::env::cpu_under_cuda_combination(be.name(), prov.as_ref()) {
             eprintln!("warning: {w}");
+            not_gpu = Some(w);
         }
     }
     let total = experiments.iter().map(|e| e.cases.len()).sum();
@@ -658,6 +660,9 @@ fn execute(
             &be.environment(),
             common.nan_policy.name(),
         );
+        if let Some(w) = &not_gpu {
+            outln!("NOT A GPU RESULT: {w}");
+        }
     }
     let rows = stream.then(|| {
         experiments
