@@ -56,10 +56,22 @@ fn os_release() -> String {
 
 /// The NVIDIA kernel driver release (e.g. 580.159.04), when one is loaded.
 fn nvidia_driver() -> Option<String> {
-    let text = std::fs::read_to_string("/proc/driver/nvidia/version").ok()?;
-    let line = text.lines().next()?;
-    let after = line.split("Kernel Module").nth(1)?;
-    after.split_whitespace().next().map(str::to_string)
+    kernel_module_version(&std::fs::read_to_string("/proc/driver/nvidia/version").ok()?)
+}
+
+/// The version in `/proc/driver/nvidia/version`'s first line: the first
+/// dotted number after "Kernel Module" (open modules insert "for x86_64"
+/// before it, proprietary ones do not).
+fn kernel_module_version(text: &str) -> Option<String> {
+    let after = text.lines().next()?.split("Kernel Module").nth(1)?;
+    after
+        .split_whitespace()
+        .find(|t| {
+            t.split('.').count() >= 2
+                && t.split('.')
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(str::to_string)
 }
 
 pub fn host() -> Value {
@@ -112,4 +124,24 @@ pub fn cpu_under_cuda_combination(backend: &str, provenance: Option<&Value>) -> 
         "the CPU backend ran under the CUDA combination `{combo}`: its pinned NVRTC/NCCL were not used, \
          so this is the CPU oracle's result, not a GPU result of `{combo}`"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernel_module_version_is_read_from_both_module_flavours() {
+        let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U22-I3-AE18-23-3)  Thu Jul 31 22:24:33 UTC 2025\nGCC version:  gcc version 12.3.0\n";
+        assert_eq!(kernel_module_version(open).as_deref(), Some("580.159.04"));
+        let proprietary = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n";
+        assert_eq!(
+            kernel_module_version(proprietary).as_deref(),
+            Some("535.104.05")
+        );
+        assert_eq!(
+            kernel_module_version("NVRM version: something else\n"),
+            None
+        );
+    }
 }
