@@ -290,9 +290,10 @@ for t in "${targets[@]}"; do
     jq -r --arg dir "/target/$t/cross/" '
         select(.reason == "compiler-artifact" and .profile.test and .executable != null)
         | .executable | select(contains($dir))' "$out/logs/build.json" >"$out/logs/$t.tests"
-    if jq -e --arg exe "/target/$t/cross/foldprint" '
-        select(.reason == "compiler-artifact" and .executable != null and (.profile.test | not))
-        | select(.executable | endswith($exe))' "$out/logs/build.json" >/dev/null \
+    if jq -n -e --arg exe "/target/$t/cross/foldprint" '
+        any(inputs; .reason == "compiler-artifact" and .executable != null
+            and (.profile.test | not) and (.executable | endswith($exe)))' \
+        "$out/logs/build.json" >/dev/null \
         && [ -s "$out/logs/$t.tests" ]; then
         check_target "$t" "$build_time for all targets" >"$out/logs/$t.check.log" 2>&1 &
         pids+=($!)
@@ -352,5 +353,12 @@ else
     echo "compare: FAILED"
     sed 's/^/    /' "$out/summary.md" "$out/logs/compare.log" | head -n 40
 fi
-echo "cross-arch: $([ $status -eq 0 ] && echo ok || echo FAILED) in $(elapsed $((SECONDS - start_all))) (record: $out/summary.md, $out/reports/)"
+# CPU time of everything this script ran (user + system), which unlike the
+# wall time does not grow when other jobs share the machine.
+times >"$out/logs/times.txt" # not in a subshell: it would count only its own children
+cpu=$(awk 'NR == 2 {
+    n = split($1 " " $2, t, " "); s = 0
+    for (i = 1; i <= n; i++) { split(t[i], p, "m"); s += p[1] * 60 + p[2] }
+    printf "%d", s }' "$out/logs/times.txt")
+echo "cross-arch: $([ $status -eq 0 ] && echo ok || echo FAILED) in $(elapsed $((SECONDS - start_all))), $(elapsed "$cpu") of CPU time (record: $out/summary.md, $out/reports/)"
 exit $status
