@@ -208,7 +208,7 @@ target_env() {
 
 # Verify and test one built target; writes one line to $out/status/<triple>.
 check_target() {
-    local t=$1 t0 ok=true line report
+    local t=$1 t0 ok=true line report rc
     read -r arch endian machine _ prefix qemu <<<"${spec[$t]}"
     target_env "$t"
     report=$out/reports/report-$machine-qemu.json
@@ -220,8 +220,9 @@ check_target() {
         >"$out/logs/$t.verify.log" 2>&1; then
         line+="; verify ok: $(sed -n 's/^verify ok: //p' "$out/logs/$t.verify.log") ($(elapsed $((SECONDS - t0))))"
     else
+        rc=$?
         ok=false
-        line+="; verify FAILED (exit $?, $(elapsed $((SECONDS - t0))), see $out/logs/$t.verify.log)"
+        line+="; verify FAILED (exit $rc, $(elapsed $((SECONDS - t0))), see $out/logs/$t.verify.log)"
     fi
 
     # The report must say where it ran: this architecture and byte order,
@@ -263,7 +264,7 @@ check_target() {
     line+=": $(awk '/^test result:/ {p += $4; f += $6; x += $12}
         END {printf "%d passed, %d failed, %d excluded", p, f, x}' "$out/logs/$t.test.log")"
     line+=" ($(elapsed $((SECONDS - t0))))"
-    grep -E '^test .* FAILED$|^failures:$' "$out/logs/$t.test.log" | sed 's/^/    /' >>"$out/logs/$t.test.failed" || true
+    grep -E '^test .* FAILED$' "$out/logs/$t.test.log" | sed 's/^/    /' >>"$out/logs/$t.test.failed" || true
 
     echo "$ok $line" >"$out/status/$t"
 }
@@ -331,7 +332,9 @@ if ! $build_ok; then
     status=1
     echo "build: FAILED for at least one target (see $out/logs/build.log)"
 fi
-echo "native $native: verify $($native_ok && echo ok || echo FAILED) ($(sed -n 's/^verify ok: //p' "$out/logs/native.verify.log"))"
+# What verify concluded: its last line on success, its problems otherwise.
+verdict() { sed -n -e '/^verify ok: /p' -e '/^verify FAILED/,$p' "$1" | head -n 6; }
+echo "native $native: $(verdict "$out/logs/native.verify.log")"
 for t in "${targets[@]}"; do
     if [ -s "$out/status/$t" ]; then
         read -r ok line <"$out/status/$t"
@@ -342,8 +345,8 @@ for t in "${targets[@]}"; do
     echo "$line"
     if [ "$ok" != true ]; then
         status=1
-        [ -s "$out/logs/$t.test.failed" ] && cat "$out/logs/$t.test.failed"
-        [ -s "$out/logs/$t.verify.log" ] && grep -v '^$' "$out/logs/$t.verify.log" | tail -n 8 | sed 's/^/    /'
+        if [ -s "$out/logs/$t.test.failed" ]; then cat "$out/logs/$t.test.failed"; fi
+        if [ -s "$out/logs/$t.verify.log" ]; then verdict "$out/logs/$t.verify.log" | sed 's/^/    /'; fi
     fi
 done
 if $compare_ok; then
