@@ -333,7 +333,7 @@ if ! $build_ok; then
     echo "build: FAILED for at least one target (see $out/logs/build.log)"
 fi
 # What verify concluded: its last line on success, its problems otherwise.
-verdict() { sed -n -e '/^verify ok: /p' -e '/^verify FAILED/,$p' "$1" | head -n 6; }
+verdict() { awk '/^verify ok: / {print} /^verify FAILED/ {f = 1} f && n < 6 {print; n++}' "$1"; }
 echo "native $native: $(verdict "$out/logs/native.verify.log")"
 for t in "${targets[@]}"; do
     if [ -s "$out/status/$t" ]; then
