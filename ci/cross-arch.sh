@@ -162,7 +162,7 @@ if [ ${#need_std[@]} -gt 0 ]; then
     done
 fi
 read -r _ _ _ _ _ qemu <<<"${spec[${targets[0]}]}"
-step "tools: $(rustc --version); $(qemu-"$qemu" --version | head -n 1)"
+step "tools: $(rustc --version); $(qemu-"$qemu" --version | awk "NR == 1")"
 
 # --- the native reference ---------------------------------------------------------
 foldprint=${FOLDPRINT:-target/release/foldprint}
@@ -354,7 +354,7 @@ if $compare_ok; then
 else
     status=1
     echo "compare: FAILED"
-    sed 's/^/    /' "$out/summary.md" "$out/logs/compare.log" | head -n 40
+    sed 's/^/    /' "$out/summary.md" "$out/logs/compare.log" | awk "NR <= 40"
 fi
 # CPU time of everything this script ran (user + system), which unlike the
 # wall time does not grow when other jobs share the machine.
