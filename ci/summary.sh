@@ -7,7 +7,8 @@
 # array of further failures (missing or failing reports). One table row per
 # report: which runner and combination it came from (from its file name,
 # report-<runner>-<combination>.json, and its embedded provenance), what it
-# ran on, which libraries it loaded, and whether it passed its own checks.
+# ran on (CPU architecture, byte order, emulation; GPU), which libraries it
+# loaded, and whether it passed its own checks.
 # Then the digest differences, at most 50 of them.
 set -euo pipefail
 
@@ -30,8 +31,8 @@ else
     echo "**FAIL**: $mismatches digest difference(s) over $compared case keys, $nproblems other problem(s); reference: \`$(basename "$reference")\`."
 fi
 echo
-echo "| report | runner | combination | backend | GPU | driver (CUDA API) | NVRTC | NCCL | cases | own checks |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| report | runner | combination | backend | machine | GPU | driver (CUDA API) | NVRTC | NCCL | cases | own checks |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for r in "$@"; do
     base=$(basename "$r" .json)
     label=${base#report-}
@@ -47,9 +48,15 @@ for r in "$@"; do
         # A CPU run under a CUDA combination used none of its pins: never
         # show them as if they had run.
         | (.environment.provenance.used != false) as $used
+        | .environment.host as $h
         | [ $file, $runner,
             (if $used then $combo else "\($combo) (CPU run: pins unused, not a GPU result)" end),
             (.backend // "-"),
+            (if $h.arch then
+                "\($h.arch)"
+                + (if $h.endian then ", \($h.endian)-endian" else "" end)
+                + (if $h.emulated == true then ", emulated" elif $h.emulated == false then ", native" else "" end)
+             else "-" end),
             ($b.gpu.name // (if $b.threads then "cpu, \($b.threads) threads" else "-" end)),
             ($b.driver.cuda_driver_api // $b.driver.version // "-"),
             ($b.nvrtc.version // (if $used then $p.nvrtc.version else null end) // "-"),

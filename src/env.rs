@@ -74,12 +74,58 @@ fn kernel_module_version(text: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// Byte order of the machine the binary was built for and runs on. The
+/// digests never depend on it: the hashed bytes are little-endian everywhere
+/// (docs/SPEC.md), which a big-endian machine proves.
+pub fn endian() -> &'static str {
+    if cfg!(target_endian = "big") {
+        "big"
+    } else {
+        "little"
+    }
+}
+
+/// The machine name this process is given by `uname(2)` (`uname -m`). A
+/// user-mode emulator (qemu-user, directly or through binfmt_misc) answers
+/// with the architecture it emulates.
+fn uname_machine() -> Option<String> {
+    // SAFETY: `uname` fills the zeroed struct; each field is NUL-terminated.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return None;
+    }
+    let bytes: Vec<u8> = u
+        .machine
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8(bytes).ok().filter(|s| !s.is_empty())
+}
+
+/// Whether the process runs under user-mode emulation: the kernel's own
+/// architecture (`/proc/sys/kernel/arch`, read from the kernel and not
+/// rewritten by an emulator) differs from the machine `uname(2)` reports to
+/// this process. `None` when either is unknown (older kernels lack the file).
+pub fn emulated(machine: Option<&str>, kernel_arch: Option<&str>) -> Option<bool> {
+    match (machine, kernel_arch) {
+        (Some(m), Some(k)) if !m.is_empty() && !k.is_empty() => Some(m != k),
+        _ => None,
+    }
+}
+
 pub fn host() -> Value {
+    let machine = uname_machine();
+    let kernel_arch = read_trimmed("/proc/sys/kernel/arch").filter(|s| !s.is_empty());
     json!({
         "hostname": read_trimmed("/proc/sys/kernel/hostname").unwrap_or_default(),
         "os": os_release(),
         "kernel": read_trimmed("/proc/sys/kernel/osrelease").unwrap_or_default(),
         "arch": std::env::consts::ARCH,
+        "endian": endian(),
+        "machine": machine,
+        "kernel_arch": kernel_arch,
+        "emulated": emulated(machine.as_deref(), kernel_arch.as_deref()),
         "cpu": cpu_model(),
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         "nvidia_kernel_driver": nvidia_driver(),
@@ -143,5 +189,31 @@ mod tests {
             kernel_module_version("NVRM version: something else\n"),
             None
         );
+    }
+
+    #[test]
+    fn emulation_is_a_process_machine_other_than_the_kernels() {
+        assert_eq!(emulated(Some("x86_64"), Some("x86_64")), Some(false));
+        assert_eq!(emulated(Some("s390x"), Some("x86_64")), Some(true));
+        assert_eq!(emulated(Some("aarch64"), Some("x86_64")), Some(true));
+        assert_eq!(emulated(Some("x86_64"), None), None);
+        assert_eq!(emulated(None, Some("x86_64")), None);
+        assert_eq!(emulated(Some(""), Some("x86_64")), None);
+    }
+
+    #[test]
+    fn host_records_architecture_byte_order_and_emulation() {
+        let h = host();
+        assert_eq!(h["arch"], std::env::consts::ARCH);
+        // The byte order from memory itself, not from the cfg the code uses.
+        let first = 1u32.to_ne_bytes()[0];
+        assert_eq!(h["endian"], if first == 1 { "little" } else { "big" });
+        let machine = h["machine"].as_str().expect("uname gives a machine name");
+        assert!(!machine.is_empty());
+        match (h["kernel_arch"].as_str(), &h["emulated"]) {
+            (Some(k), Value::Bool(e)) => assert_eq!(*e, k != machine),
+            (None, Value::Null) => {}
+            other => panic!("kernel_arch and emulated disagree: {other:?}"),
+        }
     }
 }
