@@ -61,6 +61,7 @@ declare -A spec=(
 
 # Tests excluded under qemu-user, as "binary::exact-name  reason".
 reason_exec="starts foldprint itself as a child process; under qemu-user that is a foreign binary the host kernel cannot execute (Exec format error) unless binfmt_misc is set up for it, a machine-wide setting this script does not change"
+reason_host_libs="reads the build machine's x86-64 loader cache and stand-in driver libraries built by its gcc, while the emulated process rightly accepts only libraries of its own architecture"
 EXCLUDED=(
     "lib::audit::child::tests::exit_codes_output_and_timeouts  expects spawning a missing program to fail in the parent; qemu-user runs glibc's posix_spawn (clone with CLONE_VFORK) as a plain fork, so the exec error stays in the child, which exits 127"
     "audit::a_child_that_rejects_its_arguments_is_exit_2  $reason_exec"
@@ -69,6 +70,19 @@ EXCLUDED=(
     "audit::the_library_check_accepts_the_requested_file_and_rejects_another  $reason_exec"
     "audit::the_cpu_matrix_passes_and_records_every_configuration  $reason_exec"
     "cli::launch_propagates_the_first_failure_and_names_the_rank  $reason_exec"
+    "exit_codes::a_closed_stdout_pipe_is_not_a_panic  $reason_exec"
+    "exit_codes::a_full_stdout_is_a_clear_error  $reason_exec"
+    "exit_codes::a_thread_pool_that_cannot_start_is_exit_3  $reason_exec"
+    "exit_codes::memory_checks_honour_the_address_space_limit  $reason_exec"
+    "readme::the_sample_output_is_what_the_code_prints  $reason_exec"
+    "progress::piped_rows_stream_as_cases_finish  $reason_exec"
+    "progress::reports_record_the_git_commit  $reason_exec"
+    "progress::a_terminal_shows_progress_while_a_long_case_runs  $reason_exec"
+    "outputs::sigint_stops_at_a_case_boundary_and_keeps_old_outputs  $reason_exec"
+    "outputs::sigterm_stops_at_a_case_boundary_and_keeps_old_outputs  $reason_exec"
+    "host_driver::doctor_finds_and_loads_the_driver_by_path_when_the_loader_cannot  $reason_exec"
+    "host_driver::the_loader_cache_leads_to_a_driver_directory_nothing_else_names  $reason_host_libs"
+    "lib::backend::cuda::host_driver::tests::cache_parser_agrees_with_ldconfig  $reason_host_libs"
 )
 
 usage() {
