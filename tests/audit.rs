@@ -4,20 +4,12 @@
 //! exercised end to end (the link directory, LD_LIBRARY_PATH, and the
 //! check against what the child reports it mapped) with a stand-in child.
 
-use assert_cmd::Command;
 use foldprint::audit::{self, Cell, Status};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-fn fp() -> Command {
-    Command::cargo_bin("foldprint").unwrap()
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
-}
+mod common;
+use common::{fp, write};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()

@@ -1,31 +1,10 @@
 //! The command line as users meet it: exit codes, messages that name the
 //! file, line and field, atomic outputs, and the checks that must fail.
 
-use assert_cmd::Command;
 use predicates::prelude::*;
-use std::path::{Path, PathBuf};
 
-fn fp() -> Command {
-    Command::cargo_bin("foldprint").unwrap()
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
-}
-
-const TINY: &str = r#"
-name = "tiny"
-[defaults]
-world = 3
-arenas = [257, 5]
-seed = 7
-[[sweep]]
-id = "o"
-order = ["ascending", "descending", [1, 2, 0]]
-contract = ["fixed-order", "arrival-order"]
-"#;
+mod common;
+use common::{fp, write, TINY};
 
 /// Run an experiment that must be rejected; return stderr.
 fn rejected(text: &str) -> String {

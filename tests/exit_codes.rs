@@ -1,13 +1,11 @@
 //! One exit-code model: documented in README and `--help` alike, and no
 //! panic where a clear error or a quiet exit belongs.
 
-use assert_cmd::Command;
 use predicates::prelude::*;
 use std::os::unix::process::CommandExt;
 
-fn fp() -> Command {
-    Command::cargo_bin("foldprint").unwrap()
-}
+mod common;
+use common::fp;
 
 fn no_panic() -> impl Predicate<str> {
     predicate::str::contains("panicked").not()

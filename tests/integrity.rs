@@ -2,21 +2,13 @@
 //! check every digest a report or golden carries and its internal
 //! consistency, and say when two sides hashed NaNs differently.
 
-use assert_cmd::Command;
 use foldprint::report::Report;
 use predicates::prelude::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-fn fp() -> Command {
-    Command::cargo_bin("foldprint").unwrap()
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
-}
+mod common;
+use common::{fp, write};
 
 /// Two arenas, one of several chunks; orders so that groups exist.
 const EXP: &str = r#"

@@ -1,18 +1,8 @@
 //! Messages a person reads: fields named, OS errors once, totals that add
 //! up, nothing dangling, nothing a terminal or XML parser would obey.
 
-use assert_cmd::Command;
-use std::path::{Path, PathBuf};
-
-fn fp() -> Command {
-    Command::cargo_bin("foldprint").unwrap()
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
-}
+mod common;
+use common::{fp, write};
 
 fn stderr_of(a: &assert_cmd::assert::Assert) -> String {
     String::from_utf8_lossy(&a.get_output().stderr).into_owned()

@@ -4,31 +4,11 @@
 //! whole, signals stop a run at a case boundary with nothing written, an
 //! output may not be an input, and everything is checked before any work.
 
-use assert_cmd::Command;
 use predicates::prelude::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn fp() -> Command {
-    Command::cargo_bin("foldprint").unwrap()
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
-}
-
-const TINY: &str = r#"
-name = "tiny"
-[defaults]
-world = 3
-arenas = [257, 5]
-seed = 7
-[[sweep]]
-id = "o"
-order = ["ascending", "descending", [1, 2, 0]]
-contract = ["fixed-order", "arrival-order"]
-"#;
+mod common;
+use common::{fp, write, TINY};
 
 const ONE: &str = "name = \"one\"\n[[case]]\nid = \"c\"\nworld = 3\narenas = [100]\n";
 

@@ -3,16 +3,13 @@
 //! finishes. Reports name the commit they were built from.
 
 use std::io::BufRead;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+mod common;
+use common::write;
 
 fn bin() -> PathBuf {
     assert_cmd::cargo::cargo_bin("foldprint")
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
 }
 
 /// 30 cases of about 0.1-0.2 s each on a 2-core machine.
