@@ -171,6 +171,23 @@ fn launch(world: usize, s: &Setting, args: &[&str]) -> Output {
     out
 }
 
+/// `verify` of every committed experiment against its golden, on a world of
+/// `world` emulated hosts, report to `out`.
+fn verify_goldens(world: usize, extra: &[&str], out: &Path) -> Output {
+    let mut args = vec![
+        "verify",
+        "experiments",
+        "--golden",
+        "experiments/golden",
+        "--backend",
+        "nccl",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    launch(world, &setting("default", &[]), &args)
+}
+
 fn read_json(p: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
         .unwrap()
@@ -230,20 +247,7 @@ fn emulated_worlds_of_2_to_16_ranks_reproduce_every_golden() {
     for world in [2usize, 3, 4, 8, 16] {
         let out = dir.path().join(format!("w{world}.json"));
         let t = Instant::now();
-        let o = launch(
-            world,
-            &setting("default", &[]),
-            &[
-                "verify",
-                "experiments",
-                "--golden",
-                "experiments/golden",
-                "--backend",
-                "nccl",
-                "--out",
-                out.to_str().unwrap(),
-            ],
-        );
+        let o = verify_goldens(world, &[], &out);
         assert!(o.status.success(), "W = {world}: verify failed");
         let r = read_json(&out);
         assert_emulated(&r, world);
@@ -662,22 +666,7 @@ fn launch_reports_a_killed_rank_as_an_infrastructure_failure() {
 fn emulated_world_of_64_reproduces_its_goldens() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("w64.json");
-    let o = launch(
-        64,
-        &setting("default", &[]),
-        &[
-            "verify",
-            "experiments",
-            "--golden",
-            "experiments/golden",
-            "--backend",
-            "nccl",
-            "--init-timeout",
-            "600",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    let o = verify_goldens(64, &["--init-timeout", "600"], &out);
     assert!(o.status.success());
     let r = read_json(&out);
     assert_emulated(&r, 64);

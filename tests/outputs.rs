@@ -8,20 +8,9 @@ use predicates::prelude::*;
 use std::path::Path;
 
 mod common;
-use common::{fp, write, TINY};
+use common::{fp, write, SLOW, TINY};
 
 const ONE: &str = "name = \"one\"\n[[case]]\nid = \"c\"\nworld = 3\narenas = [100]\n";
-
-/// 30 cases of about 0.1-0.2 s each on a 2-core machine.
-const SLOW: &str = r#"
-name = "slow"
-[defaults]
-world = 8
-arenas = [1048576]
-[[sweep]]
-id = "s"
-seed = [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30]
-"#;
 
 fn listing(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)

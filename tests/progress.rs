@@ -6,22 +6,11 @@ use std::io::BufRead;
 use std::path::PathBuf;
 
 mod common;
-use common::write;
+use common::{write, SLOW};
 
 fn bin() -> PathBuf {
     assert_cmd::cargo::cargo_bin("foldprint")
 }
-
-/// 30 cases of about 0.1-0.2 s each on a 2-core machine.
-const SLOW: &str = r#"
-name = "slow"
-[defaults]
-world = 8
-arenas = [1048576]
-[[sweep]]
-id = "s"
-seed = [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30]
-"#;
 
 #[test]
 fn piped_rows_stream_as_cases_finish() {

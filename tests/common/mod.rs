@@ -32,3 +32,16 @@ id = "o"
 order = ["ascending", "descending", [1, 2, 0]]
 contract = ["fixed-order", "arrival-order"]
 "#;
+
+/// 30 cases of about 0.1-0.2 s each on a 2-core machine: long enough to
+/// interrupt a run or watch its progress.
+#[allow(dead_code)]
+pub const SLOW: &str = r#"
+name = "slow"
+[defaults]
+world = 8
+arenas = [1048576]
+[[sweep]]
+id = "s"
+seed = [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30]
+"#;
