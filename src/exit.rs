@@ -5,8 +5,8 @@
 
 use crate::audit::AuditError;
 use crate::backend::BackendError;
-use crate::dist::DistError;
 use crate::experiment::ExperimentError;
+use crate::ranks::RankError;
 use crate::report::ReportError;
 use crate::runner::RunError;
 
@@ -127,13 +127,13 @@ impl HasExitCode for AuditError {
     }
 }
 
-impl HasExitCode for DistError {
+impl HasExitCode for RankError {
     fn exit_code(&self) -> ExitCode {
         match self {
-            DistError::Env(_)
-            | DistError::Rendezvous { .. }
-            | DistError::Disagree(_)
-            | DistError::Launch(_) => ExitCode::Infrastructure,
+            RankError::Env(_)
+            | RankError::Rendezvous { .. }
+            | RankError::Disagree(_)
+            | RankError::Launch(_) => ExitCode::Infrastructure,
         }
     }
 }
@@ -168,7 +168,7 @@ pub fn of_typed(err: &(dyn std::error::Error + 'static)) -> Option<ExitCode> {
     if let Some(e) = err.downcast_ref::<AuditError>() {
         return Some(e.exit_code());
     }
-    if let Some(e) = err.downcast_ref::<DistError>() {
+    if let Some(e) = err.downcast_ref::<RankError>() {
         return Some(e.exit_code());
     }
     None
@@ -215,7 +215,7 @@ mod tests {
         };
         assert_eq!(of_error(&denied), ExitCode::BadInput);
         assert_eq!(
-            of_error(&DistError::Disagree("plan".into())),
+            of_error(&RankError::Disagree("plan".into())),
             ExitCode::Infrastructure
         );
     }

@@ -489,7 +489,7 @@ fn explicit_targets_never_drop_ftz_silently() {
 fn modules_are_compiled_once_per_device_and_options() {
     let a = gpu(CudaConfig::default());
     let b = gpu(CudaConfig::default());
-    let c = gpu_variant(KernelVariant::Seed);
+    let c = gpu_variant(KernelVariant::PerElement);
     let prog = |x: &CudaBackend| x.device().fold.program.clone();
     assert!(
         std::sync::Arc::ptr_eq(&prog(&a), &prog(&b)),

@@ -14,9 +14,9 @@ use foldprint::backend::cpu::CpuBackend;
 use foldprint::backend::nccl::{NcclBackend, NcclConfig};
 use foldprint::backend::{Backend, RunOptions};
 use foldprint::data::ALL_DISTRIBUTIONS;
-use foldprint::dist::rendezvous::Plan;
 use foldprint::experiment::{Case, DeliveryOrder};
 use foldprint::fold::Contract;
+use foldprint::ranks::rendezvous::Plan;
 use std::time::Duration;
 
 fn nccl() -> NcclBackend {

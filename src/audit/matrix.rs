@@ -2,7 +2,7 @@
 //! `[[config]]` entries, parsed strictly (unknown keys rejected) into
 //! validated [`Config`]s. Every error names the file, line and column.
 
-use super::libs::{self, Family, LibRequest};
+use super::pins::{self, Family, LibRequest};
 use super::AuditError;
 use crate::backend::BackendChoice;
 use crate::digest::NanPolicy;
@@ -421,7 +421,7 @@ pub fn parse(
                 return Ok(None);
             }
             let given = resolve(&written);
-            let file = libs::resolve(family, &given)
+            let file = pins::resolve(family, &given)
                 .map_err(|m| src.at(v.span(), format!("{}: {m}", ctx(field))))?;
             Ok(Some(LibRequest {
                 family,

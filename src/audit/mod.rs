@@ -13,11 +13,11 @@
 //! the contract's own controls (arrival order reversed, pairwise tree).
 
 mod child;
-pub mod libs;
 pub mod matrix;
+pub mod pins;
 
-pub use libs::{Family, LibRequest, LibraryCheck, LoadedLibrary};
 pub use matrix::{load, parse, Config, Matrix};
+pub use pins::{Family, LibRequest, LibraryCheck, LoadedLibrary};
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, BackendError, RunOptions};
@@ -541,7 +541,7 @@ fn run_config(
                 "the path holds ':', which LD_LIBRARY_PATH cannot carry",
             )));
         }
-        o.links = libs::make_link_dir(&libdir, &requests).map_err(io)?;
+        o.links = pins::make_link_dir(&libdir, &requests).map_err(io)?;
         let inherited = c
             .env
             .get("LD_LIBRARY_PATH")
@@ -673,7 +673,7 @@ fn read_report(c: &Config, r: &Report, path: &Path, o: &mut ConfigOutcome, d: &m
     o.requested = c
         .requests()
         .into_iter()
-        .map(|req| libs::check(req, &o.libraries, &r.backend))
+        .map(|req| pins::check(req, &o.libraries, &r.backend))
         .collect();
     o.run_failures = r.summary.failures.clone();
     o.notes = r.environment["notes"]

@@ -201,7 +201,7 @@ pub fn select(
                 gpus: opts.gpus,
                 init_timeout: opts.init_timeout,
                 timeout: opts.timeout,
-                plan: crate::dist::rendezvous::Plan::new(&opts.plan, opts.plan_summary.clone()),
+                plan: crate::ranks::rendezvous::Plan::new(&opts.plan, opts.plan_summary.clone()),
             };
             Ok((Box::new(nccl::NcclBackend::new(cfg)?), None))
         }

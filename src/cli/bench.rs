@@ -145,7 +145,7 @@ fn run_nccl(gpus: usize, json: bool) -> Result<i32> {
         gpus,
         init_timeout: std::time::Duration::from_secs(120),
         timeout: std::time::Duration::from_secs(300),
-        plan: foldprint::dist::rendezvous::Plan::new(&["bench".into()], "nccl bench"),
+        plan: foldprint::ranks::rendezvous::Plan::new(&["bench".into()], "nccl bench"),
     })?;
     let sizes: Vec<usize> = (18..=28).map(|k| 1usize << k).collect(); // 1 MiB .. 1 GiB of f32
     let rows = be.bench(&sizes, 20)?;

@@ -115,7 +115,7 @@ struct LaunchArgs {
         default_value = "ascending",
         requires = "emulate_hosts"
     )]
-    host_ids: foldprint::dist::launch::HostIds,
+    host_ids: foldprint::ranks::launch::HostIds,
     /// Arguments of each rank, after `--`.
     #[arg(last = true, required = true)]
     args: Vec<std::ffi::OsString>,
@@ -143,9 +143,11 @@ struct Common {
     junit: Option<PathBuf>,
     #[command(flatten)]
     cuda: CudaArgs,
+    #[command(flatten)]
+    nccl: NcclArgs,
 }
 
-/// Settings of the CUDA backend (ignored by the CPU backend).
+/// Settings of the fold on a GPU (CUDA and NCCL backends; ignored by the CPU backend).
 #[derive(Args, Clone)]
 struct CudaArgs {
     /// Fold kernel variant: `fast` (vectorized) or `seed` (one thread per element).
@@ -164,6 +166,11 @@ struct CudaArgs {
     /// Negative control: compile the fold with --ftz=true (flushes subnormals).
     #[arg(long)]
     ftz: bool,
+}
+
+/// Settings of the NCCL backend's world (ignored by the other backends).
+#[derive(Args, Clone)]
+struct NcclArgs {
     /// NCCL backend, one process: number of GPUs (one thread and rank each).
     /// Under torchrun, Slurm, Open MPI or `foldprint launch` the launcher decides.
     #[arg(long, default_value_t = 1)]
@@ -193,21 +200,44 @@ fn parse_target(s: &str) -> Result<foldprint::backend::cuda::Target, String> {
     }
 }
 
-impl CudaArgs {
+impl Default for CudaArgs {
+    fn default() -> Self {
+        CudaArgs {
+            kernel: "fast".into(),
+            target: foldprint::backend::cuda::Target::Auto,
+            block: None,
+            copy_streams: 0,
+            ftz: false,
+        }
+    }
+}
+
+impl Default for NcclArgs {
+    fn default() -> Self {
+        NcclArgs {
+            gpus: 1,
+            init_timeout: 120,
+            timeout: 300,
+        }
+    }
+}
+
+impl Common {
     fn options(&self, experiments: &[Experiment]) -> backend::BackendOptions {
+        let (c, n) = (&self.cuda, &self.nccl);
         use foldprint::backend::cuda::{CudaConfig, KernelVariant};
         let mut cuda = CudaConfig {
-            variant: if self.kernel == "seed" {
-                KernelVariant::Seed
+            variant: if c.kernel == "seed" {
+                KernelVariant::PerElement
             } else {
                 KernelVariant::Fast
             },
-            copy_streams: self.copy_streams,
+            copy_streams: c.copy_streams,
             ..CudaConfig::default()
         };
-        cuda.compile.target = self.target;
-        cuda.compile.ftz = self.ftz;
-        if let Some(b) = self.block {
+        cuda.compile.target = c.target;
+        cuda.compile.ftz = c.ftz;
+        if let Some(b) = c.block {
             cuda.tuning.fast_block = b;
             cuda.tuning.seed_block = b;
         }
@@ -229,9 +259,9 @@ impl CudaArgs {
         let cases: usize = experiments.iter().map(|e| e.cases.len()).sum();
         backend::BackendOptions {
             cuda,
-            gpus: self.gpus,
-            init_timeout: std::time::Duration::from_secs(self.init_timeout),
-            timeout: std::time::Duration::from_secs(self.timeout),
+            gpus: n.gpus,
+            init_timeout: std::time::Duration::from_secs(n.init_timeout),
+            timeout: std::time::Duration::from_secs(n.timeout),
             plan,
             plan_summary: format!("{cases} cases of {}", names.join(", ")),
         }
@@ -636,7 +666,7 @@ fn execute(
     stream: bool,
 ) -> Result<Option<Report>> {
     let t0 = std::time::Instant::now();
-    let (mut be, note) = backend::select(common.backend, &common.cuda.options(experiments))?;
+    let (mut be, note) = backend::select(common.backend, &common.options(experiments))?;
     let backend_init_ms = t0.elapsed().as_secs_f64() * 1e3;
     let reporting = be.is_reporting_rank();
     let dump = dump.filter(|_| reporting);
@@ -942,7 +972,7 @@ fn ranks_use_nccl(args: &[std::ffi::OsString]) -> bool {
 }
 
 fn cmd_launch(a: LaunchArgs) -> Result<i32> {
-    use foldprint::dist::launch::{launch, Emulation, LaunchSpec};
+    use foldprint::ranks::launch::{launch, Emulation, LaunchSpec};
     let (program, args) = if a.exec {
         let (p, rest) = a
             .args
@@ -994,7 +1024,7 @@ fn cmd_launch(a: LaunchArgs) -> Result<i32> {
         nccl_logs: !a.exec,
     };
     let outcome = launch(&spec).map_err(|e| match e {
-        foldprint::dist::DistError::Launch(m) if m.starts_with("-n ") => {
+        foldprint::ranks::RankError::Launch(m) if m.starts_with("-n ") => {
             anyhow::Error::new(Exit(ExitCode::BadInput, format!("launch: {m}")))
         }
         other => other.into(),
@@ -1040,16 +1070,8 @@ fn cmd_golden(a: GoldenArgs) -> Result<i32> {
         json: false,
         out: None,
         junit: None,
-        cuda: CudaArgs {
-            kernel: "fast".into(),
-            target: foldprint::backend::cuda::Target::Auto,
-            block: None,
-            copy_streams: 0,
-            ftz: false,
-            gpus: 1,
-            init_timeout: 120,
-            timeout: 300,
-        },
+        cuda: CudaArgs::default(),
+        nccl: NcclArgs::default(),
     };
     let report =
         execute(&common, &exps, None, false)?.context("goldens come from the CPU oracle")?;

@@ -206,7 +206,12 @@ fn bench_shape(
         }
     };
     let mut runs: Vec<(String, KernelVariant, &DeviceBuffer, LaunchTuning)> = vec![
-        ("seed".into(), KernelVariant::Seed, &out_seed, cfg.tuning),
+        (
+            "seed".into(),
+            KernelVariant::PerElement,
+            &out_seed,
+            cfg.tuning,
+        ),
         ("fast".into(), KernelVariant::Fast, &out_fast, cfg.tuning),
     ];
     for t in &cfg.extra_fast {

@@ -217,7 +217,7 @@ impl Device {
         }
         let f = self.fold.function(mode, variant)?;
         let (block, blocks) = match variant {
-            KernelVariant::Seed => {
+            KernelVariant::PerElement => {
                 let block = tuning.seed_block.clamp(32, 1024);
                 let blocks = a.len.div_ceil(block as u64);
                 if blocks > i32::MAX as u64 {

@@ -222,18 +222,19 @@ pub const TREE_ADD: u32 = u32::MAX;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum KernelVariant {
-    /// One thread per element, scalar loads (the seed's shape, 64-bit indices).
-    Seed,
+    /// One thread per element, scalar loads, 64-bit indices: the shape of the
+    /// upstream seed reducer (named `seed` on the command line and in reports).
+    PerElement,
     /// Grid-stride, float4 loads/stores on the aligned body, scalar edges.
     #[default]
     Fast,
 }
 
 impl KernelVariant {
-    pub const ALL: [KernelVariant; 2] = [KernelVariant::Seed, KernelVariant::Fast];
+    pub const ALL: [KernelVariant; 2] = [KernelVariant::PerElement, KernelVariant::Fast];
     pub const fn name(self) -> &'static str {
         match self {
-            KernelVariant::Seed => "seed",
+            KernelVariant::PerElement => "seed",
             KernelVariant::Fast => "fast",
         }
     }
@@ -255,9 +256,9 @@ pub enum FoldMode {
 
 fn entry_name(mode: FoldMode, variant: KernelVariant) -> &'static str {
     match (mode, variant) {
-        (FoldMode::Fixed, KernelVariant::Seed) => "fp_fold_fixed_seed",
-        (FoldMode::Order, KernelVariant::Seed) => "fp_fold_order_seed",
-        (FoldMode::Tree, KernelVariant::Seed) => "fp_fold_tree_seed",
+        (FoldMode::Fixed, KernelVariant::PerElement) => "fp_fold_fixed_seed",
+        (FoldMode::Order, KernelVariant::PerElement) => "fp_fold_order_seed",
+        (FoldMode::Tree, KernelVariant::PerElement) => "fp_fold_tree_seed",
         (FoldMode::Fixed, KernelVariant::Fast) => "fp_fold_fixed_fast",
         (FoldMode::Order, KernelVariant::Fast) => "fp_fold_order_fast",
         (FoldMode::Tree, KernelVariant::Fast) => "fp_fold_tree_fast",

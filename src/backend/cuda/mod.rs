@@ -9,7 +9,7 @@ pub mod bench;
 pub mod device;
 pub mod host_driver;
 pub mod kernels;
-pub mod libs;
+pub mod mapped;
 pub(crate) mod mem;
 pub mod probe;
 pub mod world;
@@ -551,11 +551,11 @@ impl Backend for CudaBackend {
             );
             obj.insert(
                 "libraries".into(),
-                serde_json::to_value(libs::loaded_libraries()).unwrap_or(serde_json::Value::Null),
+                serde_json::to_value(mapped::loaded_libraries()).unwrap_or(serde_json::Value::Null),
             );
             obj.insert(
                 "env".into(),
-                serde_json::to_value(libs::relevant_env()).unwrap_or(serde_json::Value::Null),
+                serde_json::to_value(mapped::relevant_env()).unwrap_or(serde_json::Value::Null),
             );
         }
         env

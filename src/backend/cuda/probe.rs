@@ -6,7 +6,7 @@
 //! handle) and look up every symbol this backend uses; only then is cudarc
 //! allowed to touch the library.
 
-use super::libs;
+use super::mapped;
 use serde::Serialize;
 
 /// Driver entry points this backend (through cudarc) calls.
@@ -196,7 +196,7 @@ fn open_library(mut names: Vec<String>, symbols: &[&str], family: &str) -> Libra
                     }
                 }
                 probe.opened_name = Some(name.clone());
-                probe.path = libs::mapped_path_of(family);
+                probe.path = mapped::mapped_path_of(family);
                 // Keep the library loaded for the process: cudarc holds its
                 // own handle to the same mapping from now on.
                 std::mem::forget(lib);

@@ -3,16 +3,16 @@
 //! Point-to-point NCCL calls only, and every wait watches NCCL's
 //! asynchronous error state.
 
-use super::lib::{self, Nccl, NCCL_FLOAT32, NCCL_SUM};
+use super::loader::{self, Nccl, NCCL_FLOAT32, NCCL_SUM};
 use super::{NcclBackend, RankBufs, RankCtx, NAME};
 use crate::backend::cuda::kernels::FoldMode;
 use crate::backend::cuda::mem::{DeviceBuffer, F32};
 use crate::backend::cuda::world::row_stride;
 use crate::backend::cuda::{CudaConfig, KernelVariant};
 use crate::backend::{infrastructure, BackendError, RunOptions};
-use crate::dist::watchdog::Watchdog;
 use crate::experiment::Case;
 use crate::fold::{mean_scale, shard_plan, Contract};
+use crate::ranks::watchdog::Watchdog;
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
@@ -116,7 +116,7 @@ fn await_phases(
         // SAFETY: out-parameter on a live communicator.
         let r = unsafe { (nccl.comm_get_async_error)(ctx.comm.0, &mut state) };
         let bad = if r != 0 { r } else { state };
-        if bad != 0 && bad != lib::NCCL_IN_PROGRESS {
+        if bad != 0 && bad != loader::NCCL_IN_PROGRESS {
             let what = nccl
                 .check(bad, "NCCL reported an asynchronous error")
                 .err()
@@ -212,7 +212,7 @@ pub(super) fn rank_arena(
         (b.arena.ptr(), b.scratch.ptr(), b.ld)
     };
     let stream = ctx.stream.clone();
-    let cu = stream.cu_stream() as lib::Stream;
+    let cu = stream.cu_stream() as loader::Stream;
     let comm = ctx.comm.0;
     let t0 = Instant::now();
     if !job.timing_only {
@@ -402,7 +402,7 @@ impl NcclBackend {
         }
         let (me, comm) = (ctx.rank, ctx.comm.0);
         let stream = ctx.stream.clone();
-        let cu = stream.cu_stream() as lib::Stream;
+        let cu = stream.cu_stream() as loader::Stream;
         {
             let _g = dog.guard("digest gather", timeout);
             // 32 bytes to and from every peer, point-to-point like the

@@ -4,7 +4,7 @@
 /// Set by `foldprint launch --emulate-hosts`: how the ranks share GPUs, and
 /// this rank's NCCL host id.
 pub fn emulated_hosts() -> Option<serde_json::Value> {
-    let what = std::env::var(crate::dist::launch::EMULATED_HOSTS_VAR).ok()?;
+    let what = std::env::var(crate::ranks::launch::EMULATED_HOSTS_VAR).ok()?;
     Some(serde_json::json!({
         "enabled": true,
         "layout": what,

@@ -15,25 +15,25 @@
 //!
 //! Two launch modes: one process per rank (rank, world and local device
 //! from the launcher's environment, the unique id and the case agreement
-//! over `dist::rendezvous`), or one process with one thread and context per
-//! GPU (`--gpus N`). Every blocking window runs under `dist::watchdog`.
+//! over `ranks::rendezvous`), or one process with one thread and context per
+//! GPU (`--gpus N`). Every blocking window runs under `ranks::watchdog`.
 
 pub mod bench;
 mod dataflow;
 pub mod facts;
-pub mod lib;
+pub mod loader;
 
 use super::cuda::mem::DeviceBuffer;
 use super::cuda::world::Reader;
-use super::cuda::{kernels::FoldMode, libs, CudaConfig, Device};
+use super::cuda::{kernels::FoldMode, mapped, CudaConfig, Device};
 use super::{failed, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
-use crate::dist::launcher::RankEnv;
-use crate::dist::rendezvous::{self, Plan};
-use crate::dist::watchdog::Watchdog;
 use crate::experiment::Case;
 use crate::fold::Contract;
+use crate::ranks::discover::RankEnv;
+use crate::ranks::rendezvous::{self, Plan};
+use crate::ranks::watchdog::Watchdog;
 use dataflow::{on_every_rank, rank_arena, ArenaJob};
-use lib::{Comm, Nccl, UniqueId};
+use loader::{Comm, Nccl, UniqueId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -123,7 +123,7 @@ impl NcclBackend {
         let nccl = Arc::new(Nccl::load().map_err(unavailable)?);
         let version = nccl.version().map_err(unavailable)?;
         let env =
-            crate::dist::launcher::from_process_env().map_err(|e| unavailable(e.to_string()))?;
+            crate::ranks::discover::from_process_env().map_err(|e| unavailable(e.to_string()))?;
         let comms: Arc<Mutex<Vec<CommPtr>>> = Arc::new(Mutex::new(Vec::new()));
         let watchdog = {
             let (nccl, comms) = (nccl.clone(), comms.clone());
@@ -241,9 +241,9 @@ impl NcclBackend {
     fn init_process(&mut self, e: &RankEnv) -> Result<(), BackendError> {
         let mut ctx = self.open_rank(e.rank, e.local_rank)?;
         let deadline = Instant::now() + self.cfg.init_timeout;
-        let (token, job, _) = crate::dist::job::identity();
-        let dist_err = |err: crate::dist::DistError| match err {
-            crate::dist::DistError::Disagree(m) => {
+        let (token, job, _) = crate::ranks::job::identity();
+        let dist_err = |err: crate::ranks::RankError| match err {
+            crate::ranks::RankError::Disagree(m) => {
                 unavailable(format!("ranks disagree on the work: {m}"))
             }
             other => unavailable(other.to_string()),
@@ -265,7 +265,7 @@ impl NcclBackend {
                     .map_err(dist_err)?
             }
         } else {
-            let (host, port) = crate::dist::job::rendezvous_addr(e).map_err(unavailable)?;
+            let (host, port) = crate::ranks::job::rendezvous_addr(e).map_err(unavailable)?;
             self.rendezvous = format!("tcp {host}:{port}");
             if e.rank == 0 {
                 let listener = std::net::TcpListener::bind((host.as_str(), port))
@@ -339,7 +339,7 @@ impl Backend for NcclBackend {
 
     fn environment(&self) -> serde_json::Value {
         let (token_source, job) = {
-            let (_, job, src) = crate::dist::job::identity();
+            let (_, job, src) = crate::ranks::job::identity();
             (src, job)
         };
         serde_json::json!({
@@ -361,8 +361,8 @@ impl Backend for NcclBackend {
             "transport": facts::transport_from_log(),
             "timeouts_s": {"init": self.cfg.init_timeout.as_secs_f64(), "collective": self.cfg.timeout.as_secs_f64()},
             "devices": self.ranks.iter().map(|r| r.dev.environment()).collect::<Vec<_>>(),
-            "libraries": libs::loaded_libraries(),
-            "env": libs::relevant_env(),
+            "libraries": mapped::loaded_libraries(),
+            "env": mapped::relevant_env(),
         })
     }
 

@@ -12,7 +12,7 @@
 //! Directory: rank 0 writes `<job>.id` atomically; peers read it, compare
 //! plans and acknowledge with `<job>.ack.<rank>`; rank 0 waits for the acks.
 
-use super::DistError;
+use super::RankError;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -48,8 +48,8 @@ impl Plan {
     }
 }
 
-fn err(role: &str, message: impl Into<String>) -> DistError {
-    DistError::Rendezvous {
+fn err(role: &str, message: impl Into<String>) -> RankError {
+    RankError::Rendezvous {
         role: role.into(),
         message: message.into(),
     }
@@ -126,7 +126,7 @@ pub fn serve(
     plan: &Plan,
     payload: &[u8],
     deadline: Instant,
-) -> Result<(), DistError> {
+) -> Result<(), RankError> {
     let role = "rank 0";
     listener
         .set_nonblocking(true)
@@ -203,7 +203,7 @@ pub fn serve(
             for s in peers.iter_mut().flatten() {
                 reply(s, DISAGREE, msg.as_bytes());
             }
-            Err(DistError::Disagree(msg))
+            Err(RankError::Disagree(msg))
         }
         None => {
             for s in peers.iter_mut().flatten() {
@@ -222,7 +222,7 @@ pub fn join(
     token: &[u8],
     plan: &Plan,
     deadline: Instant,
-) -> Result<Vec<u8>, DistError> {
+) -> Result<Vec<u8>, RankError> {
     let role = format!("rank {rank}");
     let mut s = loop {
         let Some(rest) = left(deadline) else {
@@ -258,7 +258,7 @@ pub fn join(
     let body = read_frame(&mut s, 1 << 16).map_err(io)?;
     match status[0] {
         OK => Ok(body),
-        DISAGREE => Err(DistError::Disagree(
+        DISAGREE => Err(RankError::Disagree(
             String::from_utf8_lossy(&body).into_owned(),
         )),
         _ => Err(err(
@@ -276,7 +276,7 @@ pub fn publish_dir(
     plan: &Plan,
     payload: &[u8],
     deadline: Instant,
-) -> Result<(), DistError> {
+) -> Result<(), RankError> {
     let role = "rank 0";
     let id = dir.join(format!("{job}.id"));
     if id.exists() {
@@ -305,7 +305,7 @@ pub fn publish_dir(
             }
             if let Ok(text) = std::fs::read_to_string(dir.join(format!("{job}.ack.{r}"))) {
                 if let Some(theirs) = text.strip_prefix("mismatch ") {
-                    return Err(DistError::Disagree(format!(
+                    return Err(RankError::Disagree(format!(
                         "rank {r} would run `{}` but rank 0 would run `{}`",
                         theirs.trim(),
                         plan.summary
@@ -338,7 +338,7 @@ pub fn join_dir(
     rank: usize,
     plan: &Plan,
     deadline: Instant,
-) -> Result<Vec<u8>, DistError> {
+) -> Result<Vec<u8>, RankError> {
     let role = format!("rank {rank}");
     let id = dir.join(format!("{job}.id"));
     let text = loop {
@@ -368,7 +368,7 @@ pub fn join_dir(
     crate::atomic::write(&ack, body.as_bytes())
         .map_err(|e| err(&role, format!("{}: {e}", ack.display())))?;
     if !agrees {
-        return Err(DistError::Disagree(format!(
+        return Err(RankError::Disagree(format!(
             "rank {rank} would run `{}` but rank 0 would run `{summary}`",
             plan.summary
         )));
@@ -384,7 +384,7 @@ mod tests {
         Plan::new(&[s.to_string()], s)
     }
 
-    type Outcome = (Result<(), DistError>, Vec<Result<Vec<u8>, DistError>>);
+    type Outcome = (Result<(), RankError>, Vec<Result<Vec<u8>, RankError>>);
 
     fn tcp_job(world: usize, plans: Vec<Plan>, tokens: Vec<&'static [u8]>, secs: u64) -> Outcome {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -8,7 +8,7 @@
 //! GPU over its network transport (sockets on loopback). That is NCCL's
 //! real inter-node code path, but never a bandwidth measurement.
 
-use super::DistError;
+use super::RankError;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -172,13 +172,13 @@ pub fn host_id(job: &str, r: usize, ranks: usize, order: HostIds) -> String {
 }
 
 /// A private directory for the ranks' NCCL logs.
-fn log_dir(job: &str) -> Result<PathBuf, DistError> {
+fn log_dir(job: &str) -> Result<PathBuf, RankError> {
     use std::os::unix::fs::DirBuilderExt;
     let dir = std::env::temp_dir().join(format!("foldprint-launch-{job}"));
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&dir)
-        .map_err(|e| DistError::Launch(format!("creating {}: {e}", dir.display())))?;
+        .map_err(|e| RankError::Launch(format!("creating {}: {e}", dir.display())))?;
     Ok(dir)
 }
 
@@ -199,19 +199,19 @@ fn warnings(dir: &Path, ranks: usize, max: usize) -> Vec<String> {
     out
 }
 
-pub fn launch(spec: &LaunchSpec) -> Result<Outcome, DistError> {
+pub fn launch(spec: &LaunchSpec) -> Result<Outcome, RankError> {
     if spec.ranks == 0 {
-        return Err(DistError::Launch("-n must be at least 1".into()));
+        return Err(RankError::Launch("-n must be at least 1".into()));
     }
     if spec.ranks > MAX_RANKS {
-        return Err(DistError::Launch(format!(
+        return Err(RankError::Launch(format!(
             "-n {} is more than {MAX_RANKS} local ranks",
             spec.ranks
         )));
     }
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
-        .map_err(|e| DistError::Launch(format!("finding a free port: {e}")))?
+        .map_err(|e| RankError::Launch(format!("finding a free port: {e}")))?
         .port();
     let job = token();
     // Keep NCCL's own account of the transports it chose, per rank, unless
@@ -255,7 +255,7 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, DistError> {
             Ok(c) => children.push((r, c)),
             Err(e) => {
                 terminate(&mut children, spec.grace);
-                return Err(DistError::Launch(format!(
+                return Err(RankError::Launch(format!(
                     "starting rank {r} ({:?}): {e}",
                     spec.program
                 )));
@@ -285,7 +285,7 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, DistError> {
                 }
                 Ok(None) => i += 1,
                 Err(e) => {
-                    return Err(DistError::Launch(format!(
+                    return Err(RankError::Launch(format!(
                         "waiting for rank {}: {e}",
                         running[i].0
                     )))

@@ -2,7 +2,7 @@
 //! rank shares, and rank 0's rendezvous address, from the environment the
 //! launcher set.
 
-use super::launcher::RankEnv;
+use super::discover::RankEnv;
 
 fn process_env(k: &str) -> Option<String> {
     std::env::var(k).ok().filter(|v| !v.is_empty())

@@ -1,7 +1,7 @@
 //! Rank discovery from the environment the user's launcher sets. First
 //! match wins: foldprint's own variables, torchrun, Slurm, Open MPI.
 
-use super::DistError;
+use super::RankError;
 use serde::Serialize;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -61,12 +61,12 @@ const SCHEMES: [Scheme; 4] = [
 
 /// Discover this process's rank from `get` (normally `std::env::var`).
 /// `Ok(None)` when no launcher variables are set at all.
-pub fn discover(get: impl Fn(&str) -> Option<String>) -> Result<Option<RankEnv>, DistError> {
+pub fn discover(get: impl Fn(&str) -> Option<String>) -> Result<Option<RankEnv>, RankError> {
     for s in &SCHEMES {
         let Some(rank) = get(s.rank) else { continue };
-        let num = |name: &str, v: &str| -> Result<usize, DistError> {
+        let num = |name: &str, v: &str| -> Result<usize, RankError> {
             v.trim().parse::<usize>().map_err(|_| {
-                DistError::Env(format!(
+                RankError::Env(format!(
                     "{name}={v:?} ({} launcher) is not a non-negative integer",
                     s.source
                 ))
@@ -76,14 +76,14 @@ pub fn discover(get: impl Fn(&str) -> Option<String>) -> Result<Option<RankEnv>,
         let world = match get(s.world) {
             Some(w) => num(s.world, &w)?,
             None => {
-                return Err(DistError::Env(format!(
+                return Err(RankError::Env(format!(
                     "{} is set but {} is not ({} launcher)",
                     s.rank, s.world, s.source
                 )))
             }
         };
         if world == 0 || rank >= world {
-            return Err(DistError::Env(format!(
+            return Err(RankError::Env(format!(
                 "{}={rank} is not below {}={world}",
                 s.rank, s.world
             )));
@@ -95,7 +95,7 @@ pub fn discover(get: impl Fn(&str) -> Option<String>) -> Result<Option<RankEnv>,
         let master = match (s.addr.and_then(&get), s.port.and_then(&get)) {
             (Some(a), Some(p)) => {
                 let port = p.trim().parse::<u16>().map_err(|_| {
-                    DistError::Env(format!(
+                    RankError::Env(format!(
                         "{}={p:?} is not a port number",
                         s.port.unwrap_or("port")
                     ))
@@ -116,7 +116,7 @@ pub fn discover(get: impl Fn(&str) -> Option<String>) -> Result<Option<RankEnv>,
 }
 
 /// `discover` over the process environment.
-pub fn from_process_env() -> Result<Option<RankEnv>, DistError> {
+pub fn from_process_env() -> Result<Option<RankEnv>, RankError> {
     discover(|k| std::env::var(k).ok())
 }
 

@@ -1,0 +1,24 @@
+//! Ranks as processes: the glue every multi-process NCCL run needs, kept
+//! free of CUDA so it is tested on any machine. Which rank this process is
+//! (`discover`), the job's identity and rank 0's address (`job`), how the
+//! NCCL unique id and the case agreement travel (`rendezvous`), how a stuck
+//! collective is bounded (`watchdog`), and the local launcher that starts
+//! one process per rank (`launch`).
+
+pub mod discover;
+pub mod job;
+pub mod launch;
+pub mod rendezvous;
+pub mod watchdog;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RankError {
+    #[error("rank discovery: {0}")]
+    Env(String),
+    #[error("rendezvous ({role}): {message}")]
+    Rendezvous { role: String, message: String },
+    #[error("ranks disagree on the work: {0}")]
+    Disagree(String),
+    #[error("launch: {0}")]
+    Launch(String),
+}
