@@ -89,8 +89,9 @@ pub fn endian() -> &'static str {
 /// user-mode emulator (qemu-user, directly or through binfmt_misc) answers
 /// with the architecture it emulates.
 fn uname_machine() -> Option<String> {
-    // SAFETY: `uname` fills the zeroed struct; each field is NUL-terminated.
+    // SAFETY: utsname is plain bytes; all-zero is a valid value.
     let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `uname` fills the struct; each field is NUL-terminated.
     if unsafe { libc::uname(&mut u) } != 0 {
         return None;
     }

@@ -138,6 +138,39 @@ pub fn mean_scale(world: usize) -> f32 {
     1.0f32 / world as f32
 }
 
+/// Fold a column of `seq.len()` rows stacked as `[slot][len]` (slot = source
+/// rank) into `out`, row after row in the order `seq`. Per element this is
+/// exactly [`fold_in_order`]; going by rows lets the adds vectorize.
+pub fn fold_rows_in_order(stacked: &[f32], seq: &[usize], out: &mut [f32]) {
+    let len = out.len();
+    let row = |r: usize| &stacked[r * len..(r + 1) * len];
+    out.copy_from_slice(row(seq[0]));
+    for &r in &seq[1..] {
+        for (o, x) in out.iter_mut().zip(row(r)) {
+            *o += *x;
+        }
+    }
+}
+
+/// [`fold_pairwise`] of every element of a `[world][len]` column into `out`.
+pub fn fold_rows_pairwise(stacked: &[f32], world: usize, out: &mut [f32]) {
+    let len = out.len();
+    let mut slots = vec![0f32; world];
+    for (i, o) in out.iter_mut().enumerate() {
+        for (r, s) in slots.iter_mut().enumerate() {
+            *s = stacked[r * len + i];
+        }
+        *o = fold_pairwise(&slots);
+    }
+}
+
+/// The mean: one multiply by [`mean_scale`] per element, after the sum.
+pub fn scale_rows(out: &mut [f32], scale: f32) {
+    for v in out.iter_mut() {
+        *v *= scale;
+    }
+}
+
 /// Straight-line reference over whole addend arrays (no sharding, no
 /// exchange): what every backend's fixed-order result must equal.
 pub fn reference_fixed(addends: &[&[f32]], out: &mut [f32]) {

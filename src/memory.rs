@@ -35,8 +35,9 @@ fn mem_available() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// RLIMIT_AS less the address space already mapped (VmSize).
-fn address_space_left() -> Option<u64> {
+/// RLIMIT_AS less the address space already mapped (VmSize); `None`
+/// without a limit.
+pub fn address_space_left() -> Option<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

@@ -10,7 +10,9 @@ use super::{Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptio
 use crate::data::Lane;
 use crate::digest::{digest_arena, CHUNK_ELEMS};
 use crate::experiment::Case;
-use crate::fold::{fold_pairwise, mean_scale, shard_plan, Contract};
+use crate::fold::{
+    fold_rows_in_order, fold_rows_pairwise, mean_scale, scale_rows, shard_plan, Contract,
+};
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -156,19 +158,14 @@ fn generate(case: &Case, a: u32, n: usize) -> Vec<Vec<f32>> {
     (0..case.world)
         .map(|r| {
             let lane = Lane::new(case.distribution, case.seed, r as u32, a);
-            let mut v = Vec::with_capacity(n);
+            // Zeroed allocation: large ones come as untouched zero pages
+            // (calloc over fresh mmap), so this costs no pass over memory,
+            // and no reference ever covers uninitialised floats.
+            let mut v = vec![0f32; n];
             advise_huge_pages(&mut v);
-            let spare = &mut v.spare_capacity_mut()[..n];
-            spare
-                .par_chunks_mut(CHUNK)
+            v.par_chunks_mut(CHUNK)
                 .enumerate()
-                .for_each(|(c, chunk)| {
-                    // MaybeUninit<f32> -> f32: fill writes every element.
-                    let chunk: &mut [f32] = unsafe { &mut *(chunk as *mut [_] as *mut [f32]) };
-                    lane.fill((c * CHUNK) as u64, chunk);
-                });
-            // SAFETY: all n elements were written above.
-            unsafe { v.set_len(n) };
+                .for_each(|(c, chunk)| lane.fill((c * CHUNK) as u64, chunk));
             v
         })
         .collect()
@@ -245,9 +242,7 @@ fn reduce(case: &Case, ranks: &mut [Vec<f32>]) {
             let mine = &mut *col.ranks[col.owner];
             fold_stacked(case.contract, stacked, world, &order, mine);
             if let Some(s) = scale {
-                for v in mine.iter_mut() {
-                    *v *= s;
-                }
+                scale_rows(mine, s);
             }
             // Redistribute: the owner's reduced shard overwrites every peer's.
             let (before, rest) = col.ranks.split_at_mut(col.owner);
@@ -266,35 +261,14 @@ fn fold_stacked(
     order: &[usize],
     out: &mut [f32],
 ) {
-    let len = out.len();
-    let slot = |r: usize| &stacked[r * len..(r + 1) * len];
     match contract {
-        Contract::FixedOrder | Contract::ArrivalOrder => {
-            let ascending: Vec<usize>;
-            let seq: &[usize] = if contract == Contract::FixedOrder {
-                ascending = (0..world).collect();
-                &ascending
-            } else {
-                order
-            };
-            // Row by row; per element exactly acc = s[seq0] + s[seq1] + ...
-            out.copy_from_slice(slot(seq[0]));
-            for &r in &seq[1..] {
-                for (o, x) in out.iter_mut().zip(slot(r)) {
-                    *o += *x;
-                }
-            }
+        Contract::FixedOrder => {
+            let ascending: Vec<usize> = (0..world).collect();
+            fold_rows_in_order(stacked, &ascending, out);
         }
+        Contract::ArrivalOrder => fold_rows_in_order(stacked, order, out),
         // Never reached: `skip_reason` keeps NCCL-only cases away.
         Contract::NcclAllreduce => out.fill(f32::NAN),
-        Contract::PairwiseTree => {
-            let mut slots = vec![0f32; world];
-            for (i, o) in out.iter_mut().enumerate() {
-                for (r, s) in slots.iter_mut().enumerate() {
-                    *s = stacked[r * len + i];
-                }
-                *o = fold_pairwise(&slots);
-            }
-        }
+        Contract::PairwiseTree => fold_rows_pairwise(stacked, world, out),
     }
 }

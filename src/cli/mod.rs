@@ -445,6 +445,33 @@ fn exit_code(e: &anyhow::Error) -> ExitCode {
 /// Start the worker threads now, so that a machine that cannot start them
 /// gets a clear error (exit 3) instead of a panic at the first parallel step.
 pub(crate) fn start_threads() -> Result<()> {
+    // Under an address-space limit a thread can start and then abort the
+    // process while setting up its signal stack: refuse before spawning.
+    let threads = std::env::var("RAYON_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&t| t > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64));
+    let stack = std::env::var("RUST_MIN_STACK")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(2 << 20);
+    // Each thread maps its stack plus a guard page and a signal stack.
+    let need = threads.saturating_mul(stack + (64 << 10));
+    if let Some(left) = foldprint::memory::address_space_left() {
+        if need > left {
+            return Err(Exit(
+                ExitCode::Unavailable,
+                format!(
+                    "cannot start worker threads: {threads} threads need {} MiB of address space, \
+                     the limit (RLIMIT_AS) leaves {} MiB; lower RAYON_NUM_THREADS",
+                    need >> 20,
+                    left >> 20
+                ),
+            )
+            .into());
+        }
+    }
     rayon::ThreadPoolBuilder::new().build_global().map_err(|e| {
         Exit(
             ExitCode::Unavailable,

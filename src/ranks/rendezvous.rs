@@ -12,7 +12,8 @@
 //! Directory: rank 0 writes `<job>.id` atomically; peers read it, compare
 //! plans and acknowledge with `<job>.ack.<rank>`; rank 0 waits for the acks.
 
-use super::RankError;
+use super::discover::RankEnv;
+use super::{job, RankError};
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -376,6 +377,59 @@ pub fn join_dir(
     Ok(payload)
 }
 
+/// Rank 0's `payload` (NCCL's unique id) handed to every rank of the job
+/// of `e`, once every rank has presented the same plan: through the
+/// directory `FOLDPRINT_RENDEZVOUS_DIR` when set, else over TCP at rank 0's
+/// address. Returns the payload and how it travelled (for the report).
+pub fn exchange(
+    e: &RankEnv,
+    plan: &Plan,
+    payload: &[u8],
+    deadline: Instant,
+) -> Result<(Vec<u8>, String), RankError> {
+    let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    exchange_with(e, get, plan, payload, deadline)
+}
+
+/// [`exchange`] with the environment given as a lookup.
+pub fn exchange_with(
+    e: &RankEnv,
+    get: impl Fn(&str) -> Option<String>,
+    plan: &Plan,
+    payload: &[u8],
+    deadline: Instant,
+) -> Result<(Vec<u8>, String), RankError> {
+    let (token, job, _) = job::identity_from(&get);
+    let role = format!("rank {}", e.rank);
+    if let Some(dir) = get("FOLDPRINT_RENDEZVOUS_DIR") {
+        let dir = std::path::PathBuf::from(dir);
+        let how = format!("directory {} (job {job})", dir.display());
+        let got = if e.rank == 0 {
+            publish_dir(&dir, &job, e.world, plan, payload, deadline)?;
+            payload.to_vec()
+        } else {
+            join_dir(&dir, &job, e.rank, plan, deadline)?
+        };
+        return Ok((got, how));
+    }
+    let (host, port) = job::rendezvous_addr_from(e, &get).map_err(|m| err(&role, m))?;
+    let how = format!("tcp {host}:{port}");
+    let got = if e.rank == 0 {
+        let listener = TcpListener::bind((host.as_str(), port))
+            .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
+            .map_err(|x| err(&role, format!("cannot listen on {host}:{port}: {x}")))?;
+        serve(&listener, e.world, &token, plan, payload, deadline)?;
+        payload.to_vec()
+    } else {
+        let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| err(&role, format!("cannot resolve {host}:{port}")))?;
+        join(addr, e.rank, &token, plan, deadline)?
+    };
+    Ok((got, how))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -485,5 +539,84 @@ mod tests {
         let e = publish_dir(&d, "job2", 2, &plan("a"), &[1], deadline).unwrap_err();
         assert!(e.to_string().contains("rank 1 would run `b`"), "{e}");
         assert!(peer.join().unwrap().is_err());
+    }
+
+    fn rank_env(rank: usize, world: usize) -> RankEnv {
+        RankEnv {
+            rank,
+            world,
+            local_rank: 0,
+            source: "foldprint",
+            master: None,
+        }
+    }
+
+    /// Every rank of a W = 3 job through `exchange_with` and `vars`; rank
+    /// 2 presents `plan2`.
+    fn exchange_job(
+        vars: Vec<(&'static str, String)>,
+        plan2: &str,
+    ) -> Vec<Result<Vec<u8>, RankError>> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let hs: Vec<_> = (0..3)
+            .map(|r| {
+                let vars = vars.clone();
+                let p = plan(if r == 2 { plan2 } else { "a" });
+                std::thread::spawn(move || {
+                    let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+                    let payload = if r == 0 { vec![5u8; 128] } else { Vec::new() };
+                    exchange_with(&rank_env(r, 3), get, &p, &payload, deadline).map(|(got, _)| got)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn exchange_hands_rank_zeros_payload_to_all_over_a_directory_and_tcp() {
+        let dir = tempfile::tempdir().unwrap();
+        let by_dir = vec![
+            ("FOLDPRINT_RENDEZVOUS_DIR", dir.path().display().to_string()),
+            ("FOLDPRINT_JOB_ID", "x1".to_string()),
+        ];
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let by_tcp = vec![
+            ("FOLDPRINT_MASTER_ADDR", "127.0.0.1".to_string()),
+            ("FOLDPRINT_MASTER_PORT", port.to_string()),
+        ];
+        for vars in [by_dir.clone(), by_tcp] {
+            for got in exchange_job(vars, "a") {
+                assert_eq!(got.unwrap(), vec![5u8; 128]);
+            }
+        }
+        // Negative control: one rank with another plan fails the job.
+        let dir2 = tempfile::tempdir().unwrap();
+        let vars = vec![
+            (
+                "FOLDPRINT_RENDEZVOUS_DIR",
+                dir2.path().display().to_string(),
+            ),
+            ("FOLDPRINT_JOB_ID", "x2".to_string()),
+        ];
+        let out = exchange_job(vars, "b");
+        assert!(out[2].is_err(), "{out:?}");
+    }
+
+    #[test]
+    fn exchange_without_an_address_says_what_to_set() {
+        let e = exchange_with(
+            &rank_env(1, 3),
+            |_| None,
+            &plan("a"),
+            &[],
+            Instant::now() + Duration::from_secs(1),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("FOLDPRINT_MASTER_ADDR"), "{e}");
     }
 }

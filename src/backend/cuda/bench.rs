@@ -174,10 +174,11 @@ fn bench_shape(
     let out_fast = DeviceBuffer::alloc(&dev.ctx, n)?;
     let copy_dst = DeviceBuffer::alloc(&dev.ctx, copy_len)?;
     for r in 0..w {
-        // SAFETY: row r of `stacked` holds `n` f32s.
+        let row = stacked.slice(r * ld, n)?;
+        // SAFETY: `row` is a checked view of n f32s of this context.
         unsafe {
             dev.generate(
-                stacked.at(r * ld),
+                row.ptr(),
                 n as u64,
                 0,
                 cfg.distribution,
@@ -239,9 +240,10 @@ fn bench_shape(
         outputs.push((label, times, host));
     }
     // The copy: half the counted bytes read, half written.
+    let (to, from) = (copy_dst.view(), stacked.slice(0, copy_len)?);
     let times = time_each(stream, cfg.warmup, cfg.iters, || {
-        // SAFETY: `copy_len` f32s fit in both buffers (w*ld >= (w+1)n/2 for w >= 1).
-        unsafe { copy_d2d(copy_dst.ptr(), stacked.ptr(), copy_len, stream) }
+        // SAFETY: checked views of two distinct buffers of this context.
+        unsafe { copy_d2d(to, from, stream) }
     })?;
 
     let lanes: Vec<Lane> = (0..w as u32)

@@ -7,6 +7,7 @@
 
 use super::driver_error_text;
 use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 pub const F32: u64 = 4;
@@ -39,9 +40,18 @@ impl DeviceBuffer {
         self.ptr
     }
 
-    /// Device address of element `i`.
-    pub fn at(&self, i: usize) -> sys::CUdeviceptr {
-        self.ptr + i as u64 * F32
+    /// The whole allocation as a view.
+    pub fn view(&self) -> DeviceView<'_> {
+        DeviceView {
+            ptr: self.ptr,
+            len: self.len,
+            _buf: PhantomData,
+        }
+    }
+
+    /// Elements `start..start + len`, checked against the allocation.
+    pub fn slice(&self, start: usize, len: usize) -> Result<DeviceView<'_>, String> {
+        self.view().slice(start, len)
     }
 
     pub fn len(&self) -> usize {
@@ -76,7 +86,49 @@ impl DeviceBuffer {
         }
         self.ctx.bind_to_thread().map_err(driver_error_text)?;
         // SAFETY: range checked above; synchronous copy.
-        unsafe { result::memcpy_dtoh_sync(out, self.at(start)) }.map_err(driver_error_text)
+        unsafe { result::memcpy_dtoh_sync(out, self.slice(start, out.len())?.ptr()) }
+            .map_err(driver_error_text)
+    }
+}
+
+/// A window of f32s inside one [`DeviceBuffer`], alive no longer than it.
+/// Device address arithmetic goes through [`DeviceView::slice`], which
+/// checks the bounds, so a wrong offset is an error rather than a write
+/// into a neighbouring allocation.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceView<'a> {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    _buf: PhantomData<&'a DeviceBuffer>,
+}
+
+impl<'a> DeviceView<'a> {
+    pub fn ptr(self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    pub fn len(self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.len == 0
+    }
+
+    /// Elements `start..start + len` of this view.
+    pub fn slice(self, start: usize, len: usize) -> Result<DeviceView<'a>, String> {
+        match start.checked_add(len) {
+            Some(end) if end <= self.len => Ok(DeviceView {
+                ptr: self.ptr + start as u64 * F32,
+                len,
+                _buf: PhantomData,
+            }),
+            _ => Err(format!(
+                "device range {start}..{} outside a buffer of {} f32s",
+                start as u128 + len as u128,
+                self.len
+            )),
+        }
     }
 }
 
@@ -118,17 +170,17 @@ impl PinnedBuffer {
         self.len
     }
 
-    /// Enqueue a copy of `count` f32s from `src` into the buffer's start.
+    /// Enqueue a copy of `src` into the buffer's start.
     ///
     /// # Safety
-    /// `src` must address `count` readable f32s that stay valid, and the
-    /// buffer must not be read until the stream has passed this copy.
+    /// `src` must stay allocated and unwritten until the stream has passed
+    /// this copy, and the buffer must not be read before then.
     pub unsafe fn fill_async(
         &mut self,
-        src: sys::CUdeviceptr,
-        count: usize,
+        src: DeviceView<'_>,
         stream: &CudaStream,
     ) -> Result<(), String> {
+        let count = src.len();
         if count > self.len {
             return Err("pinned copy larger than the buffer".into());
         }
@@ -137,7 +189,7 @@ impl PinnedBuffer {
         }
         // SAFETY: per the contract above; the pinned region holds `count`.
         let r = unsafe {
-            sys::cuMemcpyDtoHAsync_v2(self.ptr.cast(), src, count * 4, stream.cu_stream())
+            sys::cuMemcpyDtoHAsync_v2(self.ptr.cast(), src.ptr(), count * 4, stream.cu_stream())
         };
         r.result().map_err(driver_error_text)
     }
@@ -159,21 +211,55 @@ impl Drop for PinnedBuffer {
     }
 }
 
-/// Enqueue a device-to-device copy of `count` f32s.
+/// Enqueue a device-to-device copy of `src` into `dst` (equal lengths).
 ///
 /// # Safety
-/// Both ranges must be valid device memory of the stream's context for the
-/// copy's stream-ordered lifetime and must not overlap.
+/// Both views must belong to the stream's context, stay allocated until the
+/// stream has passed the copy, not overlap, and not be written by another
+/// stream meanwhile. (Bounds are the views' business.)
 pub unsafe fn copy_d2d(
-    dst: sys::CUdeviceptr,
-    src: sys::CUdeviceptr,
-    count: usize,
+    dst: DeviceView<'_>,
+    src: DeviceView<'_>,
     stream: &CudaStream,
 ) -> Result<(), String> {
-    if count == 0 {
+    if dst.len() != src.len() {
+        return Err(format!(
+            "device-to-device copy of {} f32s into {}",
+            src.len(),
+            dst.len()
+        ));
+    }
+    if src.is_empty() {
         return Ok(());
     }
-    // SAFETY: per the contract above.
-    unsafe { result::memcpy_dtod_async(dst, src, count * 4, stream.cu_stream()) }
+    // SAFETY: per the contract above; lengths checked equal.
+    unsafe { result::memcpy_dtod_async(dst.ptr(), src.ptr(), src.len() * 4, stream.cu_stream()) }
         .map_err(|e| format!("device-to-device copy: {}", driver_error_text(e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(ptr: u64, len: usize) -> DeviceView<'static> {
+        DeviceView {
+            ptr,
+            len,
+            _buf: PhantomData,
+        }
+    }
+
+    #[test]
+    fn slices_are_checked_against_the_view() {
+        let v = view(0x1000, 10);
+        let s = v.slice(2, 8).unwrap();
+        assert_eq!((s.ptr(), s.len()), (0x1000 + 8, 8));
+        let t = s.slice(8, 0).unwrap();
+        assert_eq!((t.ptr(), t.len()), (0x1000 + 40, 0));
+        // One past the end, and offsets that overflow, are refused.
+        assert!(v.slice(2, 9).is_err());
+        assert!(s.slice(1, 8).is_err());
+        let e = v.slice(usize::MAX, 2).unwrap_err();
+        assert!(e.contains("outside a buffer of 10"), "{e}");
+    }
 }

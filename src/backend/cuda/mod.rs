@@ -365,14 +365,7 @@ impl CudaBackend {
             host[r * ld..r * ld + n].copy_from_slice(a);
         }
         stacked.upload(&host).map_err(|e| failed(id, e))?;
-        let (mode, prog) = match contract {
-            Contract::FixedOrder => (FoldMode::Fixed, Vec::new()),
-            Contract::ArrivalOrder => (FoldMode::Order, order.iter().map(|&r| r as u32).collect()),
-            Contract::PairwiseTree => (FoldMode::Tree, kernels::tree_program(w)),
-            Contract::NcclAllreduce => {
-                return Err(failed(id, "nccl-allreduce needs the NCCL backend"))
-            }
-        };
+        let (mode, prog) = program_for(contract, w, order).map_err(|m| failed(id, m))?;
         let prog_buf = upload_prog(&self.dev, &prog).map_err(|e| failed(id, e))?;
         let args = device::FoldArgs {
             out: out.ptr(),
@@ -502,25 +495,27 @@ pub struct PeerFiles {
     pub digest: String,
 }
 
-/// The fold mode and device program (order or postfix tree) of a contract.
+/// The fold mode and device program (order or postfix tree) of a case's contract.
 pub(crate) fn contract_program(case: &Case) -> Result<(FoldMode, Vec<u32>), BackendError> {
-    let w = case.world;
-    Ok(match case.contract {
+    let order = case.order.sequence(case.world);
+    program_for(case.contract, case.world, &order).map_err(|m| failed(&case.id, m))
+}
+
+/// The fold mode and device program of `contract` at world `w`, with the
+/// delivery `order` (used by arrival-order only).
+fn program_for(
+    contract: Contract,
+    w: usize,
+    order: &[usize],
+) -> Result<(FoldMode, Vec<u32>), &'static str> {
+    Ok(match contract {
         Contract::FixedOrder => (FoldMode::Fixed, Vec::new()),
-        Contract::ArrivalOrder => (
-            FoldMode::Order,
-            case.order.sequence(w).iter().map(|&r| r as u32).collect(),
-        ),
-        Contract::NcclAllreduce => {
-            return Err(failed(&case.id, "nccl-allreduce needs the NCCL backend"))
-        }
+        Contract::ArrivalOrder => (FoldMode::Order, order.iter().map(|&r| r as u32).collect()),
+        Contract::NcclAllreduce => return Err("nccl-allreduce needs the NCCL backend"),
         Contract::PairwiseTree => {
             let prog = kernels::tree_program(w);
             if kernels::program_depth(&prog) > kernels::TREE_STACK {
-                return Err(failed(
-                    &case.id,
-                    "pairwise tree deeper than the device stack",
-                ));
+                return Err("pairwise tree deeper than the device stack");
             }
             (FoldMode::Tree, prog)
         }

@@ -179,12 +179,14 @@ fn exchange_fold_redistribute(
             .scratch
             .get(b)
             .ok_or("scratch missing for a non-empty shard")?;
-        let out = bufs.ranks[o].at(shard.start);
+        let out = bufs.ranks[o].slice(shard.start, shard.len)?;
         // Rows start at the same 16-byte phase as the owner's shard, so the
         // fast kernel can use float4 on both sides.
-        let phase = ((out & 15) / F32) as usize;
-        let base = scratch.at(phase);
-        let row = |src: usize| base + (src * bufs.ld) as u64 * F32;
+        let phase = ((out.ptr() & 15) / F32) as usize;
+        // The W slots, row `src` at `src * ld`: the fold reads all of it.
+        let slots = scratch.slice(phase, (world - 1) * bufs.ld + shard.len)?;
+        let row = |src: usize| slots.slice(src * bufs.ld, shard.len);
+        let theirs = |src: usize| bufs.ranks[src].slice(shard.start, shard.len);
         if racing {
             if let Some(e) = &last_fold[b] {
                 for s in copy {
@@ -193,9 +195,9 @@ fn exchange_fold_redistribute(
             }
             for (k, &src) in spec.order.iter().enumerate() {
                 let s = &copy[k % copy.len()];
-                // SAFETY: source shard lies inside rank `src`'s arena, the
-                // slot inside the scratch (ld >= len + phase).
-                unsafe { copy_d2d(row(src), bufs.ranks[src].at(shard.start), shard.len, s)? };
+                // SAFETY: views of this context's live buffers; scratch
+                // buffer `b` is reused only after the fold that read it.
+                unsafe { copy_d2d(row(src)?, theirs(src)?, s)? };
             }
             for s in copy {
                 wait(main, &ev(s, false)?)?;
@@ -203,12 +205,12 @@ fn exchange_fold_redistribute(
         } else {
             for &src in spec.order {
                 // SAFETY: as above; one stream orders scratch reuse.
-                unsafe { copy_d2d(row(src), bufs.ranks[src].at(shard.start), shard.len, main)? };
+                unsafe { copy_d2d(row(src)?, theirs(src)?, main)? };
             }
         }
         let args = FoldArgs {
-            out,
-            stacked: base,
+            out: out.ptr(),
+            stacked: slots.ptr(),
             ld: bufs.ld as u64,
             len: shard.len as u64,
             world: world as u32,
@@ -216,8 +218,8 @@ fn exchange_fold_redistribute(
             prog_len: spec.prog_len,
             scale: spec.scale,
         };
-        // SAFETY: `out` is the owner's shard, `base` its stacked slots with
-        // the same phase; all in this context.
+        // SAFETY: `out` (the owner's shard) and `slots` (W rows of ld, the
+        // last `len` long) are checked views of this context's buffers.
         unsafe { dev.fold(spec.variant, spec.mode, &args, &spec.tuning, main)? };
         if racing {
             last_fold[b] = Some(ev(main, false)?);
@@ -245,15 +247,11 @@ fn exchange_fold_redistribute(
             }
             let s = movers[k % movers.len()];
             k += 1;
-            // SAFETY: same shard range in two distinct rank arenas.
-            unsafe {
-                copy_d2d(
-                    dst.at(shard.start),
-                    bufs.ranks[o].at(shard.start),
-                    shard.len,
-                    s,
-                )?
-            };
+            let to = dst.slice(shard.start, shard.len)?;
+            let from = bufs.ranks[o].slice(shard.start, shard.len)?;
+            // SAFETY: same shard range in two distinct rank arenas; the
+            // owner's shard was folded on `main`, which every mover waited for.
+            unsafe { copy_d2d(to, from, s)? };
         }
     }
     if racing {
@@ -344,9 +342,9 @@ impl Reader {
         done: &mut [Option<CudaEvent>; 2],
     ) -> Result<(), String> {
         let slot = k % 2;
-        // SAFETY: the range lies inside `buf`; the slot is not read again
-        // until `done[slot]` has completed.
-        unsafe { self.bufs[slot].fill_async(buf.at(k * chunk), count, &self.stream)? };
+        let src = buf.slice(k * chunk, count)?;
+        // SAFETY: the slot is not read again until `done[slot]` has completed.
+        unsafe { self.bufs[slot].fill_async(src, &self.stream)? };
         done[slot] = Some(ev(&self.stream, false)?);
         Ok(())
     }

@@ -6,14 +6,16 @@
 use super::loader::{self, Nccl, NCCL_FLOAT32, NCCL_SUM};
 use super::{NcclBackend, RankBufs, RankCtx, NAME};
 use crate::backend::cuda::kernels::FoldMode;
+use crate::backend::cuda::mem::DeviceView;
 use crate::backend::cuda::mem::{DeviceBuffer, F32};
 use crate::backend::cuda::world::row_stride;
 use crate::backend::cuda::{CudaConfig, KernelVariant};
 use crate::backend::{infrastructure, BackendError, RunOptions};
 use crate::experiment::Case;
-use crate::fold::{mean_scale, shard_plan, Contract};
+use crate::fold::{mean_scale, shard_plan, Contract, Shard};
 use crate::ranks::watchdog::Watchdog;
 use std::ffi::c_void;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub(super) struct RankOut {
@@ -21,6 +23,8 @@ pub(super) struct RankOut {
     pub(super) values: Option<Vec<f32>>,
     pub(super) generate_ms: f64,
     pub(super) reduce_ms: f64,
+    /// Read-back and hashing of this rank's copy.
+    pub(super) digest_ms: f64,
 }
 
 /// What one rank does for one arena.
@@ -147,10 +151,10 @@ fn await_phases(
 
 /// Run `f` on every rank of this process at once, one thread each: NCCL
 /// needs all of a process's ranks inside their group calls together.
-pub(super) fn on_every_rank<T: Send>(
+pub(super) fn on_every_rank<T: Send, E: Send + From<String>>(
     ranks: &mut [RankCtx],
-    f: impl Fn(&mut RankCtx) -> Result<T, Fault> + Sync,
-) -> Vec<Result<T, Fault>> {
+    f: impl Fn(&mut RankCtx) -> Result<T, E> + Sync,
+) -> Vec<Result<T, E>> {
     std::thread::scope(|s| {
         let hs: Vec<_> = ranks
             .iter_mut()
@@ -162,7 +166,7 @@ pub(super) fn on_every_rank<T: Send>(
         hs.into_iter()
             .map(|h| {
                 h.join()
-                    .unwrap_or_else(|_| Err(infra("rank thread", "panicked")))
+                    .unwrap_or_else(|_| Err(E::from("a rank thread panicked".to_string())))
             })
             .collect()
     })
@@ -205,21 +209,19 @@ pub(super) fn rank_arena(
         }
         let arena = DeviceBuffer::alloc(&ctx.dev.ctx, n.max(1))?;
         let scratch = DeviceBuffer::alloc(&ctx.dev.ctx, (world * ld + 4).max(1))?;
-        slot.insert(RankBufs { arena, scratch, ld });
+        slot.insert(Arc::new(RankBufs { arena, scratch, ld }));
     }
-    let (arena_ptr, scratch_ptr, ld) = {
-        let b = &ctx.bufs[&n];
-        (b.arena.ptr(), b.scratch.ptr(), b.ld)
-    };
+    let bufs = ctx.bufs[&n].clone();
+    let (arena, ld) = (bufs.arena.slice(0, n)?, bufs.ld);
     let stream = ctx.stream.clone();
     let cu = stream.cu_stream() as loader::Stream;
     let comm = ctx.comm.0;
     let t0 = Instant::now();
     if !job.timing_only {
-        // SAFETY: the arena holds n f32s of this context.
+        // SAFETY: `arena` is a view of n f32s of this context.
         unsafe {
             ctx.dev.generate(
-                arena_ptr,
+                arena.ptr(),
                 n as u64,
                 0,
                 job.case.distribution,
@@ -241,26 +243,27 @@ pub(super) fn rank_arena(
             &format!("case `{}` arena {} on rank {me}", job.case.id, job.arena),
             timeout,
         );
-        let at = |i: usize| (arena_ptr + i as u64 * F32) as *mut c_void;
+        // NCCL takes raw addresses: every one comes from a checked view.
+        let raw = |v: DeviceView<'_>| v.ptr() as *mut c_void;
+        let at = |s: &Shard| arena.slice(s.start, s.len).map(raw);
         let mut phases = Vec::new();
         if job.case.contract == Contract::NcclAllreduce {
             // The negative control: NCCL's own sum, in place.
-            // SAFETY: n f32s, in place, this rank's stream.
-            check_nccl(
-                nccl,
-                unsafe { (nccl.all_reduce)(at(0), at(0), n, NCCL_FLOAT32, NCCL_SUM, comm, cu) },
-                "nccl-allreduce",
-                "ncclAllReduce",
-            )?;
+            let a = raw(arena);
+            // SAFETY: n f32s of a checked view, in place, this rank's stream.
+            let r = unsafe { (nccl.all_reduce)(a, a, n, NCCL_FLOAT32, NCCL_SUM, comm, cu) };
+            check_nccl(nccl, r, "nccl-allreduce", "ncclAllReduce")?;
             phases.push((mark(&stream, "nccl-allreduce")?, "nccl-allreduce"));
         } else if n > 0 {
-            let out = arena_ptr + my.start as u64 * F32;
-            let phase = ((out & 15) / F32) as usize;
-            let base = scratch_ptr + phase as u64 * F32;
-            let slot = |src: usize| (base + (src * ld) as u64 * F32) as *mut c_void;
+            let out = arena.slice(my.start, my.len)?;
+            let phase = ((out.ptr() & 15) / F32) as usize;
+            // The W slots of my shard, row `src` at `src * ld`.
+            let slots = bufs.scratch.slice(phase, (world - 1) * ld + my.len)?;
+            let slot = |src: usize| slots.slice(src * ld, my.len).map(raw);
             // Exchange: my copy of shard p to owner p; every rank's copy of
             // my shard into slot = source (mine included, sent to myself).
-            // SAFETY: every range lies inside the arena or the scratch.
+            // SAFETY: every address is a checked view of the arena or the
+            // scratch; sends read arena shards, receives write slots.
             unsafe {
                 check_nccl(nccl, (nccl.group_start)(), "exchange", "ncclGroupStart")?;
                 for &p in &job.case.order.sequence(world) {
@@ -268,7 +271,7 @@ pub(super) fn rank_arena(
                         check_nccl(
                             nccl,
                             (nccl.send)(
-                                at(plan[p].start),
+                                at(&plan[p])?,
                                 plan[p].len,
                                 NCCL_FLOAT32,
                                 p as i32,
@@ -282,7 +285,7 @@ pub(super) fn rank_arena(
                     if my.len > 0 {
                         check_nccl(
                             nccl,
-                            (nccl.recv)(slot(p), my.len, NCCL_FLOAT32, p as i32, comm, cu),
+                            (nccl.recv)(slot(p)?, my.len, NCCL_FLOAT32, p as i32, comm, cu),
                             "exchange",
                             "ncclRecv",
                         )?;
@@ -292,8 +295,8 @@ pub(super) fn rank_arena(
             }
             phases.push((mark(&stream, "exchange")?, "exchange"));
             let args = crate::backend::cuda::device::FoldArgs {
-                out,
-                stacked: base,
+                out: out.ptr(),
+                stacked: slots.ptr(),
                 ld: ld as u64,
                 len: my.len as u64,
                 world: world as u32,
@@ -301,7 +304,7 @@ pub(super) fn rank_arena(
                 prog_len,
                 scale: job.case.mean.then(|| mean_scale(world)),
             };
-            // SAFETY: `out` is my shard, `base` its slots at the same phase.
+            // SAFETY: `out` is my shard, `slots` its W rows at the same phase.
             unsafe {
                 ctx.dev
                     .fold(job.variant, job.mode, &args, &job.cuda.tuning, &stream)
@@ -327,7 +330,7 @@ pub(super) fn rank_arena(
                     if s.len > 0 {
                         check_nccl(
                             nccl,
-                            (nccl.recv)(at(s.start), s.len, NCCL_FLOAT32, o as i32, comm, cu),
+                            (nccl.recv)(at(s)?, s.len, NCCL_FLOAT32, o as i32, comm, cu),
                             "redistribution",
                             "ncclRecv",
                         )?;
@@ -335,7 +338,7 @@ pub(super) fn rank_arena(
                     if my.len > 0 {
                         check_nccl(
                             nccl,
-                            (nccl.send)(at(my.start), my.len, NCCL_FLOAT32, o as i32, comm, cu),
+                            (nccl.send)(at(&my)?, my.len, NCCL_FLOAT32, o as i32, comm, cu),
                             "redistribution",
                             "ncclSend",
                         )?;
@@ -349,6 +352,7 @@ pub(super) fn rank_arena(
     }
     let reduce_ms = t1.elapsed().as_secs_f64() * 1e3;
     let keep = job.opts.keep_values && me == 0;
+    let t2 = Instant::now();
     // An empty arena still owns a one-element allocation: hash nothing.
     let (digest, values) = if job.timing_only {
         (Default::default(), None)
@@ -356,9 +360,8 @@ pub(super) fn rank_arena(
         let d = crate::digest::digest_chunked(&[], job.opts.nan_policy);
         (d, keep.then(Vec::new))
     } else {
-        let b = &ctx.bufs[&n];
         ctx.reader
-            .digest(&ctx.dev, &b.arena, job.opts.nan_policy, keep, me == 0)
+            .digest(&ctx.dev, &bufs.arena, job.opts.nan_policy, keep, me == 0)
             .map_err(|m| infra("digest", m))?
     };
     Ok(RankOut {
@@ -366,6 +369,7 @@ pub(super) fn rank_arena(
         values,
         generate_ms,
         reduce_ms,
+        digest_ms: t2.elapsed().as_secs_f64() * 1e3,
     })
 }
 
@@ -383,23 +387,22 @@ impl NcclBackend {
             .bind_to_thread()
             .map_err(crate::backend::cuda::driver_error_text)?;
         if ctx.gather.is_none() {
-            ctx.gather = Some((
+            ctx.gather = Some(Arc::new((
                 DeviceBuffer::alloc(&ctx.dev.ctx, 8)?,
                 DeviceBuffer::alloc(&ctx.dev.ctx, 8 * world)?,
-            ));
+            )));
         }
-        let (send, recv) = match ctx.gather.as_ref() {
-            Some((s, r)) => (s.ptr(), r.ptr()),
+        let gather = match ctx.gather.clone() {
+            Some(g) => g,
             None => return Err(infra("digest gather", "no gather buffers")),
         };
+        let (send, recv) = (gather.0.slice(0, 8)?, gather.1.slice(0, 8 * world)?);
         let bytes = hex::decode(&mine[0]).map_err(|e| infra("digest gather", e.to_string()))?;
         let words: Vec<f32> = bytes
             .chunks_exact(4)
             .map(|c| f32::from_bits(u32::from_le_bytes([c[0], c[1], c[2], c[3]])))
             .collect();
-        if let Some((s, _)) = ctx.gather.as_ref() {
-            s.upload(&words)?;
-        }
+        gather.0.upload(&words)?;
         let (me, comm) = (ctx.rank, ctx.comm.0);
         let stream = ctx.stream.clone();
         let cu = stream.cu_stream() as loader::Stream;
@@ -416,10 +419,17 @@ impl NcclBackend {
                     "ncclGroupStart",
                 )?;
                 for p in (0..world).filter(|&p| p != me) {
-                    let slot = (recv + (8 * p) as u64 * F32) as *mut c_void;
+                    let slot = recv.slice(8 * p, 8)?.ptr() as *mut c_void;
                     check_nccl(
                         nccl,
-                        (nccl.send)(send as *const c_void, 8, NCCL_FLOAT32, p as i32, comm, cu),
+                        (nccl.send)(
+                            send.ptr() as *const c_void,
+                            8,
+                            NCCL_FLOAT32,
+                            p as i32,
+                            comm,
+                            cu,
+                        ),
                         "digest gather",
                         "ncclSend",
                     )?;
@@ -436,9 +446,7 @@ impl NcclBackend {
             await_phases(nccl, ctx, &[(ev, "digest gather")], dog)?;
         }
         let mut all = vec![0f32; 8 * world];
-        if let Some((_, r)) = ctx.gather.as_ref() {
-            r.download(0, &mut all)?;
-        }
+        gather.1.download(0, &mut all)?;
         Ok(all
             .chunks_exact(8)
             .enumerate()

@@ -59,6 +59,8 @@ pub struct NcclConfig {
 /// as one thread uses it at a time, which `RankCtx` ownership ensures).
 #[derive(Clone, Copy)]
 struct CommPtr(Comm);
+// SAFETY: NCCL lets a communicator move between threads when one thread at
+// a time uses it; the owning `RankCtx` is the only user. (Not `Sync`.)
 unsafe impl Send for CommPtr {}
 
 struct RankBufs {
@@ -75,8 +77,10 @@ struct RankCtx {
     stream: Arc<cudarc::driver::CudaStream>,
     comm: CommPtr,
     reader: Reader,
-    bufs: HashMap<usize, RankBufs>,
-    gather: Option<(DeviceBuffer, DeviceBuffer)>,
+    /// Per arena length; shared so a dataflow can hold views while it
+    /// lends the rank context to the waits.
+    bufs: HashMap<usize, Arc<RankBufs>>,
+    gather: Option<Arc<(DeviceBuffer, DeviceBuffer)>>,
 }
 
 pub struct NcclBackend {
@@ -185,8 +189,9 @@ impl NcclBackend {
             .map_err(super::cuda::driver_error_text)?;
         let mut comm: Comm = std::ptr::null_mut();
         // SAFETY: out-parameter; id is the job's unique id.
+        let r = unsafe { (nccl.comm_init_rank)(&mut comm, world as i32, id, ctx.rank as i32) };
         nccl.check(
-            unsafe { (nccl.comm_init_rank)(&mut comm, world as i32, id, ctx.rank as i32) },
+            r,
             &format!("ncclCommInitRank (rank {} of {world})", ctx.rank),
         )?;
         ctx.comm = CommPtr(comm);
@@ -212,18 +217,7 @@ impl NcclBackend {
         let _g = self
             .watchdog
             .guard("communicator init", self.cfg.init_timeout);
-        let results: Vec<Result<(), String>> = std::thread::scope(|s| {
-            let hs: Vec<_> = ranks
-                .iter_mut()
-                .map(|ctx| s.spawn(move || Self::init_comm(nccl, ctx, gpus, id)))
-                .collect();
-            hs.into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err("init thread panicked".into()))
-                })
-                .collect()
-        });
+        let results = on_every_rank(&mut ranks, |ctx| Self::init_comm(nccl, ctx, gpus, id));
         for r in results {
             r.map_err(unavailable)?;
         }
@@ -241,59 +235,14 @@ impl NcclBackend {
     fn init_process(&mut self, e: &RankEnv) -> Result<(), BackendError> {
         let mut ctx = self.open_rank(e.rank, e.local_rank)?;
         let deadline = Instant::now() + self.cfg.init_timeout;
-        let (token, job, _) = crate::ranks::job::identity();
-        let dist_err = |err: crate::ranks::RankError| match err {
-            crate::ranks::RankError::Disagree(m) => {
-                unavailable(format!("ranks disagree on the work: {m}"))
-            }
-            other => unavailable(other.to_string()),
-        };
         let payload = if e.rank == 0 {
             id_bytes(&self.unique_id()?)
         } else {
             Vec::new()
         };
-        let id_payload = if let Ok(dir) = std::env::var("FOLDPRINT_RENDEZVOUS_DIR") {
-            let dir = std::path::PathBuf::from(dir);
-            self.rendezvous = format!("directory {} (job {job})", dir.display());
-            if e.rank == 0 {
-                rendezvous::publish_dir(&dir, &job, e.world, &self.cfg.plan, &payload, deadline)
-                    .map_err(dist_err)?;
-                payload
-            } else {
-                rendezvous::join_dir(&dir, &job, e.rank, &self.cfg.plan, deadline)
-                    .map_err(dist_err)?
-            }
-        } else {
-            let (host, port) = crate::ranks::job::rendezvous_addr(e).map_err(unavailable)?;
-            self.rendezvous = format!("tcp {host}:{port}");
-            if e.rank == 0 {
-                let listener = std::net::TcpListener::bind((host.as_str(), port))
-                    .or_else(|_| std::net::TcpListener::bind(("0.0.0.0", port)))
-                    .map_err(|err| {
-                        unavailable(format!("rank 0 cannot listen on {host}:{port}: {err}"))
-                    })?;
-                rendezvous::serve(
-                    &listener,
-                    e.world,
-                    &token,
-                    &self.cfg.plan,
-                    &payload,
-                    deadline,
-                )
-                .map_err(dist_err)?;
-                payload
-            } else {
-                let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
-                    .ok()
-                    .and_then(|mut a| a.next())
-                    .ok_or_else(|| {
-                        unavailable(format!("cannot resolve rendezvous address {host}:{port}"))
-                    })?;
-                rendezvous::join(addr, e.rank, &token, &self.cfg.plan, deadline)
-                    .map_err(dist_err)?
-            }
-        };
+        let (id_payload, how) = rendezvous::exchange(e, &self.cfg.plan, &payload, deadline)
+            .map_err(|err| unavailable(err.to_string()))?;
+        self.rendezvous = how;
         let id = id_from(&id_payload).map_err(unavailable)?;
         {
             let _g = self
@@ -312,13 +261,9 @@ impl NcclBackend {
 
     fn unique_id(&self) -> Result<UniqueId, BackendError> {
         let mut id = UniqueId { internal: [0; 128] };
-        // SAFETY: out-parameter.
-        self.nccl
-            .check(
-                unsafe { (self.nccl.get_unique_id)(&mut id) },
-                "ncclGetUniqueId",
-            )
-            .map_err(unavailable)?;
+        // SAFETY: out-parameter of 128 bytes.
+        let r = unsafe { (self.nccl.get_unique_id)(&mut id) };
+        self.nccl.check(r, "ncclGetUniqueId").map_err(unavailable)?;
         Ok(id)
     }
 
@@ -435,11 +380,14 @@ impl Backend for NcclBackend {
                 });
                 let mut chunks = Vec::new();
                 let mut mine = Vec::new();
+                // Digest time: the slowest rank's hashing, then the gather.
+                let mut ranks_digest_ms = 0f64;
                 let mut values = None;
                 for o in outs {
                     let o = o.map_err(|e| e.into_backend(&case.id))?;
                     t.generate_ms = t.generate_ms.max(o.generate_ms);
                     t.reduce_ms = t.reduce_ms.max(o.reduce_ms);
+                    ranks_digest_ms = ranks_digest_ms.max(o.digest_ms);
                     if chunks.is_empty() {
                         chunks = o.digest.chunks;
                     }
@@ -450,7 +398,7 @@ impl Backend for NcclBackend {
                 }
                 let d = Instant::now();
                 let rank_digests = self.gather(&mine).map_err(|e| e.into_backend(&case.id))?;
-                t.digest_ms += d.elapsed().as_secs_f64() * 1e3;
+                t.digest_ms += ranks_digest_ms + d.elapsed().as_secs_f64() * 1e3;
                 arenas.push(ReducedArena {
                     len: n,
                     rank_digests,
