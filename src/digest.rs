@@ -76,6 +76,44 @@ struct ChunkState {
 
 const STAGE: usize = 16 * 1024;
 
+/// Bytes per localization chunk.
+const LEAF: usize = CHUNK_ELEMS * 4;
+
+impl ChunkState {
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let take = (LEAF - self.filled).min(bytes.len());
+            self.sha.update(&bytes[..take]);
+            self.filled += take;
+            bytes = &bytes[take..];
+            if self.filled == LEAF {
+                let full = std::mem::take(&mut self.sha);
+                self.done.push(hex::encode(full.finalize()));
+                self.filled = 0;
+            }
+        }
+    }
+
+    /// [`ChunkState::feed`] with the whole chunks hashed in parallel.
+    fn feed_parallel(&mut self, bytes: &[u8]) {
+        use rayon::prelude::*;
+        let head = if self.filled > 0 {
+            (LEAF - self.filled).min(bytes.len())
+        } else {
+            0
+        };
+        self.feed(&bytes[..head]);
+        let rest = &bytes[head..];
+        let whole = rest.len() / LEAF * LEAF;
+        let digests: Vec<String> = rest[..whole]
+            .par_chunks(LEAF)
+            .map(|leaf| hex::encode(Sha256::digest(leaf)))
+            .collect();
+        self.done.extend(digests);
+        self.feed(&rest[whole..]);
+    }
+}
+
 /// Elements per localization chunk (256 KiB of f32).
 pub const CHUNK_ELEMS: usize = 1 << 16;
 
@@ -122,40 +160,36 @@ impl ArenaHasher {
         h
     }
 
-    fn feed(sha: &mut Sha256, chunks: &mut Option<ChunkState>, mut bytes: &[u8]) {
-        sha.update(bytes);
-        let Some(c) = chunks else { return };
-        const LEAF: usize = CHUNK_ELEMS * 4;
-        while !bytes.is_empty() {
-            let take = (LEAF - c.filled).min(bytes.len());
-            c.sha.update(&bytes[..take]);
-            c.filled += take;
-            bytes = &bytes[take..];
-            if c.filled == LEAF {
-                let full = std::mem::take(&mut c.sha);
-                c.done.push(hex::encode(full.finalize()));
-                c.filled = 0;
+    fn feed(sha: &mut Sha256, chunks: &mut Option<ChunkState>, bytes: &[u8]) {
+        match chunks {
+            None => sha.update(bytes),
+            // Large spans: the arena stream on this thread, the whole chunks
+            // side by side on the pool. The stream is the sequential floor.
+            Some(c) if bytes.len() >= 2 * LEAF => {
+                rayon::join(|| sha.update(bytes), || c.feed_parallel(bytes));
+            }
+            Some(c) => {
+                sha.update(bytes);
+                c.feed(bytes);
             }
         }
     }
 
     pub fn update(&mut self, values: &[f32]) {
-        for chunk in values.chunks(STAGE) {
-            let clean = self.policy == NanPolicy::Preserve || !has_nan(chunk);
-            if clean && cfg!(target_endian = "little") {
-                // The in-memory bytes already are the hashed bytes: no copy.
-                // SAFETY: f32 has no padding and any byte pattern is a valid u8.
-                let bytes = unsafe {
-                    std::slice::from_raw_parts(
-                        chunk.as_ptr().cast::<u8>(),
-                        std::mem::size_of_val(chunk),
-                    )
-                };
-                Self::feed(&mut self.sha, &mut self.chunks, bytes);
-                continue;
-            }
+        if cfg!(target_endian = "little")
+            && (self.policy == NanPolicy::Preserve || !has_nan(values))
+        {
+            // The in-memory bytes already are the hashed bytes: no copy.
+            // SAFETY: f32 has no padding and any byte pattern is a valid u8.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), size_of_val(values))
+            };
+            Self::feed(&mut self.sha, &mut self.chunks, bytes);
+            return;
+        }
+        for stage in values.chunks(STAGE) {
             self.buf.clear();
-            for v in chunk {
+            for v in stage {
                 self.buf
                     .extend_from_slice(&self.policy.apply(v.to_bits()).to_le_bytes());
             }
@@ -287,5 +321,43 @@ mod tests {
             h.finish(),
             sha256_hex(&hashed_bytes(&v, NanPolicy::Canonical))
         );
+    }
+
+    #[test]
+    fn parallel_chunk_digests_equal_the_sequential_ones() {
+        let n = 5 * CHUNK_ELEMS + 9;
+        let mut v: Vec<f32> = (0..n).map(|i| (i as f32).sqrt() * 1.7).collect();
+        v[3 * CHUNK_ELEMS + 1] = f32::from_bits(0x7FC0_1234); // a NaN payload
+        for policy in [NanPolicy::Canonical, NanPolicy::Preserve] {
+            let bytes = hashed_bytes(&v, policy);
+            let expect: Vec<String> = bytes.chunks(LEAF).map(sha256_hex).collect();
+            // A partial chunk first, then spans long enough to go parallel.
+            for cuts in [
+                vec![1000, 4 * CHUNK_ELEMS + 3],
+                vec![0, n],
+                vec![7, 2 * CHUNK_ELEMS + 7],
+            ] {
+                let mut h = ArenaHasher::with_chunks(policy);
+                let mut at = 0;
+                for &c in cuts.iter().chain([n].iter()) {
+                    h.update(&v[at..c.max(at)]);
+                    at = c.max(at);
+                }
+                let d = h.finish_chunked();
+                assert_eq!(d.sha256, sha256_hex(&bytes), "{policy} {cuts:?}");
+                assert_eq!(d.chunks, expect, "{policy} {cuts:?}");
+            }
+        }
+        // Negative control: one flipped sign changes exactly one chunk.
+        let mut w = v.clone();
+        w[4 * CHUNK_ELEMS] = -w[4 * CHUNK_ELEMS];
+        let (a, b) = (
+            digest_chunked(&v, NanPolicy::Canonical),
+            digest_chunked(&w, NanPolicy::Canonical),
+        );
+        let differ: Vec<usize> = (0..a.chunks.len())
+            .filter(|&k| a.chunks[k] != b.chunks[k])
+            .collect();
+        assert_eq!(differ, vec![4]);
     }
 }
