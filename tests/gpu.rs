@@ -806,3 +806,76 @@ fn dump_fold_images() {
         }
     }
 }
+
+/// The device rank check against the host one, on a world whose rank
+/// copies agree, then with one element of rank 3 changed in the last,
+/// partial chunk (n is not a multiple of 4: the kernel's scalar tail).
+#[test]
+fn rank_copies_are_checked_on_the_device_as_the_host_would() {
+    use foldprint::backend::cuda::world::{self, RankCheck, Reader, RoundSpec, WorldBuffers};
+    use foldprint::backend::cuda::Device;
+    use foldprint::digest::CHUNK_ELEMS;
+    use foldprint::fold::shard_plan;
+    let _g = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
+    let dev = Device::open(0, CompileOptions::default()).expect("a usable CUDA GPU");
+    let main = dev.new_stream().unwrap();
+    let (w, n) = (5usize, 3 * CHUNK_ELEMS + 5);
+    let plan = shard_plan(n, w).unwrap();
+    let bufs = WorldBuffers::alloc(&dev, w, n, &plan, 1).unwrap();
+    let order: Vec<usize> = (0..w).collect();
+    let spec = RoundSpec {
+        plan: &plan,
+        order: &order,
+        mode: kernels::FoldMode::Fixed,
+        prog: 0,
+        prog_len: 0,
+        scale: None,
+        variant: KernelVariant::Fast,
+        tuning: LaunchTuning::default(),
+        distribution: Distribution::Uniform,
+        seed: 9,
+        arena: 0,
+    };
+    world::run_round(&dev, &main, &[], &bufs, &spec).unwrap();
+    let mut readers: Vec<Reader> = (0..3)
+        .map(|_| Reader::new(&dev, 1 << 16).unwrap())
+        .collect();
+    let policy = NanPolicy::Canonical;
+    let on_device =
+        world::digest_ranks(&dev, &mut readers, &bufs, policy, false, RankCheck::Device).unwrap();
+    let on_host =
+        world::digest_ranks(&dev, &mut readers, &bufs, policy, false, RankCheck::Host).unwrap();
+    assert_eq!(on_device.digests, on_host.digests);
+    assert_eq!(on_device.chunks, on_host.chunks);
+    assert!(on_device.differing.is_empty() && on_host.differing.is_empty());
+    assert!(on_device.digests.windows(2).all(|p| p[0] == p[1]));
+    assert_eq!(on_device.chunks.len(), 4);
+
+    // Negative control: flip the sign bit of rank 3's last element.
+    let mut last = [0f32; 1];
+    bufs.ranks[3].download(n - 1, &mut last).unwrap();
+    bufs.ranks[3].upload_at(n - 1, &[-last[0]]).unwrap();
+    let on_device =
+        world::digest_ranks(&dev, &mut readers, &bufs, policy, false, RankCheck::Device).unwrap();
+    let on_host =
+        world::digest_ranks(&dev, &mut readers, &bufs, policy, false, RankCheck::Host).unwrap();
+    assert_eq!(on_device.differing, vec![(3usize, vec![3usize])]);
+    assert_eq!(on_host.differing, on_device.differing);
+    assert_eq!(on_device.digests, on_host.digests);
+    assert_ne!(on_device.digests[3], on_device.digests[0]);
+    for r in [0, 1, 2, 4] {
+        assert_eq!(on_device.digests[r], on_device.digests[0]);
+    }
+    // And one in the body of chunk 1 of rank 1 (the vector path).
+    let mut v = [0f32; 1];
+    bufs.ranks[1].download(CHUNK_ELEMS + 6, &mut v).unwrap();
+    bufs.ranks[1]
+        .upload_at(CHUNK_ELEMS + 6, &[f32::from_bits(v[0].to_bits() ^ 1)])
+        .unwrap();
+    let on_device =
+        world::digest_ranks(&dev, &mut readers, &bufs, policy, false, RankCheck::Device).unwrap();
+    assert_eq!(
+        on_device.differing,
+        vec![(1usize, vec![1usize]), (3usize, vec![3usize])]
+    );
+}

@@ -108,6 +108,9 @@ fn run_round(case: &Case, opts: &RunOptions) -> (Vec<ReducedArena>, RoundTimings
 
         let d = Instant::now();
         let (rank_digests, chunks) = rank_digests(&ranks, opts);
+        let mut differing = differing_chunks(&ranks);
+        // Only differences the digests see (the NaN policy may merge some).
+        differing.retain(|(r, _)| rank_digests[*r] != rank_digests[0]);
         t.digest_ms += ms(d);
         let values = opts.keep_values.then(|| ranks.swap_remove(0));
         out.push(ReducedArena {
@@ -115,10 +118,28 @@ fn run_round(case: &Case, opts: &RunOptions) -> (Vec<ReducedArena>, RoundTimings
             rank_digests,
             chunks,
             values,
+            differing,
         });
     }
     t.total_ms = ms(start);
     (out, t)
+}
+
+/// For each rank whose bits differ from rank 0's, the differing chunks.
+fn differing_chunks(ranks: &[Vec<f32>]) -> Vec<(usize, Vec<usize>)> {
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    (1..ranks.len())
+        .filter_map(|r| {
+            let c: Vec<usize> = ranks[r]
+                .chunks(CHUNK_ELEMS)
+                .zip(ranks[0].chunks(CHUNK_ELEMS))
+                .enumerate()
+                .filter(|(_, (x, y))| !same(x, y))
+                .map(|(k, _)| k)
+                .collect();
+            (!c.is_empty()).then_some((r, c))
+        })
+        .collect()
 }
 
 /// Rank 0 is hashed (whole, and per chunk in parallel); a rank whose bytes
@@ -270,5 +291,26 @@ fn fold_stacked(
         // Never reached: `skip_reason` keeps NCCL-only cases away.
         Contract::NcclAllreduce => out.fill(f32::NAN),
         Contract::PairwiseTree => fold_rows_pairwise(stacked, world, out),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn differing_chunks_name_the_rank_and_the_chunk() {
+        let n = 2 * CHUNK_ELEMS + 3;
+        let base: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+        let mut ranks = vec![base.clone(); 4];
+        assert!(differing_chunks(&ranks).is_empty());
+        // -0.0 against +0.0 and a NaN payload are differences in bits.
+        ranks[2][0] = -0.0;
+        ranks[3][n - 1] = f32::from_bits(0x7FC0_0001);
+        ranks[3][CHUNK_ELEMS] = f32::from_bits(0x7FC0_0002);
+        assert_eq!(
+            differing_chunks(&ranks),
+            vec![(2, vec![0]), (3, vec![1, 2])]
+        );
     }
 }

@@ -81,6 +81,9 @@ pub struct ReducedArena {
     pub chunks: Vec<String>,
     /// Rank 0's values when `keep_values` was asked for.
     pub values: Option<Vec<f32>>,
+    /// Ranks whose copy differs from rank 0's, with the differing chunks
+    /// (`digest::CHUNK_ELEMS` elements each); empty when all agree.
+    pub differing: Vec<(usize, Vec<usize>)>,
 }
 
 impl ReducedArena {

@@ -166,6 +166,11 @@ struct CudaArgs {
     /// Negative control: compile the fold with --ftz=true (flushes subnormals).
     #[arg(long)]
     ftz: bool,
+    /// How ranks 1..W-1's copies are checked against rank 0's: `device`
+    /// (bitwise on the GPU, per chunk; only differing copies are read back)
+    /// or `host` (every copy read back and hashed).
+    #[arg(long, default_value = "device", value_parser = ["device", "host"])]
+    rank_check: String,
 }
 
 /// Settings of the NCCL backend's world (ignored by the other backends).
@@ -208,6 +213,7 @@ impl Default for CudaArgs {
             block: None,
             copy_streams: 0,
             ftz: false,
+            rank_check: "device".into(),
         }
     }
 }
@@ -233,6 +239,11 @@ impl Common {
                 KernelVariant::Fast
             },
             copy_streams: c.copy_streams,
+            rank_check: if c.rank_check == "host" {
+                foldprint::backend::cuda::world::RankCheck::Host
+            } else {
+                foldprint::backend::cuda::world::RankCheck::Device
+            },
             ..CudaConfig::default()
         };
         cuda.compile.target = c.target;

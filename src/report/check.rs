@@ -75,6 +75,26 @@ fn check_case(c: &CaseReport, problems: &mut Vec<String>) {
         if a.rank_sha256.first().is_some_and(|r0| *r0 != a.sha256) {
             bad_arena("sha256 is not rank 0's digest".into());
         }
+        let mut last = 0usize;
+        for d in &a.rank_differing_chunks {
+            let chunks = a.len.div_ceil(a.chunk_elems.max(1));
+            if d.rank <= last || d.rank >= c.params.world {
+                bad_arena(format!(
+                    "rank_differing_chunks names rank {} (ranks 1..{} in ascending order expected)",
+                    d.rank, c.params.world
+                ));
+            }
+            if d.chunks.is_empty()
+                || d.chunks.windows(2).any(|w| w[0] >= w[1])
+                || d.chunks.iter().any(|&k| k >= chunks)
+            {
+                bad_arena(format!(
+                    "rank_differing_chunks of rank {}: chunk indices must be ascending and below {chunks}",
+                    d.rank
+                ));
+            }
+            last = d.rank;
+        }
         let identical = a.rank_sha256.windows(2).all(|w| w[0] == w[1]);
         if a.ranks_identical != identical {
             bad_arena(format!(

@@ -156,6 +156,7 @@ mod tests {
             rank_digests: vec![digest.into(); 4],
             chunks: vec![],
             values: None,
+            differing: vec![],
         };
         let sens = Sensitivity {
             changed: 5,

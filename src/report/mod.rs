@@ -155,6 +155,17 @@ pub struct ArenaReport {
     pub chunk_sha256: Vec<String>,
     #[serde(default)]
     pub chunk_root: String,
+    /// Ranks whose copy differs from rank 0's, with the differing chunk
+    /// indices; absent when every copy agrees.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_differing_chunks: Vec<RankDiff>,
+}
+
+/// One rank's copy that differs from rank 0's, and where.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankDiff {
+    pub rank: usize,
+    pub chunks: Vec<usize>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -206,6 +217,14 @@ impl CaseReport {
                 }
                 .chunk_root(),
                 chunk_sha256: a.chunks.clone(),
+                rank_differing_chunks: a
+                    .differing
+                    .iter()
+                    .map(|(rank, chunks)| RankDiff {
+                        rank: *rank,
+                        chunks: chunks.clone(),
+                    })
+                    .collect(),
             })
             .collect();
         let best = rounds
@@ -262,6 +281,21 @@ impl Report {
                     "case `{}`: ranks ended with different arenas",
                     c.id
                 ));
+            }
+            for (i, a) in c.arenas.iter().enumerate() {
+                for d in &a.rank_differing_chunks {
+                    let shown: Vec<String> =
+                        d.chunks.iter().take(8).map(|k| k.to_string()).collect();
+                    failures.push(format!(
+                        "case `{}` arena {i}: rank {}'s copy differs from rank 0's in {} chunk(s) of {} elements: {}{}",
+                        c.id,
+                        d.rank,
+                        d.chunks.len(),
+                        a.chunk_elems,
+                        shown.join(", "),
+                        if d.chunks.len() > 8 { ", ..." } else { "" }
+                    ));
+                }
             }
             if !c.rounds_identical {
                 failures.push(format!("case `{}`: rounds gave different digests", c.id));

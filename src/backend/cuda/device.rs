@@ -5,6 +5,7 @@ use super::driver_error_text;
 use super::kernels::{
     self, CompileOptions, FoldKernels, FoldMode, KernelVariant, LoadedProgram, ResolvedTarget,
 };
+use super::mem::DeviceView;
 use super::probe::{self, DeviceProbe};
 use cudarc::driver::{sys, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 use serde::Serialize;
@@ -58,6 +59,8 @@ pub struct Device {
     pub fold_target: ResolvedTarget,
     pub fold: FoldKernels,
     pub generator: Arc<LoadedProgram>,
+    /// Bitwise per-chunk comparison of rank copies (`rank_check.cu`).
+    pub rank_check: Arc<LoadedProgram>,
 }
 
 fn uuid_text(u: &sys::CUuuid) -> String {
@@ -116,6 +119,7 @@ impl Device {
         // What was actually built (a flag check may have chosen PTX).
         let fold_target = fold.program.image.target;
         let generator = kernels::generator_program(&ctx, gen_target)?;
+        let rank_check = kernels::rank_check_program(&ctx, gen_target)?;
         Ok(Device {
             ctx,
             info,
@@ -127,6 +131,7 @@ impl Device {
             fold_target,
             fold,
             generator,
+            rank_check,
         })
     }
 
@@ -185,6 +190,57 @@ impl Device {
         unsafe { b.launch(cfg) }
             .map(|_| ())
             .map_err(|e| format!("fp_generate launch: {}", driver_error_text(e)))
+    }
+
+    /// Enqueue the comparison of `other` with `reference`: `flags[c]` becomes
+    /// 1 when chunk `c` (of `chunk` elements) differs in any bit, else 0.
+    ///
+    /// # Safety
+    /// The three views must stay allocated and unwritten by other streams
+    /// until `stream` has passed the launch.
+    pub unsafe fn rank_diff(
+        &self,
+        reference: DeviceView<'_>,
+        other: DeviceView<'_>,
+        chunk: usize,
+        flags: DeviceView<'_>,
+        stream: &CudaStream,
+    ) -> Result<(), String> {
+        let n = reference.len();
+        let chunks = n.div_ceil(chunk.max(1));
+        if other.len() != n
+            || flags.len() != chunks
+            || !chunk.is_multiple_of(4)
+            || chunk > u32::MAX as usize
+        {
+            return Err(format!(
+                "rank check: {} vs {} elements, {} flags for {chunks} chunks of {chunk}",
+                n,
+                other.len(),
+                flags.len()
+            ));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.rank_check.function("fp_rank_diff")?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                u32::try_from(chunks).map_err(|_| "rank check: too many chunks")?,
+                1,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (r, o, fl) = (reference.ptr(), other.ptr(), flags.ptr());
+        let (n64, c32) = (n as u64, chunk as u32);
+        let mut b = stream.launch_builder(f);
+        b.arg(&r).arg(&o).arg(&n64).arg(&c32).arg(&fl);
+        // SAFETY: arguments match `fp_rank_diff`; lengths checked above.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| format!("fp_rank_diff launch: {}", driver_error_text(e)))
     }
 
     /// Enqueue one fold launch.
@@ -285,6 +341,7 @@ impl Device {
             },
             "fold_program": image_json(&self.fold.program.image),
             "generator_program": image_json(&self.generator.image),
+            "rank_check_program": image_json(&self.rank_check.image),
         })
     }
 }

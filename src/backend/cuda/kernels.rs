@@ -741,6 +741,25 @@ pub fn generator_program(
     cached(ctx, key, GENERATOR_SRC, &["fp_generate"])
 }
 
+/// The rank-copy check (integer code, pinned options, the device's target).
+pub fn rank_check_program(
+    ctx: &Arc<CudaContext>,
+    target: ResolvedTarget,
+) -> Result<Arc<LoadedProgram>, String> {
+    let key = CacheKey {
+        ordinal: ctx.ordinal(),
+        program: "foldprint_rank_check",
+        fmad: false,
+        ftz: false,
+        target,
+        explicit: false,
+    };
+    cached(ctx, key, RANK_CHECK_SRC, &["fp_rank_diff"])
+}
+
+/// CUDA C of the rank-copy check.
+pub const RANK_CHECK_SRC: &str = include_str!("rank_check.cu");
+
 /// The fold kernels of one loaded program.
 #[derive(Clone)]
 pub struct FoldKernels {

@@ -75,6 +75,18 @@ impl DeviceBuffer {
         unsafe { result::memcpy_htod_sync(self.ptr, data) }.map_err(driver_error_text)
     }
 
+    /// Blocking upload of `data` over elements `start..start + data.len()`.
+    pub fn upload_at(&self, start: usize, data: &[f32]) -> Result<(), String> {
+        let dst = self.slice(start, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(driver_error_text)?;
+        // SAFETY: `dst` is a checked view of exactly `data.len()` f32s;
+        // `cuMemcpyHtoD` is synchronous.
+        unsafe { result::memcpy_htod_sync(dst.ptr(), data) }.map_err(driver_error_text)
+    }
+
     /// Blocking download of the first `out.len()` f32s (device must be idle
     /// for this range: the caller synchronized the writers).
     pub fn download(&self, start: usize, out: &mut [f32]) -> Result<(), String> {

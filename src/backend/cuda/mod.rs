@@ -73,6 +73,8 @@ pub struct CudaConfig {
     pub readers: usize,
     /// Elements per pinned staging chunk.
     pub chunk: usize,
+    /// How ranks 1..W-1's copies are checked against rank 0's.
+    pub rank_check: world::RankCheck,
 }
 
 impl Default for CudaConfig {
@@ -85,6 +87,7 @@ impl Default for CudaConfig {
             tuning: LaunchTuning::default(),
             readers: 0,
             chunk: 1 << 21,
+            rank_check: world::RankCheck::Device,
         }
     }
 }
@@ -283,20 +286,22 @@ impl CudaBackend {
             t.generate_ms += gen_ms;
             t.reduce_ms += reduce_ms;
             let d = Instant::now();
-            let (rank_digests, chunks, values) = world::digest_ranks(
+            let got = world::digest_ranks(
                 &self.dev,
                 &mut self.readers,
                 bufs,
                 opts.nan_policy,
                 opts.keep_values,
+                self.cfg.rank_check,
             )
             .map_err(|e| driver_failed(&case.id, "digest", e))?;
             t.digest_ms += d.elapsed().as_secs_f64() * 1e3;
             out.push(ReducedArena {
                 len: n,
-                rank_digests,
-                chunks,
-                values,
+                rank_digests: got.digests,
+                chunks: got.chunks,
+                values: got.values,
+                differing: got.differing,
             });
         }
         t.total_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -540,6 +545,7 @@ impl Backend for CudaBackend {
         let mut env = self.dev.environment();
         if let Some(obj) = env.as_object_mut() {
             obj.insert("kind".into(), "cuda-loopback".into());
+            obj.insert("rank_check".into(), self.cfg.rank_check.describe().into());
             obj.insert(
                 "config".into(),
                 serde_json::to_value(&self.cfg).unwrap_or(serde_json::Value::Null),

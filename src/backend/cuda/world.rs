@@ -350,26 +350,111 @@ impl Reader {
     }
 }
 
-/// Every rank's digest, rank 0's chunk digests, rank 0's values if kept.
-pub type RankDigests = (Vec<String>, Vec<String>, Option<Vec<f32>>);
+/// Every rank's digest, rank 0's chunk digests, rank 0's values if kept,
+/// and for each rank whose copy differs from rank 0's, the differing chunks.
+pub struct RankDigests {
+    pub digests: Vec<String>,
+    pub chunks: Vec<String>,
+    pub values: Option<Vec<f32>>,
+    pub differing: Vec<(usize, Vec<usize>)>,
+}
+
+/// How the copies of ranks 1..W-1 are checked against rank 0's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RankCheck {
+    /// Compared bit for bit with rank 0's on the device, per chunk; only a
+    /// rank that differs is read back and hashed.
+    #[default]
+    Device,
+    /// Every rank's copy read back and hashed on the host.
+    Host,
+}
+
+impl RankCheck {
+    pub const fn describe(self) -> &'static str {
+        match self {
+            RankCheck::Device => "ranks 1..W-1 compared bit for bit with rank 0 on the device per 64 Ki-element chunk; rank 0, and any rank that differs, read back and hashed on the host",
+            RankCheck::Host => "every rank's copy read back and hashed on the host",
+        }
+    }
+}
+
+/// For each rank r >= 1, the chunks (of `chunk` elements) of its arena
+/// whose bits differ from rank 0's, compared on the device.
+pub fn differing_chunks(
+    dev: &Device,
+    stream: &CudaStream,
+    bufs: &WorldBuffers,
+    chunk: usize,
+) -> Result<Vec<Vec<usize>>, String> {
+    let (n, world) = (bufs.len, bufs.world);
+    let chunks = n.div_ceil(chunk);
+    if world < 2 || chunks == 0 {
+        return Ok(vec![Vec::new(); world.saturating_sub(1)]);
+    }
+    dev.ctx.bind_to_thread().map_err(driver_error_text)?;
+    let flags = DeviceBuffer::alloc(&dev.ctx, (world - 1) * chunks)?;
+    let reference = bufs.ranks[0].slice(0, n)?;
+    for r in 1..world {
+        let other = bufs.ranks[r].slice(0, n)?;
+        let mine = flags.slice((r - 1) * chunks, chunks)?;
+        // SAFETY: views of this context's buffers; the round has finished
+        // writing the arenas (run_round returns with the device idle) and
+        // `flags` is read only after the stream synchronizes below.
+        unsafe { dev.rank_diff(reference, other, chunk, mine, stream)? };
+    }
+    stream.synchronize().map_err(driver_error_text)?;
+    let mut host = vec![0f32; (world - 1) * chunks];
+    flags.download(0, &mut host)?;
+    Ok(host
+        .chunks(chunks)
+        .map(|row| {
+            row.iter()
+                .enumerate()
+                .filter(|(_, f)| f.to_bits() != 0)
+                .map(|(c, _)| c)
+                .collect()
+        })
+        .collect())
+}
 
 /// (rank, digest, kept values).
 type RankDigest = (usize, ChunkedDigest, Option<Vec<f32>>);
 
-/// Digest every rank's arena with up to `readers.len()` host threads.
-/// Returns rank digests in rank order and rank 0's values when `keep`.
+/// Digest the ranks' arenas with up to `readers.len()` host threads:
+/// every rank under [`RankCheck::Host`]; under [`RankCheck::Device`] rank
+/// 0 and the ranks whose copy differs, the others taking rank 0's digest.
 pub fn digest_ranks(
     dev: &Device,
     readers: &mut [Reader],
     bufs: &WorldBuffers,
     policy: NanPolicy,
     keep: bool,
+    check: RankCheck,
 ) -> Result<RankDigests, String> {
     let world = bufs.ranks.len();
-    let workers = readers.len().min(world).max(1);
     if readers.is_empty() {
         return Err("no read-back workers".into());
     }
+    let mut differing: Vec<(usize, Vec<usize>)> = match check {
+        RankCheck::Host => Vec::new(),
+        RankCheck::Device => {
+            differing_chunks(dev, &readers[0].stream, bufs, crate::digest::CHUNK_ELEMS)?
+                .into_iter()
+                .enumerate()
+                .filter(|(_, c)| !c.is_empty())
+                .map(|(r, c)| (r + 1, c))
+                .collect()
+        }
+    };
+    let hashed: Vec<usize> = match check {
+        RankCheck::Host => (0..world).collect(),
+        RankCheck::Device => std::iter::once(0)
+            .chain(differing.iter().map(|(r, _)| *r))
+            .collect(),
+    };
+    let workers = readers.len().min(hashed.len()).max(1);
     let mut digests: Vec<Option<String>> = vec![None; world];
     let mut chunks = Vec::new();
     let mut values = None;
@@ -380,9 +465,10 @@ pub fn digest_ranks(
             .enumerate()
             .map(|(t, reader)| {
                 let ranks = &bufs.ranks;
+                let mine: Vec<usize> = hashed.iter().copied().skip(t).step_by(workers).collect();
                 scope.spawn(move || -> Result<Vec<RankDigest>, String> {
                     let mut out = Vec::new();
-                    for r in (t..world).step_by(workers) {
+                    for r in mine {
                         let (d, v) =
                             reader.digest(dev, &ranks[r], policy, keep && r == 0, r == 0)?;
                         out.push((r, d, v));
@@ -408,9 +494,33 @@ pub fn digest_ranks(
         Ok(())
     });
     outcome?;
+    // Ranks found bit-identical to rank 0 on the device share its digest.
+    let first = digests[0].clone();
     let digests = digests
         .into_iter()
-        .map(|d| d.ok_or_else(|| "a rank was not digested".to_string()))
+        .map(|d| {
+            d.or_else(|| first.clone())
+                .ok_or_else(|| "a rank was not digested".to_string())
+        })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok((digests, chunks, values))
+    // A copy flagged for bits the NaN policy merges hashes equal: like the
+    // host check, report only differences the digests see.
+    differing.retain(|(r, _)| digests[*r] != digests[0]);
+    if check == RankCheck::Host {
+        // Rare path: name the chunks of a differing copy by hashing it again
+        // per chunk (differences in hashed bytes, after the NaN policy).
+        for r in (1..world).filter(|&r| digests[r] != digests[0]) {
+            let (d, _) = readers[0].digest(dev, &bufs.ranks[r], policy, false, true)?;
+            let c: Vec<usize> = (0..d.chunks.len().max(chunks.len()))
+                .filter(|&k| d.chunks.get(k) != chunks.get(k))
+                .collect();
+            differing.push((r, c));
+        }
+    }
+    Ok(RankDigests {
+        digests,
+        chunks,
+        values,
+        differing,
+    })
 }

@@ -302,6 +302,7 @@ impl Backend for NcclBackend {
                 "opened": self.nccl.opened,
             },
             "dataflow": "exchange, redistribution and digest gather are ncclSend/ncclRecv only: NCCL_ALGO and NCCL_PROTO select nothing on the fixed-order path",
+            "rank_check": "every rank reads back and hashes its own copy on its host; the 32-byte digests are gathered to rank 0",
             "emulated_hosts": facts::emulated_hosts(),
             "transport": facts::transport_from_log(),
             "timeouts_s": {"init": self.cfg.init_timeout.as_secs_f64(), "collective": self.cfg.timeout.as_secs_f64()},
@@ -404,6 +405,8 @@ impl Backend for NcclBackend {
                     rank_digests,
                     chunks,
                     values,
+                    // Each rank hashed its own copy; chunk lists stay local.
+                    differing: Vec::new(),
                 });
             }
             t.total_ms = start.elapsed().as_secs_f64() * 1e3;
