@@ -237,7 +237,7 @@ pub struct Matrix {
     /// The same, absolute (relative ones are taken from the matrix's directory).
     pub experiments: Vec<PathBuf>,
     pub timeout: std::time::Duration,
-    /// Run every case in-process on the CPU oracle, with the contract's
+    /// Run every case on the CPU oracle (one more child), with the contract's
     /// negative controls.
     pub oracle: bool,
     pub configs: Vec<Config>,
