@@ -5,7 +5,7 @@
 
 use crate::audit::AuditError;
 use crate::backend::BackendError;
-use crate::experiment::ExperimentError;
+use crate::experiment::InputError;
 use crate::ranks::RankError;
 use crate::report::ReportError;
 use crate::runner::RunError;
@@ -91,12 +91,12 @@ impl HasExitCode for RunError {
     }
 }
 
-impl HasExitCode for ExperimentError {
+impl HasExitCode for InputError {
     fn exit_code(&self) -> ExitCode {
         match self {
-            ExperimentError::Io { .. }
-            | ExperimentError::Invalid { .. }
-            | ExperimentError::File { .. } => ExitCode::BadInput,
+            InputError::Io { .. } | InputError::Invalid { .. } | InputError::File { .. } => {
+                ExitCode::BadInput
+            }
         }
     }
 }
@@ -116,13 +116,9 @@ impl HasExitCode for ReportError {
 impl HasExitCode for AuditError {
     fn exit_code(&self) -> ExitCode {
         match self {
+            AuditError::Input(e) => e.exit_code(),
             AuditError::WorkDir { .. } | AuditError::Oracle(_) => ExitCode::Unavailable,
-            AuditError::Io { .. }
-            | AuditError::Invalid { .. }
-            | AuditError::File { .. }
-            | AuditError::Experiment(_)
-            | AuditError::Keep { .. }
-            | AuditError::Write { .. } => ExitCode::BadInput,
+            AuditError::Keep { .. } | AuditError::Write { .. } => ExitCode::BadInput,
         }
     }
 }
@@ -159,7 +155,7 @@ pub fn of_typed(err: &(dyn std::error::Error + 'static)) -> Option<ExitCode> {
     if let Some(e) = err.downcast_ref::<BackendError>() {
         return Some(e.exit_code());
     }
-    if let Some(e) = err.downcast_ref::<ExperimentError>() {
+    if let Some(e) = err.downcast_ref::<InputError>() {
         return Some(e.exit_code());
     }
     if let Some(e) = err.downcast_ref::<ReportError>() {
@@ -217,6 +213,26 @@ mod tests {
         assert_eq!(
             of_error(&RankError::Disagree("plan".into())),
             ExitCode::Infrastructure
+        );
+    }
+
+    #[test]
+    fn matrices_and_experiments_share_one_input_error() {
+        let bad = "experiments = [\"e.toml\"]\n[[config]]\nname = \"a\"\nbackend = 3\n";
+        let e = crate::audit::parse(std::path::Path::new("m.toml"), bad, &|_| None).unwrap_err();
+        assert!(matches!(e, InputError::Invalid { line: 4, .. }), "{e}");
+        assert_eq!(of_error(&e), ExitCode::BadInput);
+        let shown = e.to_string();
+        assert!(shown.starts_with("m.toml:4:11: "), "{shown}");
+        // Through the audit's error, unchanged.
+        let a = AuditError::from(e);
+        assert_eq!(a.to_string(), shown);
+        assert_eq!(of_error(&a), ExitCode::BadInput);
+        let x = crate::experiment::parse(std::path::Path::new("x.toml"), "name = 3\n").unwrap_err();
+        assert_eq!(of_error(&AuditError::from(x)), ExitCode::BadInput);
+        assert_eq!(
+            of_error(&AuditError::Oracle("exit 3".into())),
+            ExitCode::Unavailable
         );
     }
 }

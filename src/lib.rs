@@ -13,6 +13,7 @@ pub mod data;
 pub mod digest;
 pub mod dumpdir;
 pub mod env;
+pub mod environment;
 pub mod exit;
 pub mod experiment;
 pub mod fold;

@@ -112,6 +112,25 @@ fn the_cpu_matrix_passes_and_records_every_configuration() {
         row("dist[exact-integers]")["oracle"]["arrival_reversed"]["state"],
         "unchanged"
     );
+    // The CPU oracle ran as one more child, `run --backend cpu`, over
+    // experiments the audit wrote (one round each), and kept its files.
+    let cmd = std::fs::read_to_string(keep.join(".oracle/command.sh")).unwrap();
+    assert!(
+        cmd.contains(" run --out ")
+            && cmd.contains(" --json --backend cpu --nan-policy canonical -- "),
+        "{cmd}"
+    );
+    let oracle = json(&keep.join(".oracle/report.json"));
+    assert_eq!(oracle["backend"], "cpu");
+    let runs = oracle["cases"].as_array().unwrap();
+    assert!(runs.len() > cases.len(), "{} runs", runs.len());
+    assert!(runs.iter().all(|c| c["params"]["rounds"] == 1));
+    let own = row("orders[descending,fixed-order]")["oracle"]["digests"].clone();
+    assert!(
+        runs.iter()
+            .any(|c| c["params"]["contract"] == "fixed-order" && c["arenas"][0]["sha256"] == own[0]),
+        "{own}"
+    );
     // The environment reached the child: rayon ran one thread there.
     let r1 = json(&keep.join("threads-1/report.json"));
     assert_eq!(r1["environment"]["backend"]["threads"], 1);
@@ -120,6 +139,28 @@ fn the_cpu_matrix_passes_and_records_every_configuration() {
     assert!(
         cmd.contains(" run --out ") && cmd.contains(" --json --backend cpu "),
         "{cmd}"
+    );
+}
+
+/// The audit reads children's reports typed: the backend block of a report
+/// made now reads back and writes the same bytes.
+#[test]
+fn a_report_made_now_reads_typed_and_writes_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.json");
+    fp().args(["run", "--backend", "cpu", "experiments/smoke.toml", "--out"])
+        .arg(&path)
+        .assert()
+        .code(0);
+    let bytes = std::fs::read_to_string(&path).unwrap();
+    let r = foldprint::report::Report::read(&path).unwrap();
+    let env = r.backend_environment().unwrap();
+    assert_eq!(env.kind, "cpu");
+    assert_eq!(env.libraries, None);
+    let v: serde_json::Value = serde_json::from_str(&bytes).unwrap();
+    assert_eq!(
+        serde_json::to_string_pretty(&env).unwrap(),
+        serde_json::to_string_pretty(&v["environment"]["backend"]).unwrap()
     );
 }
 
@@ -387,6 +428,31 @@ fn a_child_that_cannot_run_is_exit_3_with_its_stderr() {
     assert!(t.elapsed().as_secs() < 20);
     assert_eq!(r.exit_code, 3);
     assert!(r.failures[0].contains("timed out"), "{:?}", r.failures);
+}
+
+#[test]
+fn an_oracle_child_that_cannot_run_stops_the_audit_with_exit_3() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "sp.toml", SPECIALS);
+    let exe = script(
+        dir.path(),
+        "no-memory",
+        "#!/bin/sh\necho 'error: not enough host memory' >&2\nexit 3\n",
+    );
+    let path = write(
+        dir.path(),
+        "m.toml",
+        "experiments = [\"sp.toml\"]\n[defaults]\nbackend = \"cpu\"\n[[config]]\nname = \"a\"\n",
+    );
+    let m = audit::load(&path).unwrap();
+    let e = audit::run(&m, &audit::Options { exe, keep: None }, &mut ()).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.starts_with("CPU oracle: exit 3") && msg.contains("not enough host memory"),
+        "{msg}"
+    );
+    use foldprint::exit::{ExitCode, HasExitCode};
+    assert_eq!(e.exit_code(), ExitCode::Unavailable);
 }
 
 #[test]

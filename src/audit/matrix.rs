@@ -1,11 +1,13 @@
 //! The audit matrix: a TOML file naming experiments, defaults and
 //! `[[config]]` entries, parsed strictly (unknown keys rejected) into
-//! validated [`Config`]s. Every error names the file, line and column.
+//! validated [`Config`]s. Every error names the file, line and column, in
+//! the same [`InputError`] as experiment files.
 
 use super::pins::{self, Family, LibRequest};
-use super::AuditError;
+use crate::backend::cuda::Target;
 use crate::backend::BackendChoice;
 use crate::digest::NanPolicy;
+use crate::experiment::InputError;
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
@@ -235,7 +237,7 @@ pub struct Matrix {
     /// The same, absolute (relative ones are taken from the matrix's directory).
     pub experiments: Vec<PathBuf>,
     pub timeout: std::time::Duration,
-    /// Run every case in-process on the CPU oracle, with the contract's
+    /// Run every case on the CPU oracle (one more child), with the contract's
     /// negative controls.
     pub oracle: bool,
     pub configs: Vec<Config>,
@@ -258,24 +260,18 @@ impl Source<'_> {
         crate::experiment::line_col(self.text, offset)
     }
 
-    fn at(&self, span: Range<usize>, message: impl Into<String>) -> AuditError {
-        let (line, column) = self.line_col(span.start);
-        AuditError::Invalid {
-            path: self.path.to_path_buf(),
-            line,
-            column,
-            message: message.into(),
-        }
+    fn at(&self, span: Range<usize>, message: impl Into<String>) -> InputError {
+        InputError::at(self.path, self.text, span.start, message)
     }
 }
 
 /// Read and validate a matrix file.
-pub fn load(path: &Path) -> Result<Matrix, AuditError> {
-    let bytes = std::fs::read(path).map_err(|source| AuditError::Io {
+pub fn load(path: &Path) -> Result<Matrix, InputError> {
+    let bytes = std::fs::read(path).map_err(|source| InputError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    let text = String::from_utf8(bytes).map_err(|_| AuditError::File {
+    let text = String::from_utf8(bytes).map_err(|_| InputError::File {
         path: path.to_path_buf(),
         message: "not valid UTF-8".into(),
     })?;
@@ -288,7 +284,7 @@ pub fn parse(
     path: &Path,
     text: &str,
     lookup: &dyn Fn(&str) -> Option<String>,
-) -> Result<Matrix, AuditError> {
+) -> Result<Matrix, InputError> {
     let src = Source { path, text };
     let raw: RawMatrix = toml::from_str(text).map_err(|e| {
         let span = e.span().unwrap_or(0..0);
@@ -310,7 +306,7 @@ pub fn parse(
             .or_else(|_| std::path::absolute(&joined))
             .unwrap_or(joined)
     };
-    let expand_at = |s: &Spanned<String>, what: &str| -> Result<String, AuditError> {
+    let expand_at = |s: &Spanned<String>, what: &str| -> Result<String, InputError> {
         expand_vars(s.get_ref(), lookup).map_err(|m| src.at(s.span(), format!("{what}: {m}")))
     };
 
@@ -356,7 +352,7 @@ pub fn parse(
     };
 
     if raw.configs.is_empty() {
-        return Err(AuditError::File {
+        return Err(InputError::File {
             path: path.to_path_buf(),
             message: "declares no configurations (add [[config]] tables)".into(),
         });
@@ -413,7 +409,7 @@ pub fn parse(
         let library = |field: &str,
                        value: &Option<Spanned<String>>,
                        family: Family|
-         -> Result<Option<LibRequest>, AuditError> {
+         -> Result<Option<LibRequest>, InputError> {
             let Some(v) = value else { return Ok(None) };
             let written = expand_at(v, &ctx(field))?;
             if written.trim().is_empty() {
@@ -437,7 +433,9 @@ pub fn parse(
             None => None,
             Some(t) => {
                 let v = t.get_ref().trim();
-                check_target(v).map_err(|m| src.at(t.span(), format!("{}: {m}", ctx("target"))))?;
+                // Checked here with `run`'s own parser; passed on as written.
+                v.parse::<Target>()
+                    .map_err(|m| src.at(t.span(), format!("{}: {m}", ctx("target"))))?;
                 Some(v.to_string())
             }
         };
@@ -555,7 +553,7 @@ pub fn parse(
         });
     }
     if configs.iter().all(|c| c.control) {
-        return Err(AuditError::File {
+        return Err(InputError::File {
             path: path.to_path_buf(),
             message: "every configuration is a control: the first one without `control = true` is the baseline".into(),
         });
@@ -595,20 +593,6 @@ fn check_name(name: &str) -> Result<(), String> {
         ));
     }
     Ok(())
-}
-
-fn check_target(t: &str) -> Result<(), String> {
-    let digits = |s: &str| !s.is_empty() && s.len() <= 4 && s.chars().all(|c| c.is_ascii_digit());
-    let ok = t == "auto"
-        || t.strip_prefix("sm_").is_some_and(digits)
-        || t.strip_prefix("compute_").is_some_and(digits);
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "`{t}`: expected auto, sm_XY (CUBIN) or compute_XY (PTX)"
-        ))
-    }
 }
 
 fn check_env_name(k: &str) -> Result<(), String> {

@@ -9,6 +9,7 @@
 //! `environment.backend.libraries` (read from /proc/self/maps) says what it
 //! really mapped.
 
+pub use crate::environment::LoadedLibrary;
 use serde::Serialize;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -192,17 +193,6 @@ pub fn make_link_dir(dir: &Path, requests: &[&LibRequest]) -> std::io::Result<Ve
         }
     }
     Ok(made)
-}
-
-/// One entry of a report's `environment.backend.libraries`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct LoadedLibrary {
-    pub family: String,
-    pub path: String,
-    #[serde(default)]
-    pub sha256: Option<String>,
-    #[serde(default)]
-    pub bytes: Option<u64>,
 }
 
 /// What the audit concluded about one requested library.

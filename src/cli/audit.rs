@@ -222,16 +222,9 @@ fn print_grid(headers: &[String], rows: &[Vec<String>], first_width: usize) {
     }
 }
 
-/// The first object under `key`, depth first (backends nest devices).
-fn find_key<'a>(v: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
-    match v {
-        serde_json::Value::Object(map) => map
-            .get(key)
-            .filter(|x| x.is_object())
-            .or_else(|| map.values().find_map(|x| find_key(x, key))),
-        serde_json::Value::Array(items) => items.iter().find_map(|x| find_key(x, key)),
-        _ => None,
-    }
+/// Text of `key` in an environment object, if it is a string.
+fn text_of<'a>(obj: &'a serde_json::Map<String, serde_json::Value>, key: &str) -> Option<&'a str> {
+    obj.get(key).and_then(serde_json::Value::as_str)
 }
 
 fn print_result(r: &AuditResult, m: &audit::Matrix) {
@@ -317,25 +310,25 @@ fn print_result(r: &AuditResult, m: &audit::Matrix) {
                 lib.sha256.as_deref().map_or("-", short16)
             ));
         }
-        if let Some(gpu) = find_key(&o.environment, "gpu") {
-            let driver = find_key(&o.environment, "driver");
+        // Device facts sit at the top (CUDA loopback) or per device (NCCL).
+        let fact = |key: &str| o.environment.as_ref().and_then(|e| e.fact(key));
+        if let Some(gpu) = fact("gpu") {
             lines.push(format!(
                 "device {} (cc {}), driver {}",
-                gpu["name"].as_str().unwrap_or("?"),
-                gpu["compute_capability"].as_str().unwrap_or("?"),
-                driver
-                    .and_then(|d| d["cuda_driver_api"].as_str())
+                text_of(gpu, "name").unwrap_or("?"),
+                text_of(gpu, "compute_capability").unwrap_or("?"),
+                fact("driver")
+                    .and_then(|d| text_of(d, "cuda_driver_api"))
                     .unwrap_or("?")
             ));
         }
-        if let Some(f) = find_key(&o.environment, "fold_program") {
+        if let Some(f) = fact("fold_program") {
             lines.push(format!(
                 "fold program {} (NVRTC {})  sha256 {}{}",
-                f["target"].as_str().unwrap_or("?"),
-                f["nvrtc_version"].as_str().unwrap_or("?"),
-                f["sha256"].as_str().map_or("-", short16),
-                f["note"]
-                    .as_str()
+                text_of(f, "target").unwrap_or("?"),
+                text_of(f, "nvrtc_version").unwrap_or("?"),
+                text_of(f, "sha256").map_or("-", short16),
+                text_of(f, "note")
                     .filter(|n| !n.is_empty())
                     .map_or(String::new(), |n| format!("  note: {n}"))
             ));
@@ -380,7 +373,7 @@ fn print_result(r: &AuditResult, m: &audit::Matrix) {
             .zip(&r.configurations)
             .find(|(_, o)| o.baseline)
             .map_or("1", |(l, _)| l.as_str()),
-        if r.oracle { "; cpu: the CPU oracle in-process" } else { "" }
+        if r.oracle { "; cpu: the CPU oracle" } else { "" }
     );
     let plain: Vec<usize> = (0..r.configurations.len())
         .filter(|&i| !r.configurations[i].control)

@@ -155,7 +155,7 @@ struct CudaArgs {
     kernel: String,
     /// Compile target: `auto` (CUBIN for the device's sm_XY when NVRTC can),
     /// `sm_XY` (CUBIN) or `compute_XY` (PTX, JIT-compiled by the driver).
-    #[arg(long, default_value = "auto", value_parser = parse_target)]
+    #[arg(long, default_value = "auto", value_parser = str::parse::<foldprint::backend::cuda::Target>)]
     target: foldprint::backend::cuda::Target,
     /// Threads per block of the fold kernel.
     #[arg(long)]
@@ -186,23 +186,6 @@ struct NcclArgs {
     /// NCCL backend: seconds allowed for each collective window.
     #[arg(long, default_value_t = 300)]
     timeout: u64,
-}
-
-fn parse_target(s: &str) -> Result<foldprint::backend::cuda::Target, String> {
-    use foldprint::backend::cuda::Target;
-    let num = |t: &str| {
-        t.parse::<u32>()
-            .map_err(|_| format!("`{s}`: expected auto, sm_XY or compute_XY"))
-    };
-    if s == "auto" {
-        Ok(Target::Auto)
-    } else if let Some(x) = s.strip_prefix("sm_") {
-        Ok(Target::Cubin(num(x)?))
-    } else if let Some(x) = s.strip_prefix("compute_") {
-        Ok(Target::Ptx(num(x)?))
-    } else {
-        Err(format!("`{s}`: expected auto, sm_XY or compute_XY"))
-    }
 }
 
 impl Default for CudaArgs {

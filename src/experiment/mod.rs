@@ -24,8 +24,10 @@ pub const MAX_WORLD: usize = 65_536;
 /// Largest addend volume of one case (W x total length x 4 bytes): 1 TiB.
 pub const MAX_CASE_BYTES: u64 = 1 << 40;
 
+/// A bad input file: unreadable, or wrong at a file:line:column. Both
+/// experiment files and audit matrices report their problems with it.
 #[derive(Debug, thiserror::Error)]
-pub enum ExperimentError {
+pub enum InputError {
     #[error("{path}: cannot read: {source}")]
     Io {
         path: PathBuf,
@@ -41,6 +43,22 @@ pub enum ExperimentError {
     },
     #[error("{path}: {message}")]
     File { path: PathBuf, message: String },
+}
+
+/// The name experiment loading has always used for [`InputError`].
+pub type ExperimentError = InputError;
+
+impl InputError {
+    /// An error at byte `offset` of `text`, the contents of `path`.
+    pub(crate) fn at(path: &Path, text: &str, offset: usize, message: impl Into<String>) -> Self {
+        let (line, column) = line_col(text, offset);
+        InputError::Invalid {
+            path: path.to_path_buf(),
+            line,
+            column,
+            message: message.into(),
+        }
+    }
 }
 
 /// A parsed, expanded, validated experiment file.
@@ -105,13 +123,7 @@ impl Source<'_> {
     }
 
     fn at(&self, span: std::ops::Range<usize>, message: impl Into<String>) -> ExperimentError {
-        let (line, column) = self.line_col(span.start);
-        ExperimentError::Invalid {
-            path: self.path.to_path_buf(),
-            line,
-            column,
-            message: message.into(),
-        }
+        InputError::at(self.path, self.text, span.start, message)
     }
 }
 

@@ -393,3 +393,24 @@ pub(crate) fn read_versioned<T: serde::de::DeserializeOwned>(
     }
     serde_json::from_value(value).map_err(|e| malformed(e.to_string()))
 }
+
+/// The environment block, typed where readers need it.
+impl Report {
+    /// `environment.backend`, as the backend wrote it.
+    pub fn backend_environment(&self) -> Result<crate::environment::BackendEnvironment, String> {
+        crate::environment::BackendEnvironment::from_value(&self.environment["backend"])
+    }
+
+    /// `environment.notes`: things worth knowing about the run (e.g. why
+    /// `auto` fell back to the CPU).
+    pub fn notes(&self) -> Vec<String> {
+        self.environment["notes"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|n| n.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}

@@ -288,6 +288,43 @@ pub enum Target {
     Ptx(u32),
 }
 
+/// `auto`, `sm_XY` or `compute_XY`, as `--target` and audit matrices write it.
+impl std::str::FromStr for Target {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let expected = || format!("`{s}`: expected auto, sm_XY or compute_XY");
+        let arch = |xy: &str| xy.parse::<u32>().map_err(|_| expected());
+        if s == "auto" {
+            Ok(Target::Auto)
+        } else if let Some(xy) = s.strip_prefix("sm_") {
+            Ok(Target::Cubin(arch(xy)?))
+        } else if let Some(xy) = s.strip_prefix("compute_") {
+            Ok(Target::Ptx(arch(xy)?))
+        } else {
+            Err(expected())
+        }
+    }
+}
+
+#[cfg(test)]
+mod target_parse_tests {
+    use super::Target;
+
+    #[test]
+    fn targets_parse_from_their_command_line_names() {
+        assert_eq!("auto".parse(), Ok(Target::Auto));
+        assert_eq!("sm_90".parse(), Ok(Target::Cubin(90)));
+        assert_eq!("compute_75".parse(), Ok(Target::Ptx(75)));
+        for bad in ["sm90", "sm_", "compute_x", "", "AUTO"] {
+            assert_eq!(
+                bad.parse::<Target>(),
+                Err(format!("`{bad}`: expected auto, sm_XY or compute_XY"))
+            );
+        }
+    }
+}
+
 /// Options of the fold build. Only `fmad` and `ftz` can differ from the
 /// pinned defaults, and only through this struct.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]

@@ -2,24 +2,12 @@
 //! /proc/self/maps (what the loader resolved, not what a name suggests) and
 //! hashed from disk, so a report proves which binary ran.
 
-use serde::Serialize;
 use sha2::{Digest as _, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read as _;
 use std::sync::{Mutex, OnceLock};
 
-/// One mapped library file.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct LoadedLibrary {
-    /// Which family it belongs to: `cuda`, `nvrtc`, `nvrtc-builtins`,
-    /// `nvidia-ptxjitcompiler`, `nvidia-nvvm`, `nvidia-gpucomp`,
-    /// `nvidia-ml` or `nccl`.
-    pub family: &'static str,
-    pub path: String,
-    /// SHA-256 of the file's bytes; `None` when it could not be read.
-    pub sha256: Option<String>,
-    pub bytes: Option<u64>,
-}
+pub use crate::environment::LoadedLibrary;
 
 /// Classify a mapped file name; `None` for libraries we do not track.
 fn family_of(file_name: &str) -> Option<&'static str> {
@@ -85,7 +73,7 @@ pub fn loaded_libraries() -> Vec<LoadedLibrary> {
         .map(|(family, path)| {
             let (sha256, bytes) = file_sha256(&path);
             LoadedLibrary {
-                family,
+                family: family.to_string(),
                 path,
                 sha256,
                 bytes,

@@ -542,24 +542,20 @@ impl Backend for CudaBackend {
     }
 
     fn environment(&self) -> serde_json::Value {
-        let mut env = self.dev.environment();
-        if let Some(obj) = env.as_object_mut() {
-            obj.insert("kind".into(), "cuda-loopback".into());
-            obj.insert("rank_check".into(), self.cfg.rank_check.describe().into());
-            obj.insert(
-                "config".into(),
-                serde_json::to_value(&self.cfg).unwrap_or(serde_json::Value::Null),
-            );
-            obj.insert(
-                "libraries".into(),
-                serde_json::to_value(mapped::loaded_libraries()).unwrap_or(serde_json::Value::Null),
-            );
-            obj.insert(
-                "env".into(),
-                serde_json::to_value(mapped::relevant_env()).unwrap_or(serde_json::Value::Null),
-            );
-        }
-        env
+        // The device's facts, its configuration, and what was mapped.
+        let mut facts = match self.dev.environment() {
+            serde_json::Value::Object(map) => map,
+            _ => serde_json::Map::new(),
+        };
+        facts.insert(
+            "config".into(),
+            serde_json::to_value(&self.cfg).unwrap_or(serde_json::Value::Null),
+        );
+        facts.insert("rank_check".into(), self.cfg.rank_check.describe().into());
+        let mut env = crate::environment::BackendEnvironment::new("cuda-loopback", facts);
+        env.libraries = Some(mapped::loaded_libraries());
+        env.env = Some(mapped::relevant_env());
+        env.to_value()
     }
 
     fn skip_reason(&self, case: &Case) -> Option<String> {

@@ -287,8 +287,7 @@ impl Backend for NcclBackend {
             let (_, job, src) = crate::ranks::job::identity();
             (src, job)
         };
-        serde_json::json!({
-            "kind": "nccl",
+        let own = serde_json::json!({
             "world": self.world,
             "launch": match &self.env {
                 Some(e) => serde_json::json!({"mode": "process-per-rank", "launcher": e.source, "rank": e.rank, "local_rank": e.local_rank}),
@@ -307,9 +306,15 @@ impl Backend for NcclBackend {
             "transport": facts::transport_from_log(),
             "timeouts_s": {"init": self.cfg.init_timeout.as_secs_f64(), "collective": self.cfg.timeout.as_secs_f64()},
             "devices": self.ranks.iter().map(|r| r.dev.environment()).collect::<Vec<_>>(),
-            "libraries": mapped::loaded_libraries(),
-            "env": mapped::relevant_env(),
-        })
+        });
+        let own = match own {
+            serde_json::Value::Object(map) => map,
+            _ => serde_json::Map::new(),
+        };
+        let mut env = crate::environment::BackendEnvironment::new("nccl", own);
+        env.libraries = Some(mapped::loaded_libraries());
+        env.env = Some(mapped::relevant_env());
+        env.to_value()
     }
 
     fn skip_reason(&self, case: &Case) -> Option<String> {

@@ -1,0 +1,79 @@
+//! Reading a child's report (the typed [`Report`], checked on read): what
+//! it loaded, which library versions, its own failures and notes for the
+//! configuration's outcome; the digests, sensitivities and skips for the
+//! comparison.
+
+use super::matrix::Config;
+use super::pins;
+use super::result::{ConfigOutcome, Sens};
+use crate::report::Report;
+use std::collections::HashMap;
+
+/// A case as reports name it: (experiment, id).
+pub(super) type CaseId = (String, String);
+
+/// What the comparison needs from one child's report.
+#[derive(Default)]
+pub(super) struct Digests {
+    /// The configuration gave a report.
+    pub ran: bool,
+    pub cases: HashMap<CaseId, Vec<String>>,
+    pub sensitivity: HashMap<CaseId, Sens>,
+    /// Cases the backend declined, with its reason.
+    pub skipped: HashMap<CaseId, String>,
+}
+
+impl Digests {
+    /// Every case and skip of `r`.
+    pub fn of(r: &Report) -> Digests {
+        let mut d = Digests {
+            ran: true,
+            ..Digests::default()
+        };
+        for case in &r.cases {
+            let id = (case.experiment.clone(), case.id.clone());
+            d.sensitivity.insert(
+                id.clone(),
+                Sens {
+                    verdict: case.sensitivity.verdict.clone(),
+                    fraction: case.sensitivity.fraction,
+                },
+            );
+            d.cases
+                .insert(id, case.digests().into_iter().map(str::to_string).collect());
+        }
+        for s in &r.skipped {
+            d.skipped
+                .insert((s.experiment.clone(), s.id.clone()), s.reason.clone());
+        }
+        d
+    }
+}
+
+/// Fill `o` and `d` from configuration `c`'s report; nothing is filled
+/// when its backend environment cannot be read.
+pub(super) fn read_report(
+    c: &Config,
+    r: &Report,
+    o: &mut ConfigOutcome,
+    d: &mut Digests,
+) -> Result<(), String> {
+    let env = r
+        .backend_environment()
+        .map_err(|e| format!("environment.backend: {e}"))?;
+    o.backend = Some(r.backend.clone());
+    o.libraries = env.libraries.clone().unwrap_or_default();
+    o.versions = env.versions();
+    o.requested = c
+        .requests()
+        .into_iter()
+        .map(|req| pins::check(req, &o.libraries, &r.backend))
+        .collect();
+    o.environment = Some(env);
+    o.run_failures = r.summary.failures.clone();
+    o.notes = r.notes();
+    *d = Digests::of(r);
+    o.cases = d.cases.len();
+    o.skipped = d.skipped.len();
+    Ok(())
+}
