@@ -29,17 +29,102 @@ pub struct BenchArgs {
     /// usable.
     #[arg(long, value_enum, default_value_t = foldprint::backend::BackendChoice::Cpu)]
     backend: foldprint::backend::BackendChoice,
+    /// CUDA bench: log2 of the arena length of the end-to-end phase split
+    /// (W = 8; 25 is the 1 GiB `experiments/large.toml` case).
+    #[arg(long, default_value_t = 25)]
+    e2e_log2_len: u32,
     /// NCCL bench, one process: GPUs to use (under a launcher, the launcher decides).
     #[arg(long, default_value_t = 1)]
     gpus: usize,
 }
 
+/// One end-to-end measurement of a case on the CUDA backend.
+#[derive(serde::Serialize)]
+struct Phases {
+    rank_check: &'static str,
+    world: usize,
+    n: usize,
+    /// `CudaBackend::new`: context, library probe, NVRTC (or cache).
+    backend_start_ms: f64,
+    /// Medians over the rounds after the first (the first allocates).
+    generate_ms: f64,
+    reduce_ms: f64,
+    digest_ms: f64,
+    round_ms: f64,
+    /// The first round, allocations included: what a one-round `run` waits.
+    first_round_ms: f64,
+    rounds: u32,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Where a case's time goes on this machine: the large case's phases under
+/// both rank checks, each in a fresh backend.
+fn end_to_end(world: usize, n: usize, rounds: u32) -> Result<Vec<Phases>> {
+    use foldprint::backend::cuda::world::RankCheck;
+    use foldprint::backend::cuda::{CudaBackend, CudaConfig};
+    let case = Case {
+        experiment: "bench".into(),
+        id: "end-to-end".into(),
+        world,
+        arenas: vec![n],
+        order: DeliveryOrder::Ascending,
+        seed: 1,
+        distribution: Distribution::Uniform,
+        contract: Contract::FixedOrder,
+        mean: false,
+        rounds,
+    };
+    let mut out = Vec::new();
+    for check in [RankCheck::Device, RankCheck::Host] {
+        let t = Instant::now();
+        let mut be = CudaBackend::new(CudaConfig {
+            rank_check: check,
+            ..CudaConfig::default()
+        })?;
+        let backend_start_ms = t.elapsed().as_secs_f64() * 1e3;
+        let run = be.run_case(&case, &RunOptions::default())?;
+        let steady = &run.rounds[1.min(run.rounds.len() - 1)..];
+        let pick = |f: fn(&foldprint::backend::RoundTimings) -> f64| {
+            median(steady.iter().map(f).collect())
+        };
+        out.push(Phases {
+            rank_check: match check {
+                RankCheck::Device => "device",
+                RankCheck::Host => "host",
+            },
+            world,
+            n,
+            backend_start_ms,
+            generate_ms: pick(|r| r.generate_ms),
+            reduce_ms: pick(|r| r.reduce_ms),
+            digest_ms: pick(|r| r.digest_ms),
+            round_ms: pick(|r| r.total_ms),
+            first_round_ms: run.rounds[0].total_ms,
+            rounds,
+        });
+    }
+    Ok(out)
+}
+
 /// The GPU fold benchmark (src/backend/cuda/bench.rs), printed.
-fn run_cuda(json: bool) -> Result<i32> {
+fn run_cuda(json: bool, e2e_log2_len: u32) -> Result<i32> {
     use foldprint::backend::cuda::bench::{bench_fold, BenchConfig};
     let report = bench_fold(&BenchConfig::default())?;
+    let n = 1usize
+        .checked_shl(e2e_log2_len)
+        .filter(|_| e2e_log2_len <= 31)
+        .context("--e2e-log2-len must be at most 31")?;
+    let phases = end_to_end(8, n, 5).context("end-to-end phases")?;
     if json {
-        outln!("{}", serde_json::to_string_pretty(&report)?);
+        let mut v = serde_json::to_value(&report)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("end_to_end".into(), serde_json::to_value(&phases)?);
+        }
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
     }
     outln!(
@@ -68,6 +153,34 @@ fn run_cuda(json: bool) -> Result<i32> {
             r.min_ms,
             r.effective_tb_s,
             r.bits_ok.map_or("-", |ok| if ok { "ok" } else { "DIFFER" })
+        );
+    }
+    outln!();
+    outln!(
+        "end to end: W=8 n=2^{e2e_log2_len} ({} MiB of addends), median of rounds 2..{}; first round includes allocation",
+        (8u64 * n as u64 * 4) >> 20,
+        phases.first().map_or(0, |p| p.rounds)
+    );
+    outln!(
+        "{:<11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "RANK CHECK",
+        "START ms",
+        "GEN ms",
+        "REDUCE ms",
+        "DIGEST ms",
+        "ROUND ms",
+        "FIRST ms"
+    );
+    for p in &phases {
+        outln!(
+            "{:<11} {:>9.1} {:>9.2} {:>9.2} {:>9.1} {:>9.1} {:>9.1}",
+            p.rank_check,
+            p.backend_start_ms,
+            p.generate_ms,
+            p.reduce_ms,
+            p.digest_ms,
+            p.round_ms,
+            p.first_round_ms
         );
     }
     Ok(if report.rows.iter().any(|r| r.bits_ok == Some(false)) {
@@ -201,9 +314,11 @@ fn run_nccl(gpus: usize, json: bool) -> Result<i32> {
 pub fn run(a: BenchArgs) -> Result<i32> {
     use foldprint::backend::BackendChoice;
     match a.backend {
-        BackendChoice::Cuda => return run_cuda(a.json),
+        BackendChoice::Cuda => return run_cuda(a.json, a.e2e_log2_len),
         BackendChoice::Nccl => return run_nccl(a.gpus, a.json),
-        BackendChoice::Auto if foldprint::backend::cuda::probe().usable => return run_cuda(a.json),
+        BackendChoice::Auto if foldprint::backend::cuda::probe().usable => {
+            return run_cuda(a.json, a.e2e_log2_len)
+        }
         _ => {}
     }
     super::start_threads()?;

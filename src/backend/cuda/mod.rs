@@ -173,6 +173,12 @@ impl CudaBackend {
         } else {
             self.cfg.readers
         };
+        // Under the device check only rank 0 (and a rank that differs, on
+        // the failure path) is read back: one reader, not one per rank.
+        let world = match self.cfg.rank_check {
+            world::RankCheck::Device => 1,
+            world::RankCheck::Host => world,
+        };
         let want = want.min(world).max(1);
         while self.readers.len() < want {
             self.readers
