@@ -163,7 +163,7 @@ impl Device {
         let key = crate::data::lane_key(seed, rank, arena);
         let pair_key = crate::data::lane_key(seed, rank & !1, arena);
         let code = dist.code();
-        let f = self.generator.function("fp_generate")?;
+        let f = self.generator.function(kernels::GENERATE_ENTRY)?;
         let block = 256u32;
         let blocks = n
             .div_ceil(block as u64)
