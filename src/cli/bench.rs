@@ -32,15 +32,47 @@ pub struct BenchArgs {
     /// NCCL bench, one process: GPUs to use (under a launcher, the launcher decides).
     #[arg(long, default_value_t = 1)]
     gpus: usize,
+    /// `cuda`: compile the kernels with NVRTC, neither reading nor writing
+    /// the on-disk kernel cache.
+    #[arg(long)]
+    no_kernel_cache: bool,
 }
 
 /// The GPU fold benchmark (src/backend/cuda/bench.rs), printed.
-fn run_cuda(json: bool) -> Result<i32> {
+fn run_cuda(json: bool, kernel_cache: bool) -> Result<i32> {
     use foldprint::backend::cuda::bench::{bench_fold, BenchConfig};
-    let report = bench_fold(&BenchConfig::default())?;
+    let mut cfg = BenchConfig::default();
+    cfg.compile.disk_cache = kernel_cache;
+    let report = bench_fold(&cfg)?;
     if json {
         outln!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(0);
+    }
+    let s = &report.startup;
+    outln!(
+        "start: probe {:.1} ms · context {:.1} ms · device queries {:.1} ms · kernels {:.1} ms (NVRTC {:.1}, cache {:.1}, module load {:.1})",
+        s.probe,
+        s.context,
+        s.queries,
+        s.programs,
+        s.nvrtc_compile,
+        s.kernel_cache,
+        s.module_load
+    );
+    for o in &report.kernel_cache {
+        outln!(
+            "  {}: {}{}",
+            o.program,
+            if o.from_cache {
+                "from cache"
+            } else {
+                "compiled"
+            },
+            o.key
+                .as_deref()
+                .map(|k| format!(", key {k}"))
+                .unwrap_or_default()
+        );
     }
     outln!(
         "{} · driver {} · NVRTC {} · {}",
@@ -201,9 +233,11 @@ fn run_nccl(gpus: usize, json: bool) -> Result<i32> {
 pub fn run(a: BenchArgs) -> Result<i32> {
     use foldprint::backend::BackendChoice;
     match a.backend {
-        BackendChoice::Cuda => return run_cuda(a.json),
+        BackendChoice::Cuda => return run_cuda(a.json, !a.no_kernel_cache),
         BackendChoice::Nccl => return run_nccl(a.gpus, a.json),
-        BackendChoice::Auto if foldprint::backend::cuda::probe().usable => return run_cuda(a.json),
+        BackendChoice::Auto if foldprint::backend::cuda::probe().usable => {
+            return run_cuda(a.json, !a.no_kernel_cache)
+        }
         _ => {}
     }
     super::start_threads()?;

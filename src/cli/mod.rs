@@ -166,6 +166,10 @@ struct CudaArgs {
     /// Negative control: compile the fold with --ftz=true (flushes subnormals).
     #[arg(long)]
     ftz: bool,
+    /// Compile the kernels with NVRTC, neither reading nor writing the
+    /// on-disk kernel cache ($XDG_CACHE_HOME/foldprint/kernels).
+    #[arg(long)]
+    no_kernel_cache: bool,
 }
 
 /// Settings of the NCCL backend's world (ignored by the other backends).
@@ -208,6 +212,7 @@ impl Default for CudaArgs {
             block: None,
             copy_streams: 0,
             ftz: false,
+            no_kernel_cache: false,
         }
     }
 }
@@ -237,6 +242,7 @@ impl Common {
         };
         cuda.compile.target = c.target;
         cuda.compile.ftz = c.ftz;
+        cuda.compile.disk_cache = !c.no_kernel_cache;
         if let Some(b) = c.block {
             cuda.tuning.fast_block = b;
             cuda.tuning.seed_block = b;

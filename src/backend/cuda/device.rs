@@ -9,6 +9,28 @@ use super::probe::{self, DeviceProbe};
 use cudarc::driver::{sys, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 use serde::Serialize;
 use std::sync::Arc;
+use std::time::Instant;
+
+/// Where a backend's start went, in milliseconds (the report's
+/// `startup_ms`; `bench` prints it).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct Startup {
+    /// The library and device probe before the device is opened (driver
+    /// init, `cuInit`); set by the backend that probed.
+    pub probe: f64,
+    /// Library check and the device's primary context.
+    pub context: f64,
+    /// Device facts, driver and NVRTC versions, target choice.
+    pub queries: f64,
+    /// Both programs: cache lookups, NVRTC compiles, module loads.
+    pub programs: f64,
+    /// Of `programs`: NVRTC compile time (0 when both came from the cache).
+    pub nvrtc_compile: f64,
+    /// Of `programs`: hashing the cache inputs and reading entries.
+    pub kernel_cache: f64,
+    /// Of `programs`: the driver loading the images.
+    pub module_load: f64,
+}
 
 /// Launch shapes. Bits do not depend on them (tests vary them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -58,6 +80,7 @@ pub struct Device {
     pub fold_target: ResolvedTarget,
     pub fold: FoldKernels,
     pub generator: Arc<LoadedProgram>,
+    pub startup: Startup,
 }
 
 fn uuid_text(u: &sys::CUuuid) -> String {
@@ -75,6 +98,7 @@ fn uuid_text(u: &sys::CUuuid) -> String {
 impl Device {
     /// Open `ordinal` and build (or fetch from the process cache) its programs.
     pub fn open(ordinal: usize, options: CompileOptions) -> Result<Device, String> {
+        let started = Instant::now();
         probe::ensure_libraries()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| {
             format!(
@@ -82,6 +106,8 @@ impl Device {
                 driver_error_text(e)
             )
         })?;
+        let context = ms(started);
+        let started = Instant::now();
         let info = probe::device_info(ordinal)?;
         let uuid = ctx
             .uuid()
@@ -110,12 +136,25 @@ impl Device {
             nvrtc_version,
             Some(driver_version),
         )?;
+        let queries = ms(started);
+        let started = Instant::now();
         let fold = FoldKernels {
             program: kernels::fold_program(&ctx, options, fold_target)?,
         };
         // What was actually built (a flag check may have chosen PTX).
         let fold_target = fold.program.image.target;
-        let generator = kernels::generator_program(&ctx, gen_target)?;
+        let generator = kernels::generator_program(&ctx, gen_target, options.disk_cache)?;
+        let programs = ms(started);
+        let origins = [&fold.program.origin, &generator.origin];
+        let startup = Startup {
+            probe: 0.0,
+            context,
+            queries,
+            programs,
+            nvrtc_compile: origins.iter().map(|o| o.compile_ms).sum(),
+            kernel_cache: origins.iter().map(|o| o.cache_ms).sum(),
+            module_load: origins.iter().map(|o| o.load_ms).sum(),
+        };
         Ok(Device {
             ctx,
             info,
@@ -127,6 +166,7 @@ impl Device {
             fold_target,
             fold,
             generator,
+            startup,
         })
     }
 
@@ -285,8 +325,17 @@ impl Device {
             },
             "fold_program": image_json(&self.fold.program.image),
             "generator_program": image_json(&self.generator.image),
+            "kernel_cache": {
+                "fold_program": self.fold.program.origin,
+                "generator_program": self.generator.origin,
+            },
+            "startup_ms": self.startup,
         })
     }
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
 }
 
 fn image_json(i: &kernels::Image) -> serde_json::Value {

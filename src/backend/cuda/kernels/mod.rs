@@ -2,8 +2,9 @@
 //! constants they share with Rust (`source.rs`, `generate.cu`, `fold.cu`),
 //! target choice and pinned options (`target.rs`), the NVRTC calls
 //! (`nvrtc.rs`), the build policy that checks flags reach the code
-//! (`compile.rs`), loaded modules and the per-process cache (`module.rs`),
-//! and the pairwise tree's postfix programs (`tree.rs`).
+//! (`compile.rs`), compiled images on disk (`disk_cache.rs`), loaded
+//! modules and the per-process cache (`module.rs`), and the pairwise
+//! tree's postfix programs (`tree.rs`).
 //!
 //! Two programs: the generator (integer-only mirror of `crate::data`,
 //! always built with the pinned options) and the fold (built with the
@@ -11,6 +12,7 @@
 //! Everything up to the loaded module is host work: NVRTC needs no GPU.
 
 pub mod compile;
+pub mod disk_cache;
 pub mod module;
 pub mod nvrtc;
 pub mod source;
@@ -18,7 +20,10 @@ pub mod target;
 pub mod tree;
 
 pub use compile::{build_image, BuildRequest};
-pub use module::{compile_count, fold_program, generator_program, FoldKernels, LoadedProgram};
+pub use module::{
+    compile_count, fold_program, generator_program, image_for, CacheChoice, FoldKernels,
+    LoadedProgram, ModuleOrigin,
+};
 pub use nvrtc::{nvrtc_compile, Image};
 pub use source::{
     fold_entries, fold_entry, FoldMode, KernelVariant, FOLD_PROGRAM, FOLD_SRC, GENERATE_ENTRY,

@@ -25,6 +25,11 @@ pub struct CompileOptions {
     pub fmad: bool,
     pub ftz: bool,
     pub target: Target,
+    /// Take compiled kernels from the on-disk cache and store new ones
+    /// there (`--no-kernel-cache` and audit children: off). Not part of the
+    /// report's config: each module's `kernel_cache` entry says what happened.
+    #[serde(skip)]
+    pub disk_cache: bool,
 }
 
 impl Default for CompileOptions {
@@ -33,6 +38,7 @@ impl Default for CompileOptions {
             fmad: false,
             ftz: false,
             target: Target::Auto,
+            disk_cache: true,
         }
     }
 }
