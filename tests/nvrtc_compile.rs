@@ -262,6 +262,13 @@ fn a_syntax_error_fails_to_compile() {
         .expect_err("a syntax error compiled");
     assert!(e.contains("NVRTC could not compile"), "{e}");
     assert!(e.contains("error"), "no compiler log in: {e}");
+    // NVRTC's log names the .cu file and a line past its end (the `#line`
+    // directive maps the source back to fold.cu).
+    let past_end = foldprint::backend::cuda::kernels::source::FOLD_CU
+        .lines()
+        .count()
+        + 2;
+    assert!(e.contains(&format!("fold.cu({past_end})")), "{e}");
     // The same call with the real source compiles (the control is the error).
     kernels::nvrtc_compile(FOLD_PROGRAM, &FOLD_SRC, &option_list(false, false, t), t)
         .expect("the real fold compiles");
