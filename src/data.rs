@@ -16,11 +16,15 @@ pub const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 /// The canonical quiet NaN every NaN is mapped to under the default policy.
 pub const CANONICAL_NAN_BITS: u32 = 0x7FC0_0000;
 
+/// The two multipliers of [`mix64`] (the device generator gets them from here).
+pub const MIX64_M1: u64 = 0xBF58_476D_1CE4_E5B9;
+pub const MIX64_M2: u64 = 0x94D0_49BB_1331_11EB;
+
 /// SplitMix64's finalizer: a bijective 64-bit mixer.
 #[inline(always)]
 pub const fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z = (z ^ (z >> 30)).wrapping_mul(MIX64_M1);
+    z = (z ^ (z >> 27)).wrapping_mul(MIX64_M2);
     z ^ (z >> 31)
 }
 

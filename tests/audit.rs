@@ -137,7 +137,9 @@ fn the_cpu_matrix_passes_and_records_every_configuration() {
     let cmd = std::fs::read_to_string(keep.join("threads-1/command.sh")).unwrap();
     assert!(cmd.starts_with("RAYON_NUM_THREADS=1 "), "{cmd}");
     assert!(
-        cmd.contains(" run --out ") && cmd.contains(" --json --backend cpu "),
+        cmd.contains(" run --out ")
+            && cmd.contains(" --json --backend cpu ")
+            && cmd.contains(" --no-kernel-cache "),
         "{cmd}"
     );
 }

@@ -396,6 +396,7 @@ fn ftz_changes_subnormal_digests_and_the_pinned_defaults_do_not() {
                 fmad,
                 ftz,
                 target: Target::Auto,
+                ..CompileOptions::default()
             },
             ..CudaConfig::default()
         });
@@ -462,6 +463,7 @@ fn explicit_targets_never_drop_ftz_silently() {
                 fmad: false,
                 ftz: true,
                 target,
+                ..CompileOptions::default()
             },
             ..CudaConfig::default()
         };

@@ -171,6 +171,7 @@ impl Config {
             self.backend.clone(),
             "--nan-policy".to_string(),
             self.nan_policy.name().to_string(),
+            "--no-kernel-cache".to_string(),
         ];
         let mut push = |flag: &str, v: Option<String>| {
             if let Some(v) = v {

@@ -36,6 +36,10 @@ pub struct BenchArgs {
     /// NCCL bench, one process: GPUs to use (under a launcher, the launcher decides).
     #[arg(long, default_value_t = 1)]
     gpus: usize,
+    /// `cuda`: compile the kernels with NVRTC, neither reading nor writing
+    /// the on-disk kernel cache.
+    #[arg(long)]
+    no_kernel_cache: bool,
 }
 
 /// One end-to-end measurement of a case on the CUDA backend.
@@ -63,7 +67,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Where a case's time goes on this machine: the large case's phases under
 /// both rank checks, each in a fresh backend.
-fn end_to_end(world: usize, n: usize, rounds: u32) -> Result<Vec<Phases>> {
+fn end_to_end(world: usize, n: usize, rounds: u32, kernel_cache: bool) -> Result<Vec<Phases>> {
     use foldprint::backend::cuda::world::RankCheck;
     use foldprint::backend::cuda::{CudaBackend, CudaConfig};
     let case = Case {
@@ -81,10 +85,12 @@ fn end_to_end(world: usize, n: usize, rounds: u32) -> Result<Vec<Phases>> {
     let mut out = Vec::new();
     for check in [RankCheck::Device, RankCheck::Host] {
         let t = Instant::now();
-        let mut be = CudaBackend::new(CudaConfig {
+        let mut cfg = CudaConfig {
             rank_check: check,
             ..CudaConfig::default()
-        })?;
+        };
+        cfg.compile.disk_cache = kernel_cache;
+        let mut be = CudaBackend::new(cfg)?;
         let backend_start_ms = t.elapsed().as_secs_f64() * 1e3;
         let run = be.run_case(&case, &RunOptions::default())?;
         let steady = &run.rounds[1.min(run.rounds.len() - 1)..];
@@ -111,14 +117,16 @@ fn end_to_end(world: usize, n: usize, rounds: u32) -> Result<Vec<Phases>> {
 }
 
 /// The GPU fold benchmark (src/backend/cuda/bench.rs), printed.
-fn run_cuda(json: bool, e2e_log2_len: u32) -> Result<i32> {
+fn run_cuda(json: bool, kernel_cache: bool, e2e_log2_len: u32) -> Result<i32> {
     use foldprint::backend::cuda::bench::{bench_fold, BenchConfig};
-    let report = bench_fold(&BenchConfig::default())?;
+    let mut cfg = BenchConfig::default();
+    cfg.compile.disk_cache = kernel_cache;
+    let report = bench_fold(&cfg)?;
     let n = 1usize
         .checked_shl(e2e_log2_len)
         .filter(|_| e2e_log2_len <= 31)
         .context("--e2e-log2-len must be at most 31")?;
-    let phases = end_to_end(8, n, 5).context("end-to-end phases")?;
+    let phases = end_to_end(8, n, 5, kernel_cache).context("end-to-end phases")?;
     if json {
         let mut v = serde_json::to_value(&report)?;
         if let Some(o) = v.as_object_mut() {
@@ -126,6 +134,32 @@ fn run_cuda(json: bool, e2e_log2_len: u32) -> Result<i32> {
         }
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
+    }
+    let s = &report.startup;
+    outln!(
+        "start: probe {:.1} ms · context {:.1} ms · device queries {:.1} ms · kernels {:.1} ms (NVRTC {:.1}, cache {:.1}, module load {:.1})",
+        s.probe,
+        s.context,
+        s.queries,
+        s.programs,
+        s.nvrtc_compile,
+        s.kernel_cache,
+        s.module_load
+    );
+    for o in &report.kernel_cache {
+        outln!(
+            "  {}: {}{}",
+            o.program,
+            if o.from_cache {
+                "from cache"
+            } else {
+                "compiled"
+            },
+            o.key
+                .as_deref()
+                .map(|k| format!(", key {k}"))
+                .unwrap_or_default()
+        );
     }
     outln!(
         "{} · driver {} · NVRTC {} · {}",
@@ -314,10 +348,10 @@ fn run_nccl(gpus: usize, json: bool) -> Result<i32> {
 pub fn run(a: BenchArgs) -> Result<i32> {
     use foldprint::backend::BackendChoice;
     match a.backend {
-        BackendChoice::Cuda => return run_cuda(a.json, a.e2e_log2_len),
+        BackendChoice::Cuda => return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len),
         BackendChoice::Nccl => return run_nccl(a.gpus, a.json),
         BackendChoice::Auto if foldprint::backend::cuda::probe().usable => {
-            return run_cuda(a.json, a.e2e_log2_len)
+            return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len)
         }
         _ => {}
     }

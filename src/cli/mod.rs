@@ -171,6 +171,10 @@ struct CudaArgs {
     /// or `host` (every copy read back and hashed).
     #[arg(long, default_value = "device", value_parser = ["device", "host"])]
     rank_check: String,
+    /// Compile the kernels with NVRTC, neither reading nor writing the
+    /// on-disk kernel cache ($XDG_CACHE_HOME/foldprint/kernels).
+    #[arg(long)]
+    no_kernel_cache: bool,
 }
 
 /// Settings of the NCCL backend's world (ignored by the other backends).
@@ -197,6 +201,7 @@ impl Default for CudaArgs {
             copy_streams: 0,
             ftz: false,
             rank_check: "device".into(),
+            no_kernel_cache: false,
         }
     }
 }
@@ -231,6 +236,7 @@ impl Common {
         };
         cuda.compile.target = c.target;
         cuda.compile.ftz = c.ftz;
+        cuda.compile.disk_cache = !c.no_kernel_cache;
         if let Some(b) = c.block {
             cuda.tuning.fast_block = b;
             cuda.tuning.seed_block = b;

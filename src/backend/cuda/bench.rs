@@ -71,6 +71,10 @@ pub struct BenchReport {
     pub options: Vec<String>,
     pub tuning: LaunchTuning,
     pub rows: Vec<BenchRow>,
+    /// Where the backend start went (probe, context, kernels).
+    pub startup: super::Startup,
+    /// Per program: from the kernel cache or compiled.
+    pub kernel_cache: Vec<super::kernels::ModuleOrigin>,
 }
 
 fn err(e: impl Into<String>) -> BackendError {
@@ -121,17 +125,21 @@ fn time_each(
 
 /// Measure the fold (`seed` and `fast`) and a D2D copy for each shape.
 pub fn bench_fold(cfg: &BenchConfig) -> Result<BenchReport, BackendError> {
+    let started = std::time::Instant::now();
     let p = super::probe();
+    let probe_ms = started.elapsed().as_secs_f64() * 1e3;
     if !p.usable {
         return Err(BackendError::Unavailable {
             backend: "cuda",
             reason: p.reason(),
         });
     }
-    let dev = Device::open(cfg.ordinal, cfg.compile).map_err(|e| BackendError::Unavailable {
-        backend: "cuda",
-        reason: e,
-    })?;
+    let mut dev =
+        Device::open(cfg.ordinal, cfg.compile).map_err(|e| BackendError::Unavailable {
+            backend: "cuda",
+            reason: e,
+        })?;
+    dev.startup.probe = probe_ms;
     let stream = dev.new_stream().map_err(err)?;
     let mut rows = Vec::new();
     for &(w, n) in &cfg.shapes {
@@ -151,6 +159,11 @@ pub fn bench_fold(cfg: &BenchConfig) -> Result<BenchReport, BackendError> {
         options: dev.fold.program.image.options.clone(),
         tuning: cfg.tuning,
         rows,
+        startup: dev.startup,
+        kernel_cache: vec![
+            dev.fold.program.origin.clone(),
+            dev.generator.origin.clone(),
+        ],
     })
 }
 

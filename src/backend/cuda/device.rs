@@ -10,6 +10,28 @@ use super::probe::{self, DeviceProbe};
 use cudarc::driver::{sys, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 use serde::Serialize;
 use std::sync::Arc;
+use std::time::Instant;
+
+/// Where a backend's start went, in milliseconds (the report's
+/// `startup_ms`; `bench` prints it).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct Startup {
+    /// The library and device probe before the device is opened (driver
+    /// init, `cuInit`); set by the backend that probed.
+    pub probe: f64,
+    /// Library check and the device's primary context.
+    pub context: f64,
+    /// Device facts, driver and NVRTC versions, target choice.
+    pub queries: f64,
+    /// Both programs: cache lookups, NVRTC compiles, module loads.
+    pub programs: f64,
+    /// Of `programs`: NVRTC compile time (0 when both came from the cache).
+    pub nvrtc_compile: f64,
+    /// Of `programs`: hashing the cache inputs and reading entries.
+    pub kernel_cache: f64,
+    /// Of `programs`: the driver loading the images.
+    pub module_load: f64,
+}
 
 /// Launch shapes. Bits do not depend on them (tests vary them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -61,6 +83,7 @@ pub struct Device {
     pub generator: Arc<LoadedProgram>,
     /// Bitwise per-chunk comparison of rank copies (`rank_check.cu`).
     pub rank_check: Arc<LoadedProgram>,
+    pub startup: Startup,
 }
 
 fn uuid_text(u: &sys::CUuuid) -> String {
@@ -78,6 +101,7 @@ fn uuid_text(u: &sys::CUuuid) -> String {
 impl Device {
     /// Open `ordinal` and build (or fetch from the process cache) its programs.
     pub fn open(ordinal: usize, options: CompileOptions) -> Result<Device, String> {
+        let started = Instant::now();
         probe::ensure_libraries()?;
         let ctx = CudaContext::new(ordinal).map_err(|e| {
             format!(
@@ -85,6 +109,8 @@ impl Device {
                 driver_error_text(e)
             )
         })?;
+        let context = ms(started);
+        let started = Instant::now();
         let info = probe::device_info(ordinal)?;
         let uuid = ctx
             .uuid()
@@ -113,13 +139,26 @@ impl Device {
             nvrtc_version,
             Some(driver_version),
         )?;
+        let queries = ms(started);
+        let started = Instant::now();
         let fold = FoldKernels {
             program: kernels::fold_program(&ctx, options, fold_target)?,
         };
         // What was actually built (a flag check may have chosen PTX).
         let fold_target = fold.program.image.target;
-        let generator = kernels::generator_program(&ctx, gen_target)?;
-        let rank_check = kernels::rank_check_program(&ctx, gen_target)?;
+        let generator = kernels::generator_program(&ctx, gen_target, options.disk_cache)?;
+        let rank_check = kernels::rank_check_program(&ctx, gen_target, options.disk_cache)?;
+        let programs = ms(started);
+        let origins = [&fold.program.origin, &generator.origin, &rank_check.origin];
+        let startup = Startup {
+            probe: 0.0,
+            context,
+            queries,
+            programs,
+            nvrtc_compile: origins.iter().map(|o| o.compile_ms).sum(),
+            kernel_cache: origins.iter().map(|o| o.cache_ms).sum(),
+            module_load: origins.iter().map(|o| o.load_ms).sum(),
+        };
         Ok(Device {
             ctx,
             info,
@@ -132,6 +171,7 @@ impl Device {
             fold,
             generator,
             rank_check,
+            startup,
         })
     }
 
@@ -168,7 +208,7 @@ impl Device {
         let key = crate::data::lane_key(seed, rank, arena);
         let pair_key = crate::data::lane_key(seed, rank & !1, arena);
         let code = dist.code();
-        let f = self.generator.function("fp_generate")?;
+        let f = self.generator.function(kernels::GENERATE_ENTRY)?;
         let block = 256u32;
         let blocks = n
             .div_ceil(block as u64)
@@ -223,7 +263,7 @@ impl Device {
         if n == 0 {
             return Ok(());
         }
-        let f = self.rank_check.function("fp_rank_diff")?;
+        let f = self.rank_check.function(kernels::RANK_DIFF_ENTRY)?;
         let cfg = LaunchConfig {
             grid_dim: (
                 u32::try_from(chunks).map_err(|_| "rank check: too many chunks")?,
@@ -342,8 +382,18 @@ impl Device {
             "fold_program": image_json(&self.fold.program.image),
             "generator_program": image_json(&self.generator.image),
             "rank_check_program": image_json(&self.rank_check.image),
+            "kernel_cache": {
+                "fold_program": self.fold.program.origin,
+                "generator_program": self.generator.origin,
+                "rank_check_program": self.rank_check.origin,
+            },
+            "startup_ms": self.startup,
         })
     }
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
 }
 
 fn image_json(i: &kernels::Image) -> serde_json::Value {

@@ -84,7 +84,8 @@ pub fn loaded_libraries() -> Vec<LoadedLibrary> {
 
 type HashCache = Mutex<HashMap<String, (Option<String>, Option<u64>)>>;
 
-fn file_sha256(path: &str) -> (Option<String>, Option<u64>) {
+/// SHA-256 and size of one file, hashed once per process.
+pub(crate) fn file_sha256(path: &str) -> (Option<String>, Option<u64>) {
     static CACHE: OnceLock<HashCache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     if let Ok(map) = cache.lock() {

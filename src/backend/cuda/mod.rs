@@ -14,7 +14,7 @@ pub(crate) mod mem;
 pub mod probe;
 pub mod world;
 
-pub use device::{Device, LaunchTuning};
+pub use device::{Device, LaunchTuning, Startup};
 pub use kernels::{CompileOptions, KernelVariant, Target};
 pub use probe::{probe, CudaProbe};
 
@@ -112,7 +112,9 @@ fn unavailable(reason: impl Into<String>) -> BackendError {
 impl CudaBackend {
     /// Open the device and build the kernels; `Unavailable` says what is missing.
     pub fn new(cfg: CudaConfig) -> Result<Self, BackendError> {
+        let started = Instant::now();
         let p = probe();
+        let probe_ms = started.elapsed().as_secs_f64() * 1e3;
         if !p.usable {
             return Err(unavailable(format!(
                 "{} (`foldprint doctor` lists every name tried)",
@@ -125,7 +127,8 @@ impl CudaBackend {
                 cfg.ordinal, p.device_count
             )));
         }
-        let dev = Device::open(cfg.ordinal, cfg.compile).map_err(unavailable)?;
+        let mut dev = Device::open(cfg.ordinal, cfg.compile).map_err(unavailable)?;
+        dev.startup.probe = probe_ms;
         let main = dev.new_stream().map_err(unavailable)?;
         let mut backend = CudaBackend {
             cfg: cfg.clone(),

@@ -1,0 +1,33 @@
+//! The device code and how it is built: the CUDA sources with the
+//! constants they share with Rust (`source.rs`, `generate.cu`, `fold.cu`),
+//! target choice and pinned options (`target.rs`), the NVRTC calls
+//! (`nvrtc.rs`), the build policy that checks flags reach the code
+//! (`compile.rs`), compiled images on disk (`disk_cache.rs`), loaded
+//! modules and the per-process cache (`module.rs`), and the pairwise
+//! tree's postfix programs (`tree.rs`).
+//!
+//! Two programs: the generator (integer-only mirror of `crate::data`,
+//! always built with the pinned options) and the fold (built with the
+//! caller's [`CompileOptions`], so a test can show that `ftz` is visible).
+//! Everything up to the loaded module is host work: NVRTC needs no GPU.
+
+pub mod compile;
+pub mod disk_cache;
+pub mod module;
+pub mod nvrtc;
+pub mod source;
+pub mod target;
+pub mod tree;
+
+pub use compile::{build_image, BuildRequest};
+pub use module::{
+    compile_count, fold_program, generator_program, image_for, rank_check_program, CacheChoice,
+    FoldKernels, LoadedProgram, ModuleOrigin,
+};
+pub use nvrtc::{nvrtc_compile, Image};
+pub use source::{
+    fold_entries, fold_entry, FoldMode, KernelVariant, FOLD_PROGRAM, FOLD_SRC, GENERATE_ENTRY,
+    GENERATOR_PROGRAM, GENERATOR_SRC, RANK_CHECK_PROGRAM, RANK_CHECK_SRC, RANK_DIFF_ENTRY,
+};
+pub use target::{option_list, resolve_target, CompileOptions, ResolvedTarget, Target};
+pub use tree::{program_depth, tree_program, TREE_ADD, TREE_STACK};
