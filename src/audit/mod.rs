@@ -690,7 +690,7 @@ fn read_report(c: &Config, r: &Report, path: &Path, o: &mut ConfigOutcome, d: &m
         d.sensitivity.insert(
             id.clone(),
             Sens {
-                verdict: case.sensitivity.verdict.clone(),
+                verdict: case.sensitivity.verdict.name().into(),
                 fraction: case.sensitivity.fraction,
             },
         );

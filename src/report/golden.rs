@@ -159,10 +159,15 @@ impl Golden {
         dir.join(format!("{experiment}.json"))
     }
 
-    pub fn write(&self, path: &Path) -> Result<(), ReportError> {
+    /// The golden as its file holds it: pretty JSON and a final newline.
+    pub fn to_json(&self) -> String {
         let mut s = serde_json::to_string_pretty(self).expect("golden serializes");
         s.push('\n');
-        crate::atomic::write(path, s.as_bytes()).map_err(|source| ReportError::Write {
+        s
+    }
+
+    pub fn write(&self, path: &Path) -> Result<(), ReportError> {
+        crate::atomic::write(path, self.to_json().as_bytes()).map_err(|source| ReportError::Write {
             path: path.to_path_buf(),
             source,
         })
