@@ -5,13 +5,13 @@
 pub mod attest;
 pub mod check;
 mod compare;
-mod golden;
+pub mod golden;
 mod groups;
 mod junit;
 pub mod localize;
 
 pub use compare::{compare, compare_sources, Comparison, Mismatch, Source};
-pub use golden::{Golden, GoldenCase, GOLDEN_FORMAT};
+pub use golden::{Golden, GoldenCase, GoldenError, GoldenFile, GoldenProblem, GOLDEN_FORMAT};
 pub use groups::{build_groups, Expect, Group, GroupVerdict};
 pub use junit::junit;
 
