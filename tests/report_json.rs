@@ -201,3 +201,42 @@ fn json_words_are_the_names() {
     }
     assert_eq!(Expect::NotApplicable.name(), "n/a");
 }
+
+/// Every variant serde knows of, from its refusal of an unknown word
+/// ("expected one of `a`, `b`"): the derive lists them all.
+fn every_variant<T: serde::de::DeserializeOwned + std::fmt::Debug>() -> Vec<String> {
+    let err = serde_json::from_str::<T>("\"?\"").unwrap_err().to_string();
+    let expected = &err[err.find("expected").expect(&err)..];
+    expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+/// `ALL_CONTRACTS` and `ALL_DISTRIBUTIONS` are written by hand: a new
+/// variant left out of them fails here (experiment files could not name
+/// it, and the tests that iterate the lists would skip it).
+#[test]
+fn the_lists_of_contracts_and_distributions_are_complete() {
+    let contracts: Vec<String> = foldprint::fold::ALL_CONTRACTS
+        .iter()
+        .map(|c| c.name().to_string())
+        .collect();
+    assert_eq!(contracts, every_variant::<Contract>());
+    let distributions: Vec<String> = foldprint::data::ALL_DISTRIBUTIONS
+        .iter()
+        .map(|d| d.name().to_string())
+        .collect();
+    assert_eq!(
+        distributions,
+        every_variant::<foldprint::data::Distribution>()
+    );
+    // The reading of serde's message, on an enum whose variants are known.
+    assert_eq!(every_variant::<Verdict>(), ["sensitive", "weak", "blind"]);
+    assert_eq!(
+        every_variant::<GroupVerdict>(),
+        ["agree", "disagree", "inconclusive"]
+    );
+}
