@@ -25,8 +25,48 @@ pub struct Sensitivity {
     pub fraction: f64,
     /// `every element` or `stride S`.
     pub sample: String,
-    /// `sensitive`, `weak` or `blind`.
-    pub verdict: String,
+    pub verdict: Verdict,
+}
+
+/// What a case's data can show about fold order. In reports: `sensitive`,
+/// `weak` or `blind`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// At least [`WEAK_BELOW`] of the checked elements change bits.
+    Sensitive,
+    /// Some elements change bits, fewer than [`WEAK_BELOW`] of them.
+    Weak,
+    /// No checked element changes bits: agreement across orders proves nothing.
+    Blind,
+}
+
+impl Verdict {
+    /// The verdict of `changed` elements, a `fraction` of those checked.
+    pub fn of(changed: u64, fraction: f64) -> Verdict {
+        if changed == 0 {
+            Verdict::Blind
+        } else if fraction < WEAK_BELOW {
+            Verdict::Weak
+        } else {
+            Verdict::Sensitive
+        }
+    }
+
+    /// The word a report uses for it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Verdict::Sensitive => "sensitive",
+            Verdict::Weak => "weak",
+            Verdict::Blind => "blind",
+        }
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
 }
 
 pub fn measure(case: &Case) -> Sensitivity {
@@ -66,13 +106,6 @@ pub fn measure(case: &Case) -> Sensitivity {
     } else {
         changed as f64 / checked as f64
     };
-    let verdict = if changed == 0 {
-        "blind"
-    } else if fraction < WEAK_BELOW {
-        "weak"
-    } else {
-        "sensitive"
-    };
     Sensitivity {
         changed,
         checked,
@@ -82,6 +115,34 @@ pub fn measure(case: &Case) -> Sensitivity {
         } else {
             format!("stride {stride}")
         },
-        verdict: verdict.into(),
+        verdict: Verdict::of(changed, fraction),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_follow_the_counts() {
+        assert_eq!(Verdict::of(0, 0.0), Verdict::Blind);
+        assert_eq!(Verdict::of(1, 0.5 * WEAK_BELOW), Verdict::Weak);
+        assert_eq!(Verdict::of(1, WEAK_BELOW), Verdict::Sensitive);
+    }
+
+    #[test]
+    fn verdicts_serialize_as_their_names() {
+        for v in [Verdict::Sensitive, Verdict::Weak, Verdict::Blind] {
+            let json = serde_json::to_string(&v).unwrap();
+            assert_eq!(json, format!("\"{}\"", v.name()));
+            assert_eq!(serde_json::from_str::<Verdict>(&json).unwrap(), v);
+            assert_eq!(format!("{v:<10}|"), format!("{:<10}|", v.name()));
+        }
+        let err = serde_json::from_str::<Verdict>("\"blnd\"").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("unknown variant `blnd`, expected one of `sensitive`, `weak`, `blind`"),
+            "{err}"
+        );
     }
 }

@@ -35,7 +35,7 @@ impl Digests {
             d.sensitivity.insert(
                 id.clone(),
                 Sens {
-                    verdict: case.sensitivity.verdict.clone(),
+                    verdict: case.sensitivity.verdict.name().into(),
                     fraction: case.sensitivity.fraction,
                 },
             );

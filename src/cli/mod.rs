@@ -28,7 +28,7 @@ use foldprint::backend::{self, BackendChoice};
 use foldprint::digest::NanPolicy;
 use foldprint::exit::ExitCode;
 use foldprint::experiment::{self, Experiment};
-use foldprint::report::{Golden, Report};
+use foldprint::report::{golden, Golden, GoldenError, Report};
 use foldprint::runner::{self, RunConfig};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -831,101 +831,20 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
         .collect();
     check_outputs(&a.common, &exps, None, &golden_files)?;
     // Read every golden before running anything: a missing one is known early.
-    let mut goldens = Vec::new();
-    for e in &exps {
-        let path = Golden::path_in(&a.golden, &e.name);
-        if !path.exists() {
-            return Err(Exit(
-                ExitCode::CheckFailed,
-                format!(
-                    "no golden for experiment `{}` at {} (generate it with `foldprint golden {} --golden {}`)",
-                    e.name,
-                    path.display(),
-                    e.path.display(),
-                    a.golden.display()
-                ),
-            )
-            .into());
-        }
-        let g = Golden::read(&path)?;
-        if g.nan_policy != a.common.nan_policy.name() {
-            return Err(Exit(
-                ExitCode::BadInput,
-                format!(
-                    "{}: golden was made with NaN policy `{}`, this run uses `{}`",
-                    path.display(),
-                    g.nan_policy,
-                    a.common.nan_policy
-                ),
-            )
-            .into());
-        }
-        goldens.push((path, g));
-    }
+    let goldens = golden::load(&exps, &a.golden, a.common.nan_policy).map_err(|e| match e {
+        GoldenError::Missing { .. } => Exit(ExitCode::CheckFailed, e.to_string()).into(),
+        GoldenError::NanPolicy { .. } => Exit(ExitCode::BadInput, e.to_string()).into(),
+        GoldenError::Read(e) => anyhow::Error::from(e),
+    })?;
     start_threads()?;
     foldprint::interrupt::install();
     let Some(report) = execute(&a.common, &exps, None, false)? else {
         return Ok(0);
     };
-    let mut problems = Vec::new();
-    for (path, g) in &goldens {
-        let want: std::collections::BTreeMap<&str, &foldprint::report::GoldenCase> =
-            g.cases.iter().map(|c| (c.key.as_str(), c)).collect();
-        let mine: Vec<_> = report
-            .cases
-            .iter()
-            .filter(|c| c.experiment == g.experiment)
-            .collect();
-        for c in &mine {
-            match want.get(c.key.as_str()) {
-                None => problems.push(format!(
-                    "case `{}` ({}) of `{}` has no golden digest in {}",
-                    c.id,
-                    c.key,
-                    g.experiment,
-                    path.display()
-                )),
-                Some(gc) => {
-                    for (i, (got, exp)) in c.arenas.iter().zip(&gc.arenas).enumerate() {
-                        if got.sha256 != *exp {
-                            problems.push(format!(
-                                "case `{}` ({}) arena {i}: digest {} but golden {} says {}",
-                                c.id,
-                                c.key,
-                                got.sha256,
-                                path.display(),
-                                exp
-                            ));
-                        }
-                    }
-                    if c.arenas.len() != gc.arenas.len() {
-                        problems.push(format!(
-                            "case `{}`: {} arenas, golden has {}",
-                            c.id,
-                            c.arenas.len(),
-                            gc.arenas.len()
-                        ));
-                    }
-                    problems.extend(g.mismatches_beyond_digests(gc, c));
-                }
-            }
-        }
-        let declared: std::collections::BTreeSet<String> = exps
-            .iter()
-            .filter(|e| e.name == g.experiment)
-            .flat_map(|e| e.cases.iter().map(|c| c.key()))
-            .collect();
-        for gc in &g.cases {
-            if !declared.contains(&gc.key) {
-                problems.push(format!(
-                    "golden {} lists case `{}` ({}) that the experiment no longer declares",
-                    path.display(),
-                    gc.id,
-                    gc.key
-                ));
-            }
-        }
-    }
+    let mut problems: Vec<String> = golden::check(&goldens, &exps, &report)
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
     problems.extend(report.summary.failures.iter().cloned());
     write_junit(&a.common, &report, &problems)?;
     if a.common.json {
@@ -934,7 +853,7 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
     } else {
         table::print_report(&report, a.common.out.as_deref(), None);
         table::print_verify(
-            &goldens.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(),
+            &goldens.iter().map(|g| g.path.clone()).collect::<Vec<_>>(),
             &report,
             &problems,
         );

@@ -2,6 +2,7 @@
 //! one-line verdict. Everything here is also in the JSON report.
 
 use foldprint::report::{Comparison, Report, Source};
+use foldprint::sensitivity::Verdict;
 use std::path::{Path, PathBuf};
 
 fn short(d: &str) -> &str {
@@ -75,9 +76,9 @@ pub fn case_row(c: &foldprint::report::CaseReport) {
     let ok = c.ranks_identical && c.rounds_identical;
     let lens: Vec<String> = c.params.arenas.iter().map(|n| n.to_string()).collect();
     let digests: Vec<&str> = c.arenas.iter().map(|a| short(&a.sha256)).collect();
-    let sens = match c.sensitivity.verdict.as_str() {
-        "blind" => "blind".to_string(),
-        _ => format!("{:.1}%", c.sensitivity.fraction * 100.0),
+    let sens = match c.sensitivity.verdict {
+        Verdict::Blind => Verdict::Blind.name().to_string(),
+        Verdict::Weak | Verdict::Sensitive => format!("{:.1}%", c.sensitivity.fraction * 100.0),
     };
     let best = c
         .timings
@@ -91,7 +92,7 @@ pub fn case_row(c: &foldprint::report::CaseReport) {
         truncate(&c.id, 40),
         c.params.world,
         truncate(&lens.join("+"), 16),
-        c.params.contract,
+        c.params.contract.name(),
         truncate(&c.params.order, 12),
         sens,
         digests.join(" "),
@@ -137,9 +138,9 @@ pub fn print_tail(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
             outln!(
                 "  {:<4} {:<13} expect {:<8} got {:<12} {}",
                 if g.ok { "PASS" } else { "FAIL" },
-                g.contract,
-                g.expect,
-                g.verdict,
+                g.contract.name(),
+                g.expect.name(),
+                g.verdict.name(),
                 g.key
             );
             outln!("       {}", g.note);
@@ -159,7 +160,10 @@ pub fn print_tail(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
     let blind: Vec<&str> = r
         .cases
         .iter()
-        .filter(|c| c.sensitivity.verdict != "sensitive")
+        .filter(|c| match c.sensitivity.verdict {
+            Verdict::Sensitive => false,
+            Verdict::Weak | Verdict::Blind => true,
+        })
         .map(|c| c.id.as_str())
         .collect();
     if !blind.is_empty() {

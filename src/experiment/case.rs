@@ -72,15 +72,17 @@ impl Case {
             order: self.order.canonical(),
             order_sequence: self.order.sequence(self.world),
             seed: self.seed,
-            distribution: self.distribution.name().into(),
-            contract: self.contract.name().into(),
+            distribution: self.distribution,
+            contract: self.contract,
             mean: self.mean,
             rounds: self.rounds,
         }
     }
 }
 
-/// The parameter block written into reports.
+/// The parameter block written into reports. The distribution and the
+/// contract are written by name (`mixed-magnitude`, `fixed-order`), as in
+/// experiment files and case keys.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
 pub struct CaseParams {
     pub world: usize,
@@ -88,8 +90,8 @@ pub struct CaseParams {
     pub order: String,
     pub order_sequence: Vec<usize>,
     pub seed: u64,
-    pub distribution: String,
-    pub contract: String,
+    pub distribution: Distribution,
+    pub contract: Contract,
     pub mean: bool,
     pub rounds: u32,
 }

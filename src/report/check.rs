@@ -149,9 +149,9 @@ pub fn problems(r: &Report) -> Vec<String> {
         check_case(c, &mut out);
     }
     let groups = build_groups(&r.cases);
-    let verdicts = |g: &[super::Group]| -> Vec<(String, bool, String, Vec<String>)> {
+    let verdicts = |g: &[super::Group]| -> Vec<(String, bool, super::GroupVerdict, Vec<String>)> {
         g.iter()
-            .map(|g| (g.key.clone(), g.ok, g.verdict.clone(), g.cases.clone()))
+            .map(|g| (g.key.clone(), g.ok, g.verdict, g.cases.clone()))
             .collect()
     };
     if verdicts(&groups) != verdicts(&r.groups) {

@@ -5,7 +5,11 @@
 //! golden written before them still reads and verifies its digests.
 
 use super::{CaseReport, Report, ReportError};
+use crate::digest::NanPolicy;
+use crate::experiment::Experiment;
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub const GOLDEN_FORMAT: &str = "foldprint-golden";
@@ -95,32 +99,39 @@ impl Golden {
     }
 
     /// What a run's case contradicts in this golden's entry beyond the
-    /// arena digests (which `verify` compares itself): chunk size, chunk
+    /// arena digests (which [`check`] compares first): chunk size, chunk
     /// roots, chunk digests and order sensitivity, each where the golden
-    /// records it. One line per disagreement.
-    pub fn mismatches_beyond_digests(&self, want: &GoldenCase, got: &CaseReport) -> Vec<String> {
+    /// records it. One problem per disagreement.
+    pub fn mismatches_beyond_digests(
+        &self,
+        want: &GoldenCase,
+        got: &CaseReport,
+    ) -> Vec<GoldenProblem> {
         let mut out = Vec::new();
-        let at = |i: usize| format!("case `{}` ({}) arena {i}", got.id, got.key);
+        let at = |arena: usize| ArenaOf {
+            id: got.id.clone(),
+            key: got.key.clone(),
+            arena,
+        };
         let chunked = !want.chunk_root.is_empty() || !want.chunk_sha256.is_empty();
         if chunked {
             for (i, a) in got.arenas.iter().enumerate() {
                 if a.chunk_elems != self.chunk_elems {
-                    out.push(format!(
-                        "{}: chunks of {} elements, golden has {}",
-                        at(i),
-                        a.chunk_elems,
-                        self.chunk_elems
-                    ));
+                    out.push(GoldenProblem::ChunkElems {
+                        at: at(i),
+                        got: a.chunk_elems,
+                        want: self.chunk_elems,
+                    });
                     continue;
                 }
                 match want.chunk_root.get(i) {
-                    Some(root) if *root != a.chunk_root => out.push(format!(
-                        "{}: chunk root {} but golden says {root}",
-                        at(i),
-                        a.chunk_root
-                    )),
-                    None => out.push(format!("{}: golden has no chunk root", at(i))),
-                    _ => {}
+                    Some(root) if *root != a.chunk_root => out.push(GoldenProblem::ChunkRoot {
+                        at: at(i),
+                        got: a.chunk_root.clone(),
+                        want: root.clone(),
+                    }),
+                    Some(_) => {}
+                    None => out.push(GoldenProblem::NoChunkRoot { at: at(i) }),
                 }
                 match want.chunk_sha256.get(i) {
                     Some(chunks) => {
@@ -128,16 +139,16 @@ impl Golden {
                             .filter(|&k| chunks.get(k) != a.chunk_sha256.get(k))
                             .collect();
                         if let Some(&first) = differing.first() {
-                            out.push(format!(
-                                "{}: {} of {} chunk digests differ from the golden's {} (first: chunk {first})",
-                                at(i),
-                                differing.len(),
-                                a.chunk_sha256.len(),
-                                chunks.len()
-                            ));
+                            out.push(GoldenProblem::ChunkDigests {
+                                at: at(i),
+                                differing: differing.len(),
+                                got: a.chunk_sha256.len(),
+                                want: chunks.len(),
+                                first,
+                            });
                         }
                     }
-                    None => out.push(format!("{}: golden has no chunk digests", at(i))),
+                    None => out.push(GoldenProblem::NoChunkDigests { at: at(i) }),
                 }
             }
         }
@@ -146,10 +157,16 @@ impl Golden {
             if (g.changed, g.checked, g.sample.as_str())
                 != (s.changed, s.checked, s.sample.as_str())
             {
-                out.push(format!(
-                    "case `{}` ({}): order sensitivity {} of {} changed ({}) but golden says {} of {} ({})",
-                    got.id, got.key, g.changed, g.checked, g.sample, s.changed, s.checked, s.sample
-                ));
+                out.push(GoldenProblem::Sensitivity {
+                    id: got.id.clone(),
+                    key: got.key.clone(),
+                    got: GoldenSensitivity {
+                        changed: g.changed,
+                        checked: g.checked,
+                        sample: g.sample.clone(),
+                    },
+                    want: s.clone(),
+                });
             }
         }
         out
@@ -159,10 +176,15 @@ impl Golden {
         dir.join(format!("{experiment}.json"))
     }
 
-    pub fn write(&self, path: &Path) -> Result<(), ReportError> {
+    /// The golden as its file holds it: pretty JSON and a final newline.
+    pub fn to_json(&self) -> String {
         let mut s = serde_json::to_string_pretty(self).expect("golden serializes");
         s.push('\n');
-        crate::atomic::write(path, s.as_bytes()).map_err(|source| ReportError::Write {
+        s
+    }
+
+    pub fn write(&self, path: &Path) -> Result<(), ReportError> {
+        crate::atomic::write(path, self.to_json().as_bytes()).map_err(|source| ReportError::Write {
             path: path.to_path_buf(),
             source,
         })
@@ -203,5 +225,449 @@ impl Golden {
             }
         }
         out
+    }
+}
+
+/// Why `verify` cannot compare with the goldens at all.
+#[derive(Debug, thiserror::Error)]
+pub enum GoldenError {
+    /// An experiment has no golden file: a failed check, not bad input.
+    #[error(
+        "no golden for experiment `{experiment}` at {} (generate it with `foldprint golden {} --golden {}`)",
+        path.display(),
+        experiment_path.display(),
+        dir.display()
+    )]
+    Missing {
+        experiment: String,
+        experiment_path: PathBuf,
+        dir: PathBuf,
+        path: PathBuf,
+    },
+    /// The golden hashed NaNs under another policy than the run will.
+    #[error("{}: golden was made with NaN policy `{golden}`, this run uses `{run}`", path.display())]
+    NanPolicy {
+        path: PathBuf,
+        golden: String,
+        run: NanPolicy,
+    },
+    /// The golden file cannot be read, or is malformed or inconsistent.
+    #[error(transparent)]
+    Read(#[from] ReportError),
+}
+
+/// A golden file, read for `verify`.
+#[derive(Debug, Clone)]
+pub struct GoldenFile {
+    pub path: PathBuf,
+    pub golden: Golden,
+}
+
+/// Read the golden of every experiment from `dir`, in the experiments'
+/// order, before anything runs: the first that is missing, unreadable or
+/// made with another NaN policy than `nan_policy` is the error.
+pub fn load(
+    experiments: &[Experiment],
+    dir: &Path,
+    nan_policy: NanPolicy,
+) -> Result<Vec<GoldenFile>, GoldenError> {
+    let mut out = Vec::with_capacity(experiments.len());
+    for e in experiments {
+        let path = Golden::path_in(dir, &e.name);
+        if !path.exists() {
+            return Err(GoldenError::Missing {
+                experiment: e.name.clone(),
+                experiment_path: e.path.clone(),
+                dir: dir.to_path_buf(),
+                path,
+            });
+        }
+        let golden = Golden::read(&path)?;
+        if golden.nan_policy != nan_policy.name() {
+            return Err(GoldenError::NanPolicy {
+                path,
+                golden: golden.nan_policy,
+                run: nan_policy,
+            });
+        }
+        out.push(GoldenFile { path, golden });
+    }
+    Ok(out)
+}
+
+/// Where a per-arena problem is: `case `ID` (KEY) arena N`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArenaOf {
+    pub id: String,
+    pub key: String,
+    pub arena: usize,
+}
+
+impl fmt::Display for ArenaOf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "case `{}` ({}) arena {}", self.id, self.key, self.arena)
+    }
+}
+
+/// One way a run contradicts its goldens. Its text is the line `verify`
+/// prints.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GoldenProblem {
+    /// The run made a case its experiment's golden does not hold.
+    #[error("case `{id}` ({key}) of `{experiment}` has no golden digest in {}", golden.display())]
+    NotInGolden {
+        id: String,
+        key: String,
+        experiment: String,
+        golden: PathBuf,
+    },
+    /// An arena's digest differs from the golden's.
+    #[error("{at}: digest {got} but golden {} says {want}", golden.display())]
+    Digest {
+        at: ArenaOf,
+        got: String,
+        want: String,
+        golden: PathBuf,
+    },
+    /// The case has another number of arenas than its golden entry.
+    #[error("case `{id}`: {got} arenas, golden has {want}")]
+    ArenaCount { id: String, got: usize, want: usize },
+    #[error("{at}: chunks of {got} elements, golden has {want}")]
+    ChunkElems {
+        at: ArenaOf,
+        got: usize,
+        want: usize,
+    },
+    #[error("{at}: chunk root {got} but golden says {want}")]
+    ChunkRoot {
+        at: ArenaOf,
+        got: String,
+        want: String,
+    },
+    #[error("{at}: golden has no chunk root")]
+    NoChunkRoot { at: ArenaOf },
+    #[error("{at}: {differing} of {got} chunk digests differ from the golden's {want} (first: chunk {first})")]
+    ChunkDigests {
+        at: ArenaOf,
+        differing: usize,
+        got: usize,
+        want: usize,
+        first: usize,
+    },
+    #[error("{at}: golden has no chunk digests")]
+    NoChunkDigests { at: ArenaOf },
+    #[error(
+        "case `{id}` ({key}): order sensitivity {} of {} changed ({}) but golden says {} of {} ({})",
+        got.changed, got.checked, got.sample, want.changed, want.checked, want.sample
+    )]
+    Sensitivity {
+        id: String,
+        key: String,
+        got: GoldenSensitivity,
+        want: GoldenSensitivity,
+    },
+    /// The golden holds a case its experiment no longer declares: the
+    /// golden is stale, and would vouch for nothing.
+    #[error("golden {} lists case `{id}` ({key}) that the experiment no longer declares", golden.display())]
+    Stale {
+        id: String,
+        key: String,
+        golden: PathBuf,
+    },
+}
+
+/// Everything in `report` that contradicts `goldens` (see [`load`]), golden
+/// by golden: per case of its experiment the arena digests, their number
+/// and [`Golden::mismatches_beyond_digests`]; then the golden's cases that
+/// `experiments` no longer declare. Empty when the run matches.
+pub fn check(
+    goldens: &[GoldenFile],
+    experiments: &[Experiment],
+    report: &Report,
+) -> Vec<GoldenProblem> {
+    let mut problems = Vec::new();
+    for GoldenFile { path, golden: g } in goldens {
+        let want: BTreeMap<&str, &GoldenCase> =
+            g.cases.iter().map(|c| (c.key.as_str(), c)).collect();
+        for c in report.cases.iter().filter(|c| c.experiment == g.experiment) {
+            let Some(gc) = want.get(c.key.as_str()) else {
+                problems.push(GoldenProblem::NotInGolden {
+                    id: c.id.clone(),
+                    key: c.key.clone(),
+                    experiment: g.experiment.clone(),
+                    golden: path.clone(),
+                });
+                continue;
+            };
+            for (i, (got, exp)) in c.arenas.iter().zip(&gc.arenas).enumerate() {
+                if got.sha256 != *exp {
+                    problems.push(GoldenProblem::Digest {
+                        at: ArenaOf {
+                            id: c.id.clone(),
+                            key: c.key.clone(),
+                            arena: i,
+                        },
+                        got: got.sha256.clone(),
+                        want: exp.clone(),
+                        golden: path.clone(),
+                    });
+                }
+            }
+            if c.arenas.len() != gc.arenas.len() {
+                problems.push(GoldenProblem::ArenaCount {
+                    id: c.id.clone(),
+                    got: c.arenas.len(),
+                    want: gc.arenas.len(),
+                });
+            }
+            problems.extend(g.mismatches_beyond_digests(gc, c));
+        }
+        let declared: BTreeSet<String> = experiments
+            .iter()
+            .filter(|e| e.name == g.experiment)
+            .flat_map(|e| e.cases.iter().map(|c| c.key()))
+            .collect();
+        for gc in &g.cases {
+            if !declared.contains(&gc.key) {
+                problems.push(GoldenProblem::Stale {
+                    id: gc.id.clone(),
+                    key: gc.key.clone(),
+                    golden: path.clone(),
+                });
+            }
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::runner::{self, RunConfig};
+
+    const TWO_CASES: &str = r#"
+name = "g"
+[defaults]
+world = 3
+arenas = [70, 5]
+seed = 4
+[[case]]
+id = "a"
+[[case]]
+id = "b"
+seed = 5
+"#;
+
+    fn experiment(text: &str) -> Experiment {
+        crate::experiment::parse(Path::new("g.toml"), text).unwrap()
+    }
+
+    /// A real run of `exp` on the CPU oracle.
+    fn run(exp: &Experiment) -> Report {
+        let cfg = RunConfig {
+            nan_policy: NanPolicy::Canonical,
+            dump: None,
+            notes: vec![],
+            backend_init_ms: 0.0,
+        };
+        runner::run(
+            std::slice::from_ref(exp),
+            &mut CpuBackend::new(),
+            &cfg,
+            &mut (),
+        )
+        .unwrap()
+    }
+
+    fn file(g: Golden) -> Vec<GoldenFile> {
+        vec![GoldenFile {
+            path: PathBuf::from("golden/g.json"),
+            golden: g,
+        }]
+    }
+
+    fn lines(problems: &[GoldenProblem]) -> Vec<String> {
+        problems.iter().map(|p| p.to_string()).collect()
+    }
+
+    #[test]
+    fn a_run_matches_its_own_golden() {
+        let exp = experiment(TWO_CASES);
+        let report = run(&exp);
+        let golden = Golden::from_report(&report, "g");
+        assert_eq!(golden.cases.len(), 2);
+        assert_eq!(check(&file(golden), &[exp], &report), vec![]);
+    }
+
+    #[test]
+    fn a_golden_case_the_experiment_dropped_is_stale() {
+        let exp = experiment(TWO_CASES);
+        let golden = Golden::from_report(&run(&exp), "g");
+        // Case `b` is gone from the experiment; the golden still lists it.
+        let fewer = experiment(&TWO_CASES.replace("[[case]]\nid = \"b\"\nseed = 5\n", ""));
+        assert_eq!(fewer.cases.len(), 1);
+        let report = run(&fewer);
+        let problems = check(&file(golden.clone()), &[fewer], &report);
+        let b = &golden.cases[1];
+        assert_eq!(
+            problems,
+            vec![GoldenProblem::Stale {
+                id: "b".into(),
+                key: b.key.clone(),
+                golden: "golden/g.json".into(),
+            }]
+        );
+        assert_eq!(
+            problems[0].to_string(),
+            format!(
+                "golden golden/g.json lists case `b` ({}) that the experiment no longer declares",
+                b.key
+            )
+        );
+    }
+
+    #[test]
+    fn a_case_the_golden_lacks_fails() {
+        let exp = experiment(TWO_CASES);
+        let report = run(&exp);
+        let mut golden = Golden::from_report(&report, "g");
+        let b = golden.cases.pop().unwrap();
+        assert_eq!(
+            lines(&check(&file(golden), &[exp], &report)),
+            vec![format!(
+                "case `b` ({}) of `g` has no golden digest in golden/g.json",
+                b.key
+            )]
+        );
+    }
+
+    #[test]
+    fn digests_and_arena_counts_are_compared() {
+        let exp = experiment(TWO_CASES);
+        let report = run(&exp);
+        let good = Golden::from_report(&report, "g");
+        let key = good.cases[0].key.clone();
+        let got = good.cases[0].arenas[1].clone();
+
+        let mut g = good.clone();
+        g.cases[0].arenas[1] = "0".repeat(64);
+        assert_eq!(
+            lines(&check(&file(g), std::slice::from_ref(&exp), &report)),
+            vec![format!(
+                "case `a` ({key}) arena 1: digest {got} but golden golden/g.json says {}",
+                "0".repeat(64)
+            )]
+        );
+
+        let mut g = good.clone();
+        g.cases[0].arenas.push("1".repeat(64));
+        assert_eq!(
+            lines(&check(&file(g), std::slice::from_ref(&exp), &report)),
+            vec!["case `a`: 2 arenas, golden has 3".to_string()]
+        );
+    }
+
+    #[test]
+    fn chunks_and_sensitivity_are_compared_where_the_golden_has_them() {
+        let exp = experiment(TWO_CASES);
+        let report = run(&exp);
+        let good = Golden::from_report(&report, "g");
+        let key = good.cases[1].key.clone();
+        let check_one = |g: Golden| lines(&check(&file(g), std::slice::from_ref(&exp), &report));
+
+        let mut g = good.clone();
+        g.cases[1].chunk_root[0] = "2".repeat(64);
+        g.cases[1].chunk_sha256[1][0] = "3".repeat(64);
+        assert_eq!(
+            check_one(g),
+            vec![
+                format!(
+                    "case `b` ({key}) arena 0: chunk root {} but golden says {}",
+                    good.cases[1].chunk_root[0],
+                    "2".repeat(64)
+                ),
+                format!(
+                    "case `b` ({key}) arena 1: 1 of 1 chunk digests differ from the golden's 1 (first: chunk 0)"
+                ),
+            ]
+        );
+
+        let mut g = good.clone();
+        g.cases[1].chunk_root.truncate(1);
+        g.cases[1].chunk_sha256.truncate(1);
+        assert_eq!(
+            check_one(g),
+            vec![
+                format!("case `b` ({key}) arena 1: golden has no chunk root"),
+                format!("case `b` ({key}) arena 1: golden has no chunk digests"),
+            ]
+        );
+
+        let mut g = good.clone();
+        g.chunk_elems = 1024;
+        assert_eq!(check_one(g).len(), 4, "two arenas of two cases");
+
+        let mut g = good.clone();
+        let s = g.cases[1].sensitivity.as_mut().unwrap();
+        s.changed += 1;
+        let (c, k) = (s.changed, s.checked);
+        assert_eq!(
+            check_one(g),
+            vec![format!(
+                "case `b` ({key}): order sensitivity {} of {k} changed (every element) but golden says {c} of {k} (every element)",
+                c - 1
+            )]
+        );
+
+        // A golden written before chunks and sensitivity: digests only.
+        let mut g = good.clone();
+        g.chunk_elems = 0;
+        for c in &mut g.cases {
+            c.chunk_root.clear();
+            c.chunk_sha256.clear();
+            c.sensitivity = None;
+        }
+        assert_eq!(check_one(g), Vec::<String>::new());
+    }
+
+    #[test]
+    fn load_reads_every_golden_or_says_which_is_missing_or_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let exp = experiment(TWO_CASES);
+        let missing =
+            load(std::slice::from_ref(&exp), dir.path(), NanPolicy::Canonical).unwrap_err();
+        assert!(matches!(missing, GoldenError::Missing { .. }));
+        assert_eq!(
+            missing.to_string(),
+            format!(
+                "no golden for experiment `g` at {0}/g.json (generate it with `foldprint golden g.toml --golden {0}`)",
+                dir.path().display()
+            )
+        );
+
+        let golden = Golden::from_report(&run(&exp), "g");
+        golden.write(&Golden::path_in(dir.path(), "g")).unwrap();
+        let loaded = load(std::slice::from_ref(&exp), dir.path(), NanPolicy::Canonical).unwrap();
+        assert_eq!(loaded.len(), 1);
+        assert_eq!(loaded[0].path, dir.path().join("g.json"));
+        assert_eq!(loaded[0].golden, golden);
+
+        let other = load(std::slice::from_ref(&exp), dir.path(), NanPolicy::Preserve).unwrap_err();
+        assert!(matches!(other, GoldenError::NanPolicy { .. }));
+        assert_eq!(
+            other.to_string(),
+            format!(
+                "{}/g.json: golden was made with NaN policy `canonical`, this run uses `preserve`",
+                dir.path().display()
+            )
+        );
+
+        std::fs::write(dir.path().join("g.json"), "{}").unwrap();
+        let bad = load(&[exp], dir.path(), NanPolicy::Canonical).unwrap_err();
+        assert!(
+            matches!(bad, GoldenError::Read(ReportError::Malformed { .. })),
+            "{bad}"
+        );
     }
 }

@@ -3,23 +3,102 @@
 //! wherever the data can see the order (the negative control).
 
 use super::CaseReport;
+use crate::fold::Contract;
+use crate::sensitivity::Verdict as Sensitivity;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Group {
     pub key: String,
-    pub contract: String,
+    pub contract: Contract,
     /// Case ids in the group, in run order.
     pub cases: Vec<String>,
     pub orders: Vec<String>,
     pub distinct_results: usize,
-    /// `agree` or `disagree`.
-    pub expect: String,
-    /// `agree`, `disagree` or `inconclusive`.
-    pub verdict: String,
+    pub expect: Expect,
+    pub verdict: GroupVerdict,
     pub ok: bool,
     pub note: String,
+}
+
+/// What a group's delivery orders should do to its bits, by contract. In
+/// reports: `agree`, `disagree` or `n/a`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Expect {
+    /// Every order gives the same bits (the contract ignores delivery order).
+    Agree,
+    /// Orders that fold in different sequences give different bits (a
+    /// negative control that must see the order).
+    Disagree,
+    /// Delivery order is not the question (NCCL's own sum is compared
+    /// across NCCL settings, not across orders).
+    #[serde(rename = "n/a")]
+    NotApplicable,
+}
+
+impl Expect {
+    /// What the contract's groups should show.
+    pub const fn of(contract: Contract) -> Expect {
+        match contract {
+            Contract::FixedOrder | Contract::ArrivalOrder | Contract::PairwiseTree => {
+                if contract.order_dependent() {
+                    Expect::Disagree
+                } else {
+                    Expect::Agree
+                }
+            }
+            // NCCL ignores our delivery order.
+            Contract::NcclAllreduce => Expect::NotApplicable,
+        }
+    }
+
+    /// The word a report uses for it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Expect::Agree => "agree",
+            Expect::Disagree => "disagree",
+            Expect::NotApplicable => "n/a",
+        }
+    }
+}
+
+/// What a group's results showed. In reports: `agree`, `disagree` or
+/// `inconclusive`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GroupVerdict {
+    /// One result across every order.
+    Agree,
+    /// Two or more results.
+    Disagree,
+    /// A control that could not fail here: blind data, or orders that all
+    /// fold in the same effective sequence.
+    Inconclusive,
+}
+
+impl GroupVerdict {
+    /// The word a report uses for it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            GroupVerdict::Agree => "agree",
+            GroupVerdict::Disagree => "disagree",
+            GroupVerdict::Inconclusive => "inconclusive",
+        }
+    }
+}
+
+impl std::fmt::Display for Expect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+impl std::fmt::Display for GroupVerdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
 }
 
 /// Two fold sequences that differ only in their first two entries give the
@@ -44,59 +123,62 @@ pub fn build_groups(cases: &[CaseReport]) -> Vec<Group> {
         if orders.len() < 2 {
             continue;
         }
-        let contract = members[0].params.contract.clone();
+        let contract = members[0].params.contract;
         let mut results: Vec<Vec<&str>> = members.iter().map(|c| c.digests()).collect();
         results.sort();
         results.dedup();
         let distinct = results.len();
-        let verdict_seen = if distinct == 1 { "agree" } else { "disagree" };
-
-        let (expect, verdict, ok, note) = if contract == "nccl-allreduce" {
+        let seen = if distinct == 1 {
+            GroupVerdict::Agree
+        } else {
+            GroupVerdict::Disagree
+        };
+        let expect = Expect::of(contract);
+        let (verdict, ok, note) = match expect {
             // NCCL ignores our delivery order; its sum is a control for
             // library settings, compared across runs, not across orders.
-            ("n/a", verdict_seen, true, format!("{distinct} distinct result(s); NCCL's own sum is compared across NCCL settings, not orders"))
-        } else if contract == "arrival-order" {
-            let mut seqs: Vec<Vec<usize>> = members
-                .iter()
-                .map(|c| effective(&c.params.order_sequence))
-                .collect();
-            seqs.sort();
-            seqs.dedup();
-            let blind = members.iter().all(|c| c.sensitivity.verdict == "blind");
-            if seqs.len() < 2 || blind {
-                let why = if blind {
-                    "the data cannot see reordering (sensitivity: blind)"
+            Expect::NotApplicable => (seen, true, format!("{distinct} distinct result(s); NCCL's own sum is compared across NCCL settings, not orders")),
+            Expect::Disagree => {
+                let mut seqs: Vec<Vec<usize>> = members
+                    .iter()
+                    .map(|c| effective(&c.params.order_sequence))
+                    .collect();
+                seqs.sort();
+                seqs.dedup();
+                let blind = members.iter().all(|c| match c.sensitivity.verdict {
+                    Sensitivity::Blind => true,
+                    Sensitivity::Weak | Sensitivity::Sensitive => false,
+                });
+                if seqs.len() < 2 || blind {
+                    let why = if blind {
+                        "the data cannot see reordering (sensitivity: blind)"
+                    } else {
+                        "every order folds in the same effective sequence"
+                    };
+                    (
+                        GroupVerdict::Inconclusive,
+                        true,
+                        format!("control cannot fail here: {why}"),
+                    )
+                } else if distinct >= 2 {
+                    (
+                        GroupVerdict::Disagree,
+                        true,
+                        format!(
+                            "{distinct} distinct results across {} orders, as a working control should",
+                            orders.len()
+                        ),
+                    )
                 } else {
-                    "every order folds in the same effective sequence"
-                };
-                (
-                    "disagree",
-                    "inconclusive",
-                    true,
-                    format!("control cannot fail here: {why}"),
-                )
-            } else if distinct >= 2 {
-                (
-                    "disagree",
-                    "disagree",
-                    true,
-                    format!(
-                        "{distinct} distinct results across {} orders, as a working control should",
-                        orders.len()
-                    ),
-                )
-            } else {
-                ("disagree", "agree", false, "arrival-order gave identical bits for different fold sequences: the harness is not seeing the order".into())
+                    (GroupVerdict::Agree, false, format!("{contract} gave identical bits for different fold sequences: the harness is not seeing the order"))
+                }
             }
-        } else if distinct == 1 {
-            (
-                "agree",
-                "agree",
+            Expect::Agree if distinct == 1 => (
+                GroupVerdict::Agree,
                 true,
                 format!("identical across {} delivery orders", orders.len()),
-            )
-        } else {
-            ("agree", verdict_seen, false, format!("{distinct} distinct results across {} delivery orders: delivery order changed the bits", orders.len()))
+            ),
+            Expect::Agree => (seen, false, format!("{distinct} distinct results across {} delivery orders: delivery order changed the bits", orders.len())),
         };
         // Different spellings of one sequence (`ascending`, `rotate:0`,
         // `[0,1,2,3]`) are one order, not several: say so.
@@ -120,8 +202,8 @@ pub fn build_groups(cases: &[CaseReport]) -> Vec<Group> {
             cases: members.iter().map(|c| c.id.clone()).collect(),
             orders: orders.iter().map(|s| s.to_string()).collect(),
             distinct_results: distinct,
-            expect: expect.into(),
-            verdict: verdict.into(),
+            expect,
+            verdict,
             ok,
             note,
         });
@@ -135,10 +217,14 @@ mod tests {
     use crate::backend::ReducedArena;
     use crate::data::Distribution;
     use crate::experiment::{Case, DeliveryOrder};
-    use crate::fold::Contract;
-    use crate::sensitivity::Sensitivity;
+    use crate::sensitivity;
 
-    fn report(contract: Contract, order: DeliveryOrder, digest: &str, verdict: &str) -> CaseReport {
+    fn report(
+        contract: Contract,
+        order: DeliveryOrder,
+        digest: &str,
+        verdict: Sensitivity,
+    ) -> CaseReport {
         let case = Case {
             experiment: "e".into(),
             id: order.canonical(),
@@ -158,12 +244,12 @@ mod tests {
             values: None,
             differing: vec![],
         };
-        let sens = Sensitivity {
+        let sens = sensitivity::Sensitivity {
             changed: 5,
             checked: 10,
             fraction: 0.5,
             sample: "every element".into(),
-            verdict: verdict.into(),
+            verdict,
         };
         CaseReport::new(&case, &[arena], vec![], true, sens)
     }
@@ -175,13 +261,13 @@ mod tests {
                 Contract::FixedOrder,
                 DeliveryOrder::Ascending,
                 "aa",
-                "sensitive",
+                Sensitivity::Sensitive,
             ),
             report(
                 Contract::FixedOrder,
                 DeliveryOrder::Descending,
                 "aa",
-                "sensitive",
+                Sensitivity::Sensitive,
             ),
         ]);
         assert!(ok[0].ok);
@@ -190,17 +276,17 @@ mod tests {
                 Contract::FixedOrder,
                 DeliveryOrder::Ascending,
                 "aa",
-                "sensitive",
+                Sensitivity::Sensitive,
             ),
             report(
                 Contract::FixedOrder,
                 DeliveryOrder::Descending,
                 "bb",
-                "sensitive",
+                Sensitivity::Sensitive,
             ),
         ]);
         assert!(!bad[0].ok);
-        assert_eq!(bad[0].verdict, "disagree");
+        assert_eq!(bad[0].verdict, GroupVerdict::Disagree);
     }
 
     #[test]
@@ -210,13 +296,13 @@ mod tests {
                 Contract::ArrivalOrder,
                 DeliveryOrder::Ascending,
                 "aa",
-                "sensitive",
+                Sensitivity::Sensitive,
             ),
             report(
                 Contract::ArrivalOrder,
                 DeliveryOrder::Descending,
                 "aa",
-                "sensitive",
+                Sensitivity::Sensitive,
             ),
         ]);
         assert!(
@@ -228,13 +314,13 @@ mod tests {
                 Contract::ArrivalOrder,
                 DeliveryOrder::Ascending,
                 "aa",
-                "sensitive",
+                Sensitivity::Sensitive,
             ),
             report(
                 Contract::ArrivalOrder,
                 DeliveryOrder::Descending,
                 "bb",
-                "sensitive",
+                Sensitivity::Sensitive,
             ),
         ]);
         assert!(good[0].ok);
@@ -244,31 +330,86 @@ mod tests {
                 Contract::ArrivalOrder,
                 DeliveryOrder::Ascending,
                 "aa",
-                "sensitive",
+                Sensitivity::Sensitive,
             ),
             report(
                 Contract::ArrivalOrder,
                 DeliveryOrder::Explicit(vec![1, 0, 2, 3]),
                 "aa",
-                "sensitive",
+                Sensitivity::Sensitive,
             ),
         ]);
         assert!(commuted[0].ok);
-        assert_eq!(commuted[0].verdict, "inconclusive");
+        assert_eq!(commuted[0].verdict, GroupVerdict::Inconclusive);
         let blind = build_groups(&[
             report(
                 Contract::ArrivalOrder,
                 DeliveryOrder::Ascending,
                 "aa",
-                "blind",
+                Sensitivity::Blind,
             ),
             report(
                 Contract::ArrivalOrder,
                 DeliveryOrder::Descending,
                 "aa",
-                "blind",
+                Sensitivity::Blind,
             ),
         ]);
-        assert_eq!(blind[0].verdict, "inconclusive");
+        assert_eq!(blind[0].verdict, GroupVerdict::Inconclusive);
+    }
+
+    #[test]
+    fn each_contract_expects_what_the_report_documents() {
+        // docs/REPORT.md, "A group".
+        let want = |c: Contract| match c {
+            Contract::FixedOrder | Contract::PairwiseTree => "agree",
+            Contract::ArrivalOrder => "disagree",
+            Contract::NcclAllreduce => "n/a",
+        };
+        for c in crate::fold::ALL_CONTRACTS {
+            assert_eq!(Expect::of(c).name(), want(c), "{c}");
+        }
+    }
+
+    #[test]
+    fn nccl_groups_pass_whatever_the_orders_give() {
+        for digests in [["aa", "aa"], ["aa", "bb"]] {
+            let g = build_groups(&[
+                report(
+                    Contract::NcclAllreduce,
+                    DeliveryOrder::Ascending,
+                    digests[0],
+                    Sensitivity::Sensitive,
+                ),
+                report(
+                    Contract::NcclAllreduce,
+                    DeliveryOrder::Descending,
+                    digests[1],
+                    Sensitivity::Sensitive,
+                ),
+            ]);
+            assert_eq!(g[0].expect, Expect::NotApplicable);
+            assert!(g[0].ok);
+        }
+    }
+
+    #[test]
+    fn weak_data_still_makes_the_control_conclusive() {
+        let g = build_groups(&[
+            report(
+                Contract::ArrivalOrder,
+                DeliveryOrder::Ascending,
+                "aa",
+                Sensitivity::Weak,
+            ),
+            report(
+                Contract::ArrivalOrder,
+                DeliveryOrder::Descending,
+                "aa",
+                Sensitivity::Weak,
+            ),
+        ]);
+        assert_eq!(g[0].verdict, GroupVerdict::Agree);
+        assert!(!g[0].ok);
     }
 }

@@ -5,14 +5,14 @@
 pub mod attest;
 pub mod check;
 mod compare;
-mod golden;
+pub mod golden;
 mod groups;
 mod junit;
 pub mod localize;
 
 pub use compare::{compare, compare_sources, Comparison, Mismatch, Source};
-pub use golden::{Golden, GoldenCase, GOLDEN_FORMAT};
-pub use groups::{build_groups, Group};
+pub use golden::{Golden, GoldenCase, GoldenError, GoldenFile, GoldenProblem, GOLDEN_FORMAT};
+pub use groups::{build_groups, Expect, Group, GroupVerdict};
 pub use junit::junit;
 
 use crate::backend::{ReducedArena, RoundTimings};
@@ -391,7 +391,11 @@ pub(crate) fn read_versioned<T: serde::de::DeserializeOwned>(
             expected: version,
         });
     }
-    serde_json::from_value(value).map_err(|e| malformed(e.to_string()))
+    serde_json::from_value(value).map_err(|e| {
+        // The same parse from the text also says where (line and column).
+        let located = serde_json::from_str::<T>(&text).err().unwrap_or(e);
+        malformed(located.to_string())
+    })
 }
 
 /// The environment block, typed where readers need it.
