@@ -881,3 +881,100 @@ fn rank_copies_are_checked_on_the_device_as_the_host_would() {
         vec![(1usize, vec![1usize]), (3usize, vec![3usize])]
     );
 }
+
+/// Per-chunk SHA-256 on the device equals sha2's on the host, chunk for
+/// chunk, for every distribution (NaNs included), both NaN policies, and
+/// lengths around every padding case of the last block.
+#[test]
+fn chunk_digests_on_the_device_equal_the_hosts() {
+    use foldprint::backend::cuda::mem::DeviceBuffer;
+    use foldprint::backend::cuda::Device;
+    use foldprint::digest::{digest_chunked, CHUNK_ELEMS};
+    let _g = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
+    let dev = Device::open(0, CompileOptions::default()).expect("a usable CUDA GPU");
+    let stream = dev.new_stream().unwrap();
+    let lens = [
+        1,
+        13,
+        14,
+        15,
+        16,
+        17,
+        31,
+        CHUNK_ELEMS - 1,
+        CHUNK_ELEMS,
+        2 * CHUNK_ELEMS + 14,
+        3 * CHUNK_ELEMS + 5,
+    ];
+    let mut checked = 0;
+    for &dist in ALL_DISTRIBUTIONS.iter() {
+        let lane = Lane::new(dist, 77, 3, 0);
+        for &n in &lens {
+            let mut host = vec![0f32; n];
+            lane.fill(0, &mut host);
+            let arena = DeviceBuffer::alloc(&dev.ctx, n).unwrap();
+            arena.upload(&host).unwrap();
+            let chunks = n.div_ceil(CHUNK_ELEMS);
+            let out = DeviceBuffer::alloc(&dev.ctx, 8 * chunks).unwrap();
+            for policy in [NanPolicy::Canonical, NanPolicy::Preserve] {
+                // SAFETY: live buffers of this context; synchronized below.
+                unsafe {
+                    dev.chunk_sha256(arena.view(), CHUNK_ELEMS, policy, out.view(), &stream)
+                        .unwrap()
+                };
+                stream.synchronize().unwrap();
+                let mut words = vec![0f32; 8 * chunks];
+                out.download(0, &mut words).unwrap();
+                let got: Vec<String> = words
+                    .chunks_exact(8)
+                    .map(|d| {
+                        d.iter()
+                            .flat_map(|w| w.to_bits().to_be_bytes())
+                            .map(|b| format!("{b:02x}"))
+                            .collect()
+                    })
+                    .collect();
+                assert_eq!(
+                    got,
+                    digest_chunked(&host, policy).chunks,
+                    "{dist} n={n} {policy}"
+                );
+                checked += chunks;
+            }
+        }
+    }
+    assert!(checked > 100);
+    // Negative control: one flipped bit changes that chunk's device digest.
+    let n = 2 * CHUNK_ELEMS;
+    let host: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let arena = DeviceBuffer::alloc(&dev.ctx, n).unwrap();
+    let out = DeviceBuffer::alloc(&dev.ctx, 16).unwrap();
+    let digest_now = |arena: &DeviceBuffer| {
+        // SAFETY: as above.
+        unsafe {
+            dev.chunk_sha256(
+                arena.view(),
+                CHUNK_ELEMS,
+                NanPolicy::Canonical,
+                out.view(),
+                &stream,
+            )
+            .unwrap()
+        };
+        stream.synchronize().unwrap();
+        let mut w = vec![0f32; 16];
+        out.download(0, &mut w).unwrap();
+        w.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+    };
+    arena.upload(&host).unwrap();
+    let before = digest_now(&arena);
+    arena
+        .upload_at(
+            CHUNK_ELEMS + 9,
+            &[f32::from_bits(host[CHUNK_ELEMS + 9].to_bits() ^ 1)],
+        )
+        .unwrap();
+    let after = digest_now(&arena);
+    assert_eq!(before[..8], after[..8]);
+    assert_ne!(before[8..], after[8..]);
+}

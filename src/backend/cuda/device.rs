@@ -283,6 +283,51 @@ impl Device {
             .map_err(|e| format!("fp_rank_diff launch: {}", driver_error_text(e)))
     }
 
+    /// Enqueue the SHA-256 of every `chunk`-element chunk of `arena` under
+    /// `policy` into `out` (8 big-endian words per chunk).
+    ///
+    /// # Safety
+    /// `arena` and `out` must stay allocated, and `arena` unwritten, until
+    /// `stream` has passed the launch.
+    pub unsafe fn chunk_sha256(
+        &self,
+        arena: DeviceView<'_>,
+        chunk: usize,
+        policy: crate::digest::NanPolicy,
+        out: DeviceView<'_>,
+        stream: &CudaStream,
+    ) -> Result<(), String> {
+        let n = arena.len();
+        let chunks = n.div_ceil(chunk.max(1));
+        if out.len() != 8 * chunks || !chunk.is_multiple_of(16) || chunk > u32::MAX as usize {
+            return Err(format!(
+                "chunk digests: {} output words for {chunks} chunks of {chunk}",
+                out.len()
+            ));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.rank_check.function(kernels::CHUNK_SHA_ENTRY)?;
+        let block = 64u32;
+        let blocks = u32::try_from(chunks.div_ceil(block as usize))
+            .map_err(|_| "chunk digests: too many chunks")?;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let canonical = u32::from(policy == crate::digest::NanPolicy::Canonical);
+        let (a, o) = (arena.ptr(), out.ptr());
+        let (n64, c32) = (n as u64, chunk as u32);
+        let mut b = stream.launch_builder(f);
+        b.arg(&a).arg(&n64).arg(&c32).arg(&canonical).arg(&o);
+        // SAFETY: arguments match `fp_chunk_sha256`; sizes checked above.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| format!("fp_chunk_sha256 launch: {}", driver_error_text(e)))
+    }
+
     /// Enqueue one fold launch.
     ///
     /// # Safety

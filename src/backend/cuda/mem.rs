@@ -182,6 +182,10 @@ impl PinnedBuffer {
         self.len
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Enqueue a copy of `src` into the buffer's start.
     ///
     /// # Safety

@@ -10,7 +10,7 @@ pub mod device;
 pub mod host_driver;
 pub mod kernels;
 pub mod mapped;
-pub(crate) mod mem;
+pub mod mem;
 pub mod probe;
 pub mod world;
 

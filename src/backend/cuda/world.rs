@@ -419,6 +419,49 @@ pub fn differing_chunks(
         .collect())
 }
 
+/// Rank 0's chunk digests computed on the device, started on their own
+/// stream so they run while the host hashes the arena stream.
+struct DeviceChunks {
+    stream: Arc<CudaStream>,
+    out: DeviceBuffer,
+}
+
+impl DeviceChunks {
+    fn start(dev: &Device, arena: &DeviceBuffer, policy: NanPolicy) -> Result<Self, String> {
+        let n = arena.len();
+        let chunks = n.div_ceil(crate::digest::CHUNK_ELEMS);
+        let stream = dev.new_stream()?;
+        let out = DeviceBuffer::alloc(&dev.ctx, 8 * chunks)?;
+        // SAFETY: views of this context's live buffers; the round has
+        // finished writing the arena, and `out` is read after `finish`
+        // synchronizes this stream.
+        unsafe {
+            dev.chunk_sha256(
+                arena.slice(0, n)?,
+                crate::digest::CHUNK_ELEMS,
+                policy,
+                out.view(),
+                &stream,
+            )?
+        };
+        Ok(DeviceChunks { stream, out })
+    }
+
+    /// The digests as hex, chunk order.
+    fn finish(self) -> Result<Vec<String>, String> {
+        self.stream.synchronize().map_err(driver_error_text)?;
+        let mut words = vec![0f32; self.out.len()];
+        self.out.download(0, &mut words)?;
+        Ok(words
+            .chunks_exact(8)
+            .map(|d| {
+                let bytes: Vec<u8> = d.iter().flat_map(|w| w.to_bits().to_be_bytes()).collect();
+                hex::encode(bytes)
+            })
+            .collect())
+    }
+}
+
 /// (rank, digest, kept values).
 type RankDigest = (usize, ChunkedDigest, Option<Vec<f32>>);
 
@@ -454,6 +497,14 @@ pub fn digest_ranks(
             .chain(differing.iter().map(|(r, _)| *r))
             .collect(),
     };
+    // Under the device check rank 0's chunk digests come from the GPU, in
+    // parallel with the host's sequential SHA-256 of the whole arena.
+    let n = bufs.len;
+    let device_chunks = match check {
+        RankCheck::Device if n > 0 => Some(DeviceChunks::start(dev, &bufs.ranks[0], policy)?),
+        _ => None,
+    };
+    let chunked_on_host = device_chunks.is_none();
     let workers = readers.len().min(hashed.len()).max(1);
     let mut digests: Vec<Option<String>> = vec![None; world];
     let mut chunks = Vec::new();
@@ -469,8 +520,13 @@ pub fn digest_ranks(
                 scope.spawn(move || -> Result<Vec<RankDigest>, String> {
                     let mut out = Vec::new();
                     for r in mine {
-                        let (d, v) =
-                            reader.digest(dev, &ranks[r], policy, keep && r == 0, r == 0)?;
+                        let (d, v) = reader.digest(
+                            dev,
+                            &ranks[r],
+                            policy,
+                            keep && r == 0,
+                            r == 0 && chunked_on_host,
+                        )?;
                         out.push((r, d, v));
                     }
                     Ok(out)
@@ -494,6 +550,9 @@ pub fn digest_ranks(
         Ok(())
     });
     outcome?;
+    if let Some(d) = device_chunks {
+        chunks = d.finish()?;
+    }
     // Ranks found bit-identical to rank 0 on the device share its digest.
     let first = digests[0].clone();
     let digests = digests

@@ -8,8 +8,9 @@ use super::compile::{build_image, BuildRequest};
 use super::disk_cache::{self, DiskCache, KeyParts, Lookup};
 use super::nvrtc::Image;
 use super::source::{
-    fold_entries, fold_entry, FoldMode, KernelVariant, FOLD_PROGRAM, FOLD_SRC, GENERATE_ENTRY,
-    GENERATOR_PROGRAM, GENERATOR_SRC, RANK_CHECK_PROGRAM, RANK_CHECK_SRC, RANK_DIFF_ENTRY,
+    fold_entries, fold_entry, FoldMode, KernelVariant, CHUNK_SHA_ENTRY, FOLD_PROGRAM, FOLD_SRC,
+    GENERATE_ENTRY, GENERATOR_PROGRAM, GENERATOR_SRC, RANK_CHECK_PROGRAM, RANK_CHECK_SRC,
+    RANK_DIFF_ENTRY,
 };
 use super::target::{option_list, CompileOptions, ResolvedTarget, Target};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
@@ -307,7 +308,13 @@ pub fn rank_check_program(
         target,
         explicit: false,
     };
-    cached(ctx, request, use_disk, &RANK_CHECK_SRC, &[RANK_DIFF_ENTRY])
+    cached(
+        ctx,
+        request,
+        use_disk,
+        &RANK_CHECK_SRC,
+        &[RANK_DIFF_ENTRY, CHUNK_SHA_ENTRY],
+    )
 }
 
 /// The fold kernels of one loaded program.

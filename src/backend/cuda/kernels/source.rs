@@ -28,8 +28,10 @@ pub static RANK_CHECK_SRC: LazyLock<String> =
     LazyLock::new(|| program_text("rank_check.cu", RANK_CHECK_CU));
 /// NVRTC's name of the rank-copy check program.
 pub const RANK_CHECK_PROGRAM: &str = "foldprint_rank_check";
-/// The rank-copy check's one kernel.
+/// The rank-copy check's kernel.
 pub const RANK_DIFF_ENTRY: &str = "fp_rank_diff";
+/// Per-chunk SHA-256 of an arena, in the rank-check program.
+pub const CHUNK_SHA_ENTRY: &str = "fp_chunk_sha256";
 /// The fold program as NVRTC compiles it: [`prelude`] + `fold.cu`.
 pub static FOLD_SRC: LazyLock<String> = LazyLock::new(|| program_text("fold.cu", FOLD_CU));
 
@@ -119,6 +121,11 @@ pub fn defines() -> Vec<Define> {
             name: "FP_MIX64_M2",
             value: data::MIX64_M2,
             ty: CType::U64,
+        },
+        Define {
+            name: "FP_CANONICAL_NAN",
+            value: data::CANONICAL_NAN_BITS as u64,
+            ty: CType::U32,
         },
     ];
     out.extend(data::ALL_DISTRIBUTIONS.iter().map(|&d| Define {
@@ -233,6 +240,7 @@ mod tests {
             ("FP_GAMMA".into(), data::GAMMA),
             ("FP_MIX64_M1".into(), data::MIX64_M1),
             ("FP_MIX64_M2".into(), data::MIX64_M2),
+            ("FP_CANONICAL_NAN".into(), 0x7FC0_0000),
             ("FP_DIST_MIXED_MAGNITUDE".into(), 0),
             ("FP_DIST_UNIFORM".into(), 1),
             ("FP_DIST_CANCELLATION".into(), 2),
