@@ -328,6 +328,7 @@ fn launch_configuration_does_not_change_bits() {
                 seed_block,
                 fast_block,
                 fast_blocks_per_sm: per_sm,
+                per_world: false,
             });
             assert_eq!(
                 digests(&mut be, &c),
@@ -752,6 +753,7 @@ fn bench_fast_tuning_sweep() {
                 seed_block: 256,
                 fast_block,
                 fast_blocks_per_sm,
+                per_world: false,
             });
         }
     }

@@ -39,7 +39,12 @@ impl Default for BenchConfig {
             seed: 1,
             compile: CompileOptions::default(),
             tuning: LaunchTuning::default(),
-            extra_fast: Vec::new(),
+            // The fixed shape the per-W choice replaces at large W, timed
+            // in the same run for comparison.
+            extra_fast: vec![LaunchTuning {
+                per_world: false,
+                ..LaunchTuning::default()
+            }],
         }
     }
 }

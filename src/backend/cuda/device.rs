@@ -42,6 +42,9 @@ pub struct LaunchTuning {
     pub fast_block: u32,
     /// Grid cap of the `fast` fold, in blocks per SM (grid-stride beyond).
     pub fast_blocks_per_sm: u32,
+    /// Let the `fast` shape follow W ([`LaunchTuning::for_world`]); off
+    /// when the user names a block size.
+    pub per_world: bool,
 }
 
 impl Default for LaunchTuning {
@@ -50,6 +53,24 @@ impl Default for LaunchTuning {
             seed_block: 256,
             fast_block: 256,
             fast_blocks_per_sm: 64,
+            per_world: true,
+        }
+    }
+}
+
+impl LaunchTuning {
+    /// The shape the `fast` fold uses at world `w`. Measured on an H200: at
+    /// W = 8 (n = 2^25) 256 threads x 64 blocks/SM is fastest; at W = 64
+    /// (n = 2^20, short rows, many of them) 1024 threads x 8 blocks/SM. The
+    /// switch at W >= 32 is a choice between those two measurements.
+    pub fn for_world(self, w: u32) -> LaunchTuning {
+        if !self.per_world || w < 32 {
+            return self;
+        }
+        LaunchTuning {
+            fast_block: 1024,
+            fast_blocks_per_sm: 8,
+            ..self
         }
     }
 }
@@ -370,6 +391,7 @@ impl Device {
                 (block, blocks as u32)
             }
             KernelVariant::Fast => {
+                let tuning = tuning.for_world(a.world);
                 let block = tuning.fast_block.clamp(32, 1024);
                 let vecs = (a.len / 4).max(1);
                 let cap =
