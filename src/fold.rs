@@ -73,10 +73,46 @@ impl Contract {
         }
     }
 
+    /// What delivery order does to the contract's bits: the question its
+    /// invariance groups ask.
+    pub const fn order_role(self) -> OrderRole {
+        match self {
+            Contract::FixedOrder | Contract::PairwiseTree => OrderRole::Invariant,
+            Contract::ArrivalOrder => OrderRole::Changes,
+            Contract::NcclAllreduce => OrderRole::Ignored,
+        }
+    }
+
     /// Whether the bits may depend on delivery order by design.
     pub const fn order_dependent(self) -> bool {
-        matches!(self, Contract::ArrivalOrder)
+        match self.order_role() {
+            OrderRole::Changes => true,
+            OrderRole::Invariant | OrderRole::Ignored => false,
+        }
     }
+
+    /// Whether only the NCCL backend can run the contract: the CPU oracle
+    /// and the CUDA loopback skip it, and the audit has no oracle for it.
+    pub const fn needs_nccl(self) -> bool {
+        match self {
+            Contract::FixedOrder | Contract::ArrivalOrder | Contract::PairwiseTree => false,
+            Contract::NcclAllreduce => true,
+        }
+    }
+}
+
+/// What delivery order does to a contract's bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OrderRole {
+    /// Every delivery order gives the same bits: the contract fixes the
+    /// order it folds in.
+    Invariant,
+    /// Orders that fold in different sequences give different bits, wherever
+    /// the data can see it: a negative control.
+    Changes,
+    /// The contract never sees our delivery order (NCCL folds in its own
+    /// order), so orders are not the question.
+    Ignored,
 }
 
 impl fmt::Display for Contract {
@@ -92,11 +128,17 @@ impl FromStr for Contract {
             .iter()
             .copied()
             .find(|c| c.name() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown contract `{s}` (expected fixed-order, arrival-order, pairwise-tree or nccl-allreduce)"
-                )
-            })
+            .ok_or_else(|| format!("unknown contract `{s}` (expected {})", contract_names()))
+    }
+}
+
+/// Every contract's name, as "a, b, c or d".
+fn contract_names() -> String {
+    let names: Vec<&str> = ALL_CONTRACTS.iter().map(|c| c.name()).collect();
+    match names.split_last() {
+        Some((last, [])) => (*last).to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
     }
 }
 
@@ -186,6 +228,47 @@ pub fn reference_fixed(addends: &[&[f32]], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Today's roles, written out by hand (docs/REPORT.md, "A group"; the
+    /// audit's oracle; the backends' skip reasons). A method that drifted
+    /// from them fails here.
+    #[test]
+    fn contract_roles_are_the_documented_ones() {
+        let table = [
+            ("fixed-order", OrderRole::Invariant, false, false),
+            ("arrival-order", OrderRole::Changes, true, false),
+            ("pairwise-tree", OrderRole::Invariant, false, false),
+            ("nccl-allreduce", OrderRole::Ignored, false, true),
+        ];
+        assert_eq!(ALL_CONTRACTS.len(), table.len());
+        for (c, (name, role, dependent, nccl)) in ALL_CONTRACTS.into_iter().zip(table) {
+            assert_eq!(c.name(), name);
+            assert_eq!(c.order_role(), role, "{c}");
+            assert_eq!(c.order_dependent(), dependent, "{c}");
+            assert_eq!(c.needs_nccl(), nccl, "{c}");
+        }
+        // The table can tell contracts apart: it is not one answer for all.
+        assert_ne!(
+            Contract::FixedOrder.order_role(),
+            Contract::ArrivalOrder.order_role()
+        );
+        assert_ne!(
+            Contract::NcclAllreduce.needs_nccl(),
+            Contract::FixedOrder.needs_nccl()
+        );
+    }
+
+    #[test]
+    fn unknown_contract_names_every_contract() {
+        let err = "fixed".parse::<Contract>().unwrap_err();
+        assert_eq!(
+            err,
+            "unknown contract `fixed` (expected fixed-order, arrival-order, pairwise-tree or nccl-allreduce)"
+        );
+        for c in ALL_CONTRACTS {
+            assert_eq!(c.name().parse::<Contract>(), Ok(c));
+        }
+    }
 
     #[test]
     fn shard_plan_matches_the_contract() {

@@ -223,10 +223,7 @@ fn every_distribution_contract_and_mean_matches_cpu() {
         let mut be = gpu_variant(variant);
         for dist in ALL_DISTRIBUTIONS {
             // nccl-allreduce is NCCL's own sum: the NCCL suite covers it.
-            for contract in ALL_CONTRACTS
-                .into_iter()
-                .filter(|&c| c != Contract::NcclAllreduce)
-            {
+            for contract in ALL_CONTRACTS.into_iter().filter(|c| !c.needs_nccl()) {
                 for mean in [false, true] {
                     for w in [3usize, 8, 13] {
                         let c = case(

@@ -32,15 +32,6 @@ pub(super) struct OracleCase {
     pub pairwise_tree: ControlCell,
 }
 
-/// Whether the CPU oracle folds this contract (NCCL's own sum exists only
-/// on the NCCL backend).
-fn oracle_runs(contract: Contract) -> bool {
-    match contract {
-        Contract::FixedOrder | Contract::ArrivalOrder | Contract::PairwiseTree => true,
-        Contract::NcclAllreduce => false,
-    }
-}
-
 /// One control of a case: a run, or why it does not apply.
 enum Control {
     Run(usize),
@@ -69,7 +60,8 @@ fn plan(cases: &[&Case]) -> Plan {
     };
     let mut planned = Vec::with_capacity(cases.len());
     for case in cases {
-        if !oracle_runs(case.contract) {
+        // NCCL's own sum exists only on the NCCL backend: no oracle for it.
+        if case.contract.needs_nccl() {
             planned.push(None);
             continue;
         }

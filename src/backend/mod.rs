@@ -160,8 +160,9 @@ pub(crate) fn infrastructure(
 
 /// Skip reason shared by the backends that cannot run NCCL's own sum.
 pub(crate) fn nccl_only(case: &Case) -> Option<String> {
-    (case.contract == crate::fold::Contract::NcclAllreduce)
-        .then(|| "nccl-allreduce runs only on the NCCL backend".to_string())
+    case.contract
+        .needs_nccl()
+        .then(|| format!("{} runs only on the NCCL backend", case.contract))
 }
 
 /// Backend settings chosen on the command line.

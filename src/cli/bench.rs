@@ -353,7 +353,7 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         BackendChoice::Auto if foldprint::backend::cuda::probe().usable => {
             return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len)
         }
-        _ => {}
+        BackendChoice::Auto | BackendChoice::Cpu => {}
     }
     super::start_threads()?;
     let n = 1usize

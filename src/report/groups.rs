@@ -3,7 +3,7 @@
 //! wherever the data can see the order (the negative control).
 
 use super::CaseReport;
-use crate::fold::Contract;
+use crate::fold::{Contract, OrderRole};
 use crate::sensitivity::Verdict as Sensitivity;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -41,16 +41,11 @@ pub enum Expect {
 impl Expect {
     /// What the contract's groups should show.
     pub const fn of(contract: Contract) -> Expect {
-        match contract {
-            Contract::FixedOrder | Contract::ArrivalOrder | Contract::PairwiseTree => {
-                if contract.order_dependent() {
-                    Expect::Disagree
-                } else {
-                    Expect::Agree
-                }
-            }
+        match contract.order_role() {
+            OrderRole::Invariant => Expect::Agree,
+            OrderRole::Changes => Expect::Disagree,
             // NCCL ignores our delivery order.
-            Contract::NcclAllreduce => Expect::NotApplicable,
+            OrderRole::Ignored => Expect::NotApplicable,
         }
     }
 
@@ -361,13 +356,15 @@ mod tests {
     #[test]
     fn each_contract_expects_what_the_report_documents() {
         // docs/REPORT.md, "A group".
-        let want = |c: Contract| match c {
-            Contract::FixedOrder | Contract::PairwiseTree => "agree",
-            Contract::ArrivalOrder => "disagree",
-            Contract::NcclAllreduce => "n/a",
-        };
-        for c in crate::fold::ALL_CONTRACTS {
-            assert_eq!(Expect::of(c).name(), want(c), "{c}");
+        let want = [
+            (Contract::FixedOrder, "agree"),
+            (Contract::ArrivalOrder, "disagree"),
+            (Contract::PairwiseTree, "agree"),
+            (Contract::NcclAllreduce, "n/a"),
+        ];
+        assert_eq!(want.len(), crate::fold::ALL_CONTRACTS.len());
+        for (c, word) in want {
+            assert_eq!(Expect::of(c).name(), word, "{c}");
         }
     }
 
