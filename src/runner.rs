@@ -2,6 +2,7 @@
 
 use crate::backend::{Backend, BackendError, RunOptions};
 use crate::digest::{hashed_bytes, NanPolicy};
+pub use crate::dumpdir::{dump_name, dump_names};
 use crate::experiment::{Case, Experiment};
 use crate::report::{
     build_groups, CaseReport, ExperimentInfo, Report, SkippedCase, Summary, ToolInfo,
@@ -200,69 +201,4 @@ pub fn run(
     };
     report.summarize();
     Ok(report)
-}
-
-/// `<experiment>.<case id>.a<k>.bin`, with anything unsafe in a file name replaced.
-/// Not injective on its own: [`dump_names`] disambiguates.
-pub fn dump_name(case: &Case, arena: usize) -> String {
-    dump_name_of(&case.experiment, &case.id, arena, false)
-}
-
-fn dump_name_of(experiment: &str, id: &str, arena: usize, tagged: bool) -> String {
-    let clean = |s: &str| -> String {
-        s.chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || "-_.=+".contains(c) {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect()
-    };
-    let tag = if tagged {
-        // `~` never survives `clean`, so a tagged name meets no plain one.
-        let h = crate::digest::sha256_hex(format!("{experiment}\0{id}").as_bytes());
-        format!("~{}", &h[..16])
-    } else {
-        String::new()
-    };
-    format!("{}.{}{tag}.a{arena}.bin", clean(experiment), clean(id))
-}
-
-/// The dump file of every (experiment, case id, arena) of a run, one to
-/// one: cases whose plain names would collide (exactly, or ignoring case,
-/// as some file systems do) get a `~<hash of experiment and id>` tag.
-/// `cases` lists (experiment, case id, number of arenas) of the cases that
-/// run (skipped cases are not dumped and take no part).
-pub fn dump_names<'c>(
-    cases: &[(&'c str, &'c str, usize)],
-) -> Result<std::collections::HashMap<(&'c str, &'c str, usize), String>, String> {
-    use std::collections::{HashMap, HashSet};
-    let entries: Vec<(&str, &str, usize)> = cases
-        .iter()
-        .flat_map(|&(e, i, n)| (0..n).map(move |a| (e, i, a)))
-        .collect();
-    let mut count: HashMap<String, usize> = HashMap::new();
-    for &(e, i, a) in &entries {
-        *count
-            .entry(dump_name_of(e, i, a, false).to_lowercase())
-            .or_default() += 1;
-    }
-    let mut out = HashMap::new();
-    let mut seen = HashSet::new();
-    for (e, i, a) in entries {
-        let plain = dump_name_of(e, i, a, false);
-        let name = if count[&plain.to_lowercase()] > 1 {
-            dump_name_of(e, i, a, true)
-        } else {
-            plain
-        };
-        if !seen.insert(name.to_lowercase()) || out.insert((e, i, a), name.clone()).is_some() {
-            return Err(format!(
-                "case `{i}` of `{e}` would reuse dump file name {name}"
-            ));
-        }
-    }
-    Ok(out)
 }

@@ -51,7 +51,7 @@ pub fn dump_subjects(report: &Report, dir: &Path) -> Result<Vec<Subject>, DumpMi
         .iter()
         .map(|c| (c.experiment.as_str(), c.id.as_str(), c.arenas.len()))
         .collect();
-    let names = crate::runner::dump_names(&cases).map_err(DumpMismatch::Unreadable)?;
+    let names = crate::dumpdir::dump_names(&cases).map_err(DumpMismatch::Unreadable)?;
     let mut expected: std::collections::BTreeMap<&str, &str> = std::collections::BTreeMap::new();
     for c in &report.cases {
         for (k, a) in c.arenas.iter().enumerate() {
