@@ -22,18 +22,29 @@ const MAGIC: &[u8] = b"foldprint kernel cache entry v1\n";
 /// Where the cache lives for this process, if anywhere: an absolute
 /// `XDG_CACHE_HOME` (the XDG rule ignores relative ones), else `$HOME/.cache`.
 pub fn default_dir() -> Option<PathBuf> {
-    dir_from(
+    Some(default_root()?.join("kernels"))
+}
+
+/// foldprint's own directory under the XDG cache directory (the kernel
+/// cache and the file-hash memo live there).
+pub fn default_root() -> Option<PathBuf> {
+    root_from(
         std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from),
         std::env::var_os("HOME").map(PathBuf::from),
     )
 }
 
-fn dir_from(xdg: Option<PathBuf>, home: Option<PathBuf>) -> Option<PathBuf> {
+fn root_from(xdg: Option<PathBuf>, home: Option<PathBuf>) -> Option<PathBuf> {
     let base = match xdg {
         Some(x) if x.is_absolute() => x,
         _ => home.filter(|h| h.is_absolute())?.join(".cache"),
     };
-    Some(base.join("foldprint").join("kernels"))
+    Some(base.join("foldprint"))
+}
+
+#[cfg(test)]
+fn dir_from(xdg: Option<PathBuf>, home: Option<PathBuf>) -> Option<PathBuf> {
+    Some(root_from(xdg, home)?.join("kernels"))
 }
 
 /// Everything that decides a compiled image's bytes.

@@ -121,13 +121,19 @@ fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 
-/// The SHA-256 of the NVRTC library file this process mapped.
+/// The SHA-256 of the NVRTC library file this process mapped, for the
+/// cache key. Only asked when the disk cache is in use, so it may come from
+/// the file-hash memo (a ~100 MB file is not read on every warm start); with
+/// `--no-kernel-cache` (and in every audit child) nothing asks, and the
+/// report's library list hashes the files afresh, so the library-version
+/// audit never rests on a remembered hash.
 fn nvrtc_library_sha256() -> Result<String, String> {
+    use super::super::mapped::{file_sha256, Hashing};
     let lib = super::super::probe::nvrtc_library();
     let path = lib
         .path
         .ok_or("the NVRTC library's file is unknown (not in /proc/self/maps)")?;
-    super::super::mapped::file_sha256(&path)
+    file_sha256(&path, Hashing::Memo)
         .0
         .ok_or_else(|| format!("cannot read {path} to hash it"))
 }
