@@ -104,4 +104,29 @@ fn warm_runs_load_cached_kernels_with_the_same_bits() {
         "--no-kernel-cache wrote into the cache directory"
     );
     assert_eq!(digests(&fresh), digests(&cold));
+
+    // The library hashes: remembered by the cached runs (the warm one takes
+    // them from the memo), read afresh by --no-kernel-cache, and the same.
+    let memos = std::fs::read_dir(dir.join("foldprint").join("file-sha256"))
+        .expect("the file-hash memo")
+        .count();
+    assert!(memos >= 1, "no library hash remembered");
+    let libs = |r: &Value| {
+        let mut v: Vec<(String, String)> = r["environment"]["backend"]["libraries"]
+            .as_array()
+            .expect("libraries")
+            .iter()
+            .map(|l| {
+                (
+                    l["path"].as_str().expect("path").to_string(),
+                    l["sha256"].as_str().expect("sha256").to_string(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(libs(&fresh).iter().any(|(p, _)| p.contains("libnvrtc")));
+    assert_eq!(libs(&warm), libs(&fresh));
+    assert_eq!(libs(&cold), libs(&fresh));
 }
