@@ -80,10 +80,14 @@ pub fn loaded_libraries() -> Vec<LoadedLibrary> {
 
 /// Every tracked library now mapped, with its SHA-256 found as `how` says.
 pub fn loaded_libraries_with(how: Hashing) -> Vec<LoadedLibrary> {
+    let memo = match how {
+        Hashing::Fresh => None,
+        Hashing::Memo => HashMemo::default_location(),
+    };
     mapped_paths()
         .into_iter()
         .map(|(family, path)| {
-            let (sha256, bytes) = file_sha256(&path, how);
+            let (sha256, bytes) = file_sha256(&path, memo.as_ref());
             LoadedLibrary {
                 family: family.to_string(),
                 path,
@@ -131,14 +135,11 @@ fn process_cache() -> &'static HashCache {
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// SHA-256 and size of one file, found once per process. A `Fresh` request
-/// never takes an answer that came from the memo.
-pub(crate) fn file_sha256(path: &str, how: Hashing) -> (Option<String>, Option<u64>) {
-    let memo = match how {
-        Hashing::Fresh => None,
-        Hashing::Memo => HashMemo::default_location(),
-    };
-    let k = known_sha256(process_cache(), path, memo.as_ref());
+/// SHA-256 and size of one file, found once per process, through `memo`
+/// when given. A request without a memo never takes an answer that came
+/// from one.
+pub(crate) fn file_sha256(path: &str, memo: Option<&HashMemo>) -> (Option<String>, Option<u64>) {
+    let k = known_sha256(process_cache(), path, memo);
     (k.sha256, k.bytes)
 }
 
@@ -289,11 +290,10 @@ impl HashMemo {
         self
     }
 
-    /// `file-sha256` beside the kernel cache, if there is a cache directory.
+    /// The memo of the default kernel cache, if there is a cache directory.
     pub fn default_location() -> Option<Self> {
-        Some(Self::at(
-            super::kernels::disk_cache::default_root()?.join("file-sha256"),
-        ))
+        use super::kernels::disk_cache::{default_dir, DiskCache};
+        Some(DiskCache::at(default_dir()?).file_memo())
     }
 
     pub fn dir(&self) -> &Path {

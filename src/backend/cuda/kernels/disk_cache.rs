@@ -10,6 +10,7 @@
 //! compiled again, never loaded. `--no-kernel-cache` (and every child run of
 //! `audit`) compiles fresh and leaves the cache alone.
 
+use super::super::mapped::HashMemo;
 use super::nvrtc::Image;
 use super::target::ResolvedTarget;
 use serde::{Deserialize, Serialize};
@@ -22,29 +23,18 @@ const MAGIC: &[u8] = b"foldprint kernel cache entry v1\n";
 /// Where the cache lives for this process, if anywhere: an absolute
 /// `XDG_CACHE_HOME` (the XDG rule ignores relative ones), else `$HOME/.cache`.
 pub fn default_dir() -> Option<PathBuf> {
-    Some(default_root()?.join("kernels"))
-}
-
-/// foldprint's own directory under the XDG cache directory (the kernel
-/// cache and the file-hash memo live there).
-pub fn default_root() -> Option<PathBuf> {
-    root_from(
+    dir_from(
         std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from),
         std::env::var_os("HOME").map(PathBuf::from),
     )
 }
 
-fn root_from(xdg: Option<PathBuf>, home: Option<PathBuf>) -> Option<PathBuf> {
+fn dir_from(xdg: Option<PathBuf>, home: Option<PathBuf>) -> Option<PathBuf> {
     let base = match xdg {
         Some(x) if x.is_absolute() => x,
         _ => home.filter(|h| h.is_absolute())?.join(".cache"),
     };
-    Some(base.join("foldprint"))
-}
-
-#[cfg(test)]
-fn dir_from(xdg: Option<PathBuf>, home: Option<PathBuf>) -> Option<PathBuf> {
-    Some(root_from(xdg, home)?.join("kernels"))
+    Some(base.join("foldprint").join("kernels"))
 }
 
 /// Everything that decides a compiled image's bytes.
@@ -123,6 +113,16 @@ impl DiskCache {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The file-hash memo that goes with this cache: `file-sha256` beside
+    /// its directory (`$XDG_CACHE_HOME/foldprint/file-sha256` for the default).
+    pub fn file_memo(&self) -> HashMemo {
+        let base = match self.dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => &self.dir,
+        };
+        HashMemo::at(base.join("file-sha256"))
     }
 
     /// The entry file of `key`.
@@ -477,6 +477,13 @@ mod tests {
             p("/home/u/.cache/foldprint/kernels")
         );
         assert_eq!(dir_from(None, None), None);
+        // The file-hash memo sits beside the kernels.
+        assert_eq!(
+            DiskCache::at("/x/cache/foldprint/kernels")
+                .file_memo()
+                .dir(),
+            Path::new("/x/cache/foldprint/file-sha256")
+        );
         assert_eq!(dir_from(None, p("")), None);
     }
 }
