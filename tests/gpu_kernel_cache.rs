@@ -126,7 +126,24 @@ fn warm_runs_load_cached_kernels_with_the_same_bits() {
         v.sort();
         v
     };
-    assert!(libs(&fresh).iter().any(|(p, _)| p.contains("libnvrtc")));
-    assert_eq!(libs(&warm), libs(&fresh));
-    assert_eq!(libs(&cold), libs(&fresh));
+    // A warm run maps fewer files (no NVRTC builtins without a compile):
+    // every file both list must have one hash, NVRTC's among them.
+    let fresh_libs = libs(&fresh);
+    for r in [&cold, &warm] {
+        let listed = libs(r);
+        let both: Vec<_> = listed
+            .iter()
+            .filter(|(p, _)| fresh_libs.iter().any(|(q, _)| q == p))
+            .collect();
+        assert!(
+            both.iter().any(|(p, _)| p.contains("libnvrtc.so")),
+            "{listed:?}"
+        );
+        for (p, sha) in both {
+            assert!(
+                fresh_libs.contains(&(p.clone(), sha.clone())),
+                "{p}: remembered {sha} differs from the fresh hash"
+            );
+        }
+    }
 }
