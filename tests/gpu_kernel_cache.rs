@@ -104,4 +104,46 @@ fn warm_runs_load_cached_kernels_with_the_same_bits() {
         "--no-kernel-cache wrote into the cache directory"
     );
     assert_eq!(digests(&fresh), digests(&cold));
+
+    // The library hashes: remembered by the cached runs (the warm one takes
+    // them from the memo), read afresh by --no-kernel-cache, and the same.
+    let memos = std::fs::read_dir(dir.join("foldprint").join("file-sha256"))
+        .expect("the file-hash memo")
+        .count();
+    assert!(memos >= 1, "no library hash remembered");
+    let libs = |r: &Value| {
+        let mut v: Vec<(String, String)> = r["environment"]["backend"]["libraries"]
+            .as_array()
+            .expect("libraries")
+            .iter()
+            .map(|l| {
+                (
+                    l["path"].as_str().expect("path").to_string(),
+                    l["sha256"].as_str().expect("sha256").to_string(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    // A warm run maps fewer files (no NVRTC builtins without a compile):
+    // every file both list must have one hash, NVRTC's among them.
+    let fresh_libs = libs(&fresh);
+    for r in [&cold, &warm] {
+        let listed = libs(r);
+        let both: Vec<_> = listed
+            .iter()
+            .filter(|(p, _)| fresh_libs.iter().any(|(q, _)| q == p))
+            .collect();
+        assert!(
+            both.iter().any(|(p, _)| p.contains("libnvrtc.so")),
+            "{listed:?}"
+        );
+        for (p, sha) in both {
+            assert!(
+                fresh_libs.contains(&(p.clone(), sha.clone())),
+                "{p}: remembered {sha} differs from the fresh hash"
+            );
+        }
+    }
 }

@@ -562,7 +562,11 @@ impl Backend for CudaBackend {
         );
         facts.insert("rank_check".into(), self.cfg.rank_check.describe().into());
         let mut env = crate::environment::BackendEnvironment::new("cuda-loopback", facts);
-        env.libraries = Some(mapped::loaded_libraries());
+        // With the kernel cache, the memo that keyed it (see `mapped`);
+        // `--no-kernel-cache` (audit children) hashes every file afresh.
+        env.libraries = Some(mapped::loaded_libraries_with(
+            mapped::Hashing::with_kernel_cache(self.cfg.compile.disk_cache),
+        ));
         env.env = Some(mapped::relevant_env());
         env.to_value()
     }

@@ -10,6 +10,7 @@
 //! compiled again, never loaded. `--no-kernel-cache` (and every child run of
 //! `audit`) compiles fresh and leaves the cache alone.
 
+use super::super::mapped::HashMemo;
 use super::nvrtc::Image;
 use super::target::ResolvedTarget;
 use serde::{Deserialize, Serialize};
@@ -112,6 +113,16 @@ impl DiskCache {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The file-hash memo that goes with this cache: `file-sha256` beside
+    /// its directory (`$XDG_CACHE_HOME/foldprint/file-sha256` for the default).
+    pub fn file_memo(&self) -> HashMemo {
+        let base = match self.dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => &self.dir,
+        };
+        HashMemo::at(base.join("file-sha256"))
     }
 
     /// The entry file of `key`.
@@ -466,6 +477,13 @@ mod tests {
             p("/home/u/.cache/foldprint/kernels")
         );
         assert_eq!(dir_from(None, None), None);
+        // The file-hash memo sits beside the kernels.
+        assert_eq!(
+            DiskCache::at("/x/cache/foldprint/kernels")
+                .file_memo()
+                .dir(),
+            Path::new("/x/cache/foldprint/file-sha256")
+        );
         assert_eq!(dir_from(None, p("")), None);
     }
 }

@@ -122,13 +122,18 @@ fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 
-/// The SHA-256 of the NVRTC library file this process mapped.
-fn nvrtc_library_sha256() -> Result<String, String> {
+/// The SHA-256 of the NVRTC library file this process mapped, for the
+/// cache key. Only asked when the disk cache is in use, so it may come from
+/// the file-hash memo beside the cache (a ~100 MB file is not read on every
+/// warm start). With `--no-kernel-cache` (and in every audit child) nothing
+/// asks, and the report's library list hashes the files afresh, so the
+/// library-version audit never rests on a remembered hash.
+fn nvrtc_library_sha256(cache: &DiskCache) -> Result<String, String> {
     let lib = super::super::probe::nvrtc_library();
     let path = lib
         .path
         .ok_or("the NVRTC library's file is unknown (not in /proc/self/maps)")?;
-    super::super::mapped::file_sha256(&path)
+    super::super::mapped::file_sha256(&path, Some(&cache.file_memo()))
         .0
         .ok_or_else(|| format!("cannot read {path} to hash it"))
 }
@@ -186,7 +191,7 @@ pub fn image_for(
             origin.note = Some(format!("kernel cache unusable: {why}"));
             None
         }
-        CacheChoice::At(c) => match nvrtc_library_sha256() {
+        CacheChoice::At(c) => match nvrtc_library_sha256(&c) {
             Ok(sha) => Some((c, sha)),
             Err(why) => {
                 origin.note = Some(format!("kernel cache unusable: {why}"));
