@@ -283,42 +283,57 @@ pub fn fold_program(
     cached(ctx, request, opts.disk_cache, &FOLD_SRC, &fold_entries())
 }
 
-/// The generator program (always the pinned options; `use_disk`: the disk
-/// cache may be used).
+/// A program of integer code, always built with the pinned options for the
+/// device's own target (`use_disk`: the disk cache may be used).
+fn pinned_program(
+    ctx: &Arc<CudaContext>,
+    program: &'static str,
+    src: &str,
+    entries: &[&'static str],
+    target: ResolvedTarget,
+    use_disk: bool,
+) -> Result<Arc<LoadedProgram>, String> {
+    let request = BuildRequest {
+        program,
+        fmad: false,
+        ftz: false,
+        target,
+        explicit: false,
+    };
+    cached(ctx, request, use_disk, src, entries)
+}
+
+/// The generator program.
 pub fn generator_program(
     ctx: &Arc<CudaContext>,
     target: ResolvedTarget,
     use_disk: bool,
 ) -> Result<Arc<LoadedProgram>, String> {
-    let request = BuildRequest {
-        program: GENERATOR_PROGRAM,
-        fmad: false,
-        ftz: false,
+    let entries = [GENERATE_ENTRY];
+    pinned_program(
+        ctx,
+        GENERATOR_PROGRAM,
+        &GENERATOR_SRC,
+        &entries,
         target,
-        explicit: false,
-    };
-    cached(ctx, request, use_disk, &GENERATOR_SRC, &[GENERATE_ENTRY])
+        use_disk,
+    )
 }
 
-/// The rank-copy check (integer code, pinned options, like the generator).
+/// The checks of reduced arenas: rank-copy comparison, chunk digests.
 pub fn rank_check_program(
     ctx: &Arc<CudaContext>,
     target: ResolvedTarget,
     use_disk: bool,
 ) -> Result<Arc<LoadedProgram>, String> {
-    let request = BuildRequest {
-        program: RANK_CHECK_PROGRAM,
-        fmad: false,
-        ftz: false,
-        target,
-        explicit: false,
-    };
-    cached(
+    let entries = [RANK_DIFF_ENTRY, CHUNK_SHA_ENTRY];
+    pinned_program(
         ctx,
-        request,
-        use_disk,
+        RANK_CHECK_PROGRAM,
         &RANK_CHECK_SRC,
-        &[RANK_DIFF_ENTRY, CHUNK_SHA_ENTRY],
+        &entries,
+        target,
+        use_disk,
     )
 }
 
