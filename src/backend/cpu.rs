@@ -108,9 +108,14 @@ fn run_round(case: &Case, opts: &RunOptions) -> (Vec<ReducedArena>, RoundTimings
 
         let d = Instant::now();
         let (rank_digests, chunks) = rank_digests(&ranks, opts);
-        let mut differing = differing_chunks(&ranks);
-        // Only differences the digests see (the NaN policy may merge some).
-        differing.retain(|(r, _)| rank_digests[*r] != rank_digests[0]);
+        // Only differences the digests see (the NaN policy may merge some);
+        // when every digest agrees there is nothing to locate, and the
+        // arenas need no second pass.
+        let mut differing = Vec::new();
+        if rank_digests.iter().any(|d| *d != rank_digests[0]) {
+            differing = differing_chunks(&ranks);
+            differing.retain(|(r, _)| rank_digests[*r] != rank_digests[0]);
+        }
         t.digest_ms += ms(d);
         let values = opts.keep_values.then(|| ranks.swap_remove(0));
         out.push(ReducedArena {
