@@ -31,7 +31,7 @@ pub struct BenchArgs {
     backend: foldprint::backend::BackendChoice,
     /// CUDA bench: log2 of the arena length of the end-to-end phase split
     /// (W = 8; 25 is the 1 GiB `experiments/large.toml` case).
-    #[arg(long, default_value_t = 25)]
+    #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(u32).range(0..=31))]
     e2e_log2_len: u32,
     /// NCCL bench, one process: GPUs to use (under a launcher, the launcher decides).
     #[arg(long, default_value_t = 1)]
