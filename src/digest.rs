@@ -65,6 +65,8 @@ pub struct ArenaHasher {
     buf: Vec<u8>,
     /// Per-chunk digests (localization), when asked for.
     chunks: Option<ChunkState>,
+    /// Time spent looking for NaNs (so `bench` can show what it costs).
+    scan: std::time::Duration,
 }
 
 struct ChunkState {
@@ -145,6 +147,7 @@ impl ArenaHasher {
             policy,
             buf: Vec::with_capacity(STAGE * 4),
             chunks: None,
+            scan: std::time::Duration::ZERO,
         }
     }
 
@@ -175,16 +178,37 @@ impl ArenaHasher {
         }
     }
 
+    /// [`ArenaHasher::update`] for values already known to hold no NaN (a
+    /// device looked): hashed where they lie, without a scan. Values that
+    /// do hold one would be hashed with their payloads, so a wrong claim
+    /// shows as a digest that differs from the CPU oracle's.
+    pub fn update_nan_free(&mut self, values: &[f32]) {
+        if cfg!(target_endian = "little") {
+            self.feed_in_place(values);
+        } else {
+            self.update(values);
+        }
+    }
+
+    /// Hash `values`' in-memory bytes (the hashed bytes on a little-endian
+    /// host when no NaN needs canonicalising): no copy.
+    fn feed_in_place(&mut self, values: &[f32]) {
+        // SAFETY: f32 has no padding and any byte pattern is a valid u8.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), size_of_val(values)) };
+        Self::feed(&mut self.sha, &mut self.chunks, bytes);
+    }
+
     pub fn update(&mut self, values: &[f32]) {
-        if cfg!(target_endian = "little")
-            && (self.policy == NanPolicy::Preserve || !has_nan(values))
-        {
-            // The in-memory bytes already are the hashed bytes: no copy.
-            // SAFETY: f32 has no padding and any byte pattern is a valid u8.
-            let bytes = unsafe {
-                std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), size_of_val(values))
-            };
-            Self::feed(&mut self.sha, &mut self.chunks, bytes);
+        let in_place = cfg!(target_endian = "little")
+            && (self.policy == NanPolicy::Preserve || {
+                let t = std::time::Instant::now();
+                let clean = !has_nan(values);
+                self.scan += t.elapsed();
+                clean
+            });
+        if in_place {
+            self.feed_in_place(values);
             return;
         }
         for stage in values.chunks(STAGE) {
@@ -195,6 +219,11 @@ impl ArenaHasher {
             }
             Self::feed(&mut self.sha, &mut self.chunks, &self.buf);
         }
+    }
+
+    /// Time spent so far looking for NaNs (canonical policy only).
+    pub fn scan_time(&self) -> std::time::Duration {
+        self.scan
     }
 
     pub fn finish(self) -> String {
@@ -309,6 +338,25 @@ mod tests {
         let e = digest_chunked(&w, NanPolicy::Canonical);
         let differ: Vec<usize> = (0..3).filter(|&k| d.chunks[k] != e.chunks[k]).collect();
         assert_eq!(differ, vec![1]);
+    }
+
+    #[test]
+    fn nan_free_updates_hash_the_same_bytes_and_a_false_claim_shows() {
+        let v: Vec<f32> = (0..(CHUNK_ELEMS + 77)).map(|i| (i as f32).sin() * 3.5).collect();
+        for policy in [NanPolicy::Canonical, NanPolicy::Preserve] {
+            let mut h = ArenaHasher::with_chunks(policy);
+            h.update_nan_free(&v[..500]);
+            h.update(&v[500..600]);
+            h.update_nan_free(&v[600..]);
+            assert_eq!(h.finish_chunked(), digest_chunked(&v, policy));
+        }
+        // Negative control: a NaN payload hashed as "NaN-free" is not
+        // canonicalised, so the digest differs from the canonical one.
+        let mut w = v.clone();
+        w[9] = f32::from_bits(0x7FC0_0ABC);
+        let mut h = ArenaHasher::new(NanPolicy::Canonical);
+        h.update_nan_free(&w);
+        assert_ne!(h.finish(), digest_arena(&w, NanPolicy::Canonical));
     }
 
     #[test]

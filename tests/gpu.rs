@@ -744,8 +744,8 @@ fn write_torch_peer_files() {
 fn bench_fast_tuning_sweep() {
     let _g = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
     let mut extra = Vec::new();
-    for fast_block in [128u32, 256, 512, 1024] {
-        for fast_blocks_per_sm in [2u32, 4, 8, 16, 64] {
+    for fast_block in [256u32, 512, 1024] {
+        for fast_blocks_per_sm in [4u32, 8, 16, 64] {
             extra.push(LaunchTuning {
                 seed_block: 256,
                 fast_block,
@@ -755,7 +755,16 @@ fn bench_fast_tuning_sweep() {
         }
     }
     let cfg = bench::BenchConfig {
-        shapes: vec![(8, 1 << 25), (64, 1 << 20)],
+        // About the same bytes per launch at every W, around the per-W
+        // switch of `LaunchTuning::for_world`.
+        shapes: vec![
+            (8, 1 << 25),
+            (16, 1 << 22),
+            (32, 1 << 21),
+            (48, 3 << 19),
+            (64, 1 << 20),
+            (128, 1 << 19),
+        ],
         iters: 50,
         extra_fast: extra,
         ..bench::BenchConfig::default()
@@ -976,4 +985,73 @@ fn chunk_digests_on_the_device_equal_the_hosts() {
     let after = digest_now(&arena);
     assert_eq!(before[..8], after[..8]);
     assert_ne!(before[8..], after[8..]);
+}
+
+#[test]
+fn nan_chunks_are_found_on_the_device_and_spare_the_host_scan() {
+    use foldprint::backend::cuda::mem::DeviceBuffer;
+    use foldprint::backend::cuda::world::Reader;
+    use foldprint::backend::cuda::Device;
+    use foldprint::digest::{digest_chunked, CHUNK_ELEMS};
+    let _g = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
+    let dev = Device::open(0, CompileOptions::default()).expect("a usable CUDA GPU");
+    let stream = dev.new_stream().unwrap();
+    let n = 5 * CHUNK_ELEMS + 7;
+    let base: Vec<f32> = (0..n).map(|i| (i as f32).sqrt() * -1.25).collect();
+    let flags_of = |host: &[f32]| -> Vec<bool> {
+        let arena = DeviceBuffer::alloc(&dev.ctx, host.len()).unwrap();
+        arena.upload(host).unwrap();
+        let chunks = host.len().div_ceil(CHUNK_ELEMS);
+        let flags = DeviceBuffer::alloc(&dev.ctx, chunks).unwrap();
+        // SAFETY: live buffers of this context; synchronized below.
+        unsafe {
+            dev.nan_chunks(arena.view(), CHUNK_ELEMS, flags.view(), &stream)
+                .unwrap()
+        };
+        stream.synchronize().unwrap();
+        let mut out = vec![0f32; chunks];
+        flags.download(0, &mut out).unwrap();
+        out.iter().map(|f| f.to_bits() != 0).collect()
+    };
+    // Infinities and the largest finite value are not NaNs: nothing flagged.
+    let mut clean = base.clone();
+    clean[3] = f32::INFINITY;
+    clean[CHUNK_ELEMS + 1] = f32::NEG_INFINITY;
+    clean[2 * CHUNK_ELEMS] = f32::from_bits(0x7F7F_FFFF);
+    assert_eq!(flags_of(&clean), vec![false; 6]);
+    // A quiet NaN with a payload in chunk 0's vector body, a signalling NaN
+    // in chunk 3, a negative NaN as the very last (scalar tail) element.
+    let mut dirty = clean.clone();
+    dirty[5] = f32::from_bits(0x7FC0_0ABC);
+    dirty[3 * CHUNK_ELEMS + 9] = f32::from_bits(0x7F80_0001);
+    dirty[n - 1] = f32::from_bits(0xFFC0_0000);
+    assert_eq!(
+        flags_of(&dirty),
+        vec![true, false, false, true, false, true]
+    );
+
+    // The read-back hashes exactly what the host would, under both
+    // policies, whether a span holds a NaN or not; a NaN-free arena is never
+    // scanned on the host.
+    let mut reader = Reader::new(&dev, 2 * CHUNK_ELEMS).unwrap();
+    for (host, nan_free) in [(&clean, true), (&dirty, false)] {
+        let arena = DeviceBuffer::alloc(&dev.ctx, n).unwrap();
+        arena.upload(host).unwrap();
+        for policy in [NanPolicy::Canonical, NanPolicy::Preserve] {
+            let (got, _) = reader.digest(&dev, &arena, policy, false, true).unwrap();
+            assert_eq!(got, digest_chunked(host, policy), "{policy} nan_free={nan_free}");
+            let scanned = reader.last_times().nan_scan_ms;
+            if nan_free || policy == NanPolicy::Preserve {
+                assert_eq!(scanned.to_bits(), 0f64.to_bits(), "{policy}: host scanned");
+            } else {
+                assert!(scanned > 0.0, "the spans holding a NaN were not scanned");
+            }
+        }
+    }
+    // Negative control: canonical and preserved digests of the NaN arena
+    // differ, so the equality above is about the policy being applied.
+    assert_ne!(
+        digest_chunked(&dirty, NanPolicy::Canonical).sha256,
+        digest_chunked(&dirty, NanPolicy::Preserve).sha256
+    );
 }

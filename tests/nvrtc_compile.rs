@@ -16,7 +16,7 @@
 use foldprint::backend::cuda::kernels::{
     self, build_image, fold_entries, nvrtc_compile, option_list, BuildRequest, Image,
     ResolvedTarget, CHUNK_SHA_ENTRY, FOLD_PROGRAM, FOLD_SRC, GENERATE_ENTRY, GENERATOR_PROGRAM,
-    GENERATOR_SRC, RANK_CHECK_PROGRAM, RANK_CHECK_SRC, RANK_DIFF_ENTRY,
+    GENERATOR_SRC, NAN_CHUNKS_ENTRY, RANK_CHECK_PROGRAM, RANK_CHECK_SRC, RANK_DIFF_ENTRY,
 };
 use foldprint::backend::cuda::probe;
 use rayon::prelude::*;
@@ -148,7 +148,7 @@ fn every_kernel_compiles_for_every_target() {
             let (src, entries): (&str, Vec<&str>) = match program {
                 FOLD_PROGRAM => (&FOLD_SRC, fold.clone()),
                 GENERATOR_PROGRAM => (&GENERATOR_SRC, vec![GENERATE_ENTRY]),
-                _ => (&RANK_CHECK_SRC, vec![RANK_DIFF_ENTRY, CHUNK_SHA_ENTRY]),
+                _ => (&RANK_CHECK_SRC, vec![RANK_DIFF_ENTRY, CHUNK_SHA_ENTRY, NAN_CHUNKS_ENTRY]),
             };
             let opts = option_list(fmad, ftz, t);
             let img = nvrtc_compile(program, src, &opts, t)

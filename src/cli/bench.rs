@@ -58,6 +58,21 @@ struct Phases {
     /// The first round, allocations included: what a one-round `run` waits.
     first_round_ms: f64,
     rounds: u32,
+    /// Elements per pinned read-back chunk.
+    read_chunk: usize,
+    /// Where the digest went (medians over the same rounds).
+    digest: DigestSplit,
+}
+
+/// Medians of [`foldprint::backend::cuda::world::DigestProfile`] fields.
+#[derive(serde::Serialize)]
+struct DigestSplit {
+    rank_diff_ms: f64,
+    copy_wait_ms: f64,
+    nan_scan_ms: f64,
+    device_nan_scan_ms: f64,
+    hash_ms: f64,
+    device_chunks_wait_ms: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -83,10 +98,17 @@ fn end_to_end(world: usize, n: usize, rounds: u32, kernel_cache: bool) -> Result
         rounds,
     };
     let mut out = Vec::new();
-    for check in [RankCheck::Device, RankCheck::Host] {
+    let default_chunk = CudaConfig::default().chunk;
+    let shapes = [
+        (RankCheck::Device, default_chunk),
+        (RankCheck::Device, default_chunk / 8),
+        (RankCheck::Host, default_chunk),
+    ];
+    for (check, chunk) in shapes {
         let t = Instant::now();
         let mut cfg = CudaConfig {
             rank_check: check,
+            chunk,
             ..CudaConfig::default()
         };
         cfg.compile.disk_cache = kernel_cache;
@@ -96,6 +118,19 @@ fn end_to_end(world: usize, n: usize, rounds: u32, kernel_cache: bool) -> Result
         let steady = &run.rounds[1.min(run.rounds.len() - 1)..];
         let pick = |f: fn(&foldprint::backend::RoundTimings) -> f64| {
             median(steady.iter().map(f).collect())
+        };
+        let profiles = be.digest_profiles();
+        let steady_profiles = &profiles[1.min(profiles.len().saturating_sub(1))..];
+        let split = |f: fn(&foldprint::backend::cuda::world::DigestProfile) -> f64| {
+            median(steady_profiles.iter().map(f).collect())
+        };
+        let digest = DigestSplit {
+            rank_diff_ms: split(|p| p.rank_diff_ms),
+            copy_wait_ms: split(|p| p.read.copy_wait_ms),
+            nan_scan_ms: split(|p| p.read.nan_scan_ms),
+            device_nan_scan_ms: split(|p| p.read.device_nan_scan_ms),
+            hash_ms: split(|p| p.read.hash_ms),
+            device_chunks_wait_ms: split(|p| p.device_chunks_wait_ms),
         };
         out.push(Phases {
             rank_check: match check {
@@ -111,6 +146,8 @@ fn end_to_end(world: usize, n: usize, rounds: u32, kernel_cache: bool) -> Result
             round_ms: pick(|r| r.total_ms),
             first_round_ms: run.rounds[0].total_ms,
             rounds,
+            read_chunk: chunk,
+            digest,
         });
     }
     Ok(out)
@@ -196,8 +233,9 @@ fn run_cuda(json: bool, kernel_cache: bool, e2e_log2_len: u32) -> Result<i32> {
         phases.first().map_or(0, |p| p.rounds)
     );
     outln!(
-        "{:<11} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "{:<11} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "RANK CHECK",
+        "READ CHUNK",
         "START ms",
         "GEN ms",
         "REDUCE ms",
@@ -207,14 +245,42 @@ fn run_cuda(json: bool, kernel_cache: bool, e2e_log2_len: u32) -> Result<i32> {
     );
     for p in &phases {
         outln!(
-            "{:<11} {:>9.1} {:>9.2} {:>9.2} {:>9.1} {:>9.1} {:>9.1}",
+            "{:<11} {:>10} {:>9.1} {:>9.2} {:>9.2} {:>9.1} {:>9.1} {:>9.1}",
             p.rank_check,
+            format!("{} KiB", p.read_chunk * 4 / 1024),
             p.backend_start_ms,
             p.generate_ms,
             p.reduce_ms,
             p.digest_ms,
             p.round_ms,
             p.first_round_ms
+        );
+    }
+    outln!();
+    outln!("digest split (ms; host figures are the slowest read-back thread's):");
+    outln!(
+        "{:<11} {:>10} {:>10} {:>12} {:>10} {:>13} {:>10} {:>11}",
+        "RANK CHECK",
+        "READ CHUNK",
+        "RANK DIFF",
+        "GPU NaN SCAN",
+        "COPY WAIT",
+        "HOST NaN SCAN",
+        "SHA-256",
+        "GPU CHUNKS"
+    );
+    for p in &phases {
+        let d = &p.digest;
+        outln!(
+            "{:<11} {:>10} {:>10.2} {:>12.2} {:>10.2} {:>13.2} {:>10.1} {:>11.2}",
+            p.rank_check,
+            format!("{} KiB", p.read_chunk * 4 / 1024),
+            d.rank_diff_ms,
+            d.device_nan_scan_ms,
+            d.copy_wait_ms,
+            d.nan_scan_ms,
+            d.hash_ms,
+            d.device_chunks_wait_ms
         );
     }
     Ok(if report.rows.iter().any(|r| r.bits_ok == Some(false)) {

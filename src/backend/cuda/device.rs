@@ -304,6 +304,50 @@ impl Device {
             .map_err(|e| format!("fp_rank_diff launch: {}", driver_error_text(e)))
     }
 
+    /// Enqueue flags[c] = 1 if chunk c (of `chunk` elements) of `arena`
+    /// holds a NaN, else 0.
+    ///
+    /// # Safety
+    /// `arena` and `flags` must stay allocated, and `arena` unwritten,
+    /// until `stream` has passed the launch.
+    pub unsafe fn nan_chunks(
+        &self,
+        arena: DeviceView<'_>,
+        chunk: usize,
+        flags: DeviceView<'_>,
+        stream: &CudaStream,
+    ) -> Result<(), String> {
+        let n = arena.len();
+        let chunks = n.div_ceil(chunk.max(1));
+        if flags.len() != chunks || !chunk.is_multiple_of(4) || chunk > u32::MAX as usize {
+            return Err(format!(
+                "NaN scan: {} flags for {chunks} chunks of {chunk}",
+                flags.len()
+            ));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.rank_check.function(kernels::NAN_CHUNKS_ENTRY)?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                u32::try_from(chunks).map_err(|_| "NaN scan: too many chunks")?,
+                1,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (a, fl) = (arena.ptr(), flags.ptr());
+        let (n64, c32) = (n as u64, chunk as u32);
+        let mut b = stream.launch_builder(f);
+        b.arg(&a).arg(&n64).arg(&c32).arg(&fl);
+        // SAFETY: arguments match `fp_nan_chunks`; lengths checked above.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| format!("fp_nan_chunks launch: {}", driver_error_text(e)))
+    }
+
     /// Enqueue the SHA-256 of every `chunk`-element chunk of `arena` under
     /// `policy` into `out` (8 big-endian words per chunk).
     ///

@@ -100,6 +100,9 @@ pub struct CudaBackend {
     readers: Vec<Reader>,
     /// Rank arenas + scratch per (W, n), reused across rounds.
     worlds: HashMap<(usize, usize), WorldBuffers>,
+    /// Per digested arena of the current case, in order: where its digest
+    /// time went (`bench` prints it).
+    profiles: Vec<world::DigestProfile>,
 }
 
 fn unavailable(reason: impl Into<String>) -> BackendError {
@@ -137,9 +140,15 @@ impl CudaBackend {
             copy: Vec::new(),
             readers: Vec::new(),
             worlds: HashMap::new(),
+            profiles: Vec::new(),
         };
         backend.set_copy_streams(cfg.copy_streams)?;
         Ok(backend)
+    }
+
+    /// Where each arena's digest time went in the last case, in round order.
+    pub fn digest_profiles(&self) -> &[world::DigestProfile] {
+        &self.profiles
     }
 
     pub fn config(&self) -> &CudaConfig {
@@ -305,6 +314,7 @@ impl CudaBackend {
             )
             .map_err(|e| driver_failed(&case.id, "digest", e))?;
             t.digest_ms += d.elapsed().as_secs_f64() * 1e3;
+            self.profiles.push(got.profile);
             out.push(ReducedArena {
                 len: n,
                 rank_digests: got.digests,
@@ -608,6 +618,7 @@ impl Backend for CudaBackend {
         // Keep only this case's buffers: other shapes would pin memory.
         self.worlds
             .retain(|&(w, n), _| w == case.world && case.arenas.contains(&n));
+        self.profiles.clear();
         let (mode, prog) = contract_program(case)?;
         let prog_buf = upload_prog(&self.dev, &prog)
             .map_err(|e| driver_failed(&case.id, "uploading the fold program", e))?;

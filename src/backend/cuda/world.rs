@@ -12,10 +12,12 @@ use super::driver_error_text;
 use super::kernels::{FoldMode, KernelVariant};
 use super::mem::{copy_d2d, DeviceBuffer, PinnedBuffer, F32};
 use crate::data::Distribution;
-use crate::digest::{ArenaHasher, ChunkedDigest, NanPolicy};
+use crate::digest::{ArenaHasher, ChunkedDigest, NanPolicy, CHUNK_ELEMS};
 use crate::fold::Shard;
 use cudarc::driver::{sys::CUevent_flags, CudaEvent, CudaStream};
+use serde::Serialize;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Rank arenas and reusable scratch for one (W, n).
 pub struct WorldBuffers {
@@ -267,6 +269,36 @@ fn exchange_fold_redistribute(
 pub struct Reader {
     stream: Arc<CudaStream>,
     bufs: [PinnedBuffer; 2],
+    /// The device's NaN flags, one per `CHUNK_ELEMS` chunk (grown on demand).
+    nan_flags: Option<DeviceBuffer>,
+    /// Where the last [`Reader::digest`] spent its time.
+    last: ReadTimes,
+}
+
+/// One read-back's time on its host thread, in ms.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct ReadTimes {
+    /// Blocked on a chunk's copy to arrive.
+    pub copy_wait_ms: f64,
+    /// Looking for NaNs on the host (the canonical policy's check before
+    /// hashing in place), in spans the device found a NaN in.
+    pub nan_scan_ms: f64,
+    /// The device's NaN scan of the arena, flags read back.
+    pub device_nan_scan_ms: f64,
+    /// SHA-256 (and chunk digests, when the host computes them), plus
+    /// canonicalising a chunk that holds a NaN.
+    pub hash_ms: f64,
+}
+
+/// Where one arena's digest time went, in ms (`bench` prints it).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct DigestProfile {
+    /// The device compare of ranks 1..W-1 with rank 0, flags read back.
+    pub rank_diff_ms: f64,
+    /// The slowest host thread's read-back.
+    pub read: ReadTimes,
+    /// Waiting for the device chunk digests once the host was done.
+    pub device_chunks_wait_ms: f64,
 }
 
 impl Reader {
@@ -277,7 +309,40 @@ impl Reader {
                 PinnedBuffer::alloc(&dev.ctx, chunk)?,
                 PinnedBuffer::alloc(&dev.ctx, chunk)?,
             ],
+            nan_flags: None,
+            last: ReadTimes::default(),
         })
+    }
+
+    /// For each `CHUNK_ELEMS` chunk of `buf`, whether it holds a NaN, found
+    /// on the device (a pass at HBM speed instead of a host scan at memory
+    /// speed on the one hashing thread).
+    fn nan_map(&mut self, dev: &Device, buf: &DeviceBuffer) -> Result<Vec<bool>, String> {
+        let chunks = buf.len().div_ceil(CHUNK_ELEMS);
+        if self.nan_flags.as_ref().is_none_or(|f| f.len() < chunks) {
+            self.nan_flags = Some(DeviceBuffer::alloc(&dev.ctx, chunks)?);
+        }
+        let flags = self.nan_flags.as_ref().ok_or("NaN flags missing")?;
+        // SAFETY: views of this context's live buffers; the round has
+        // finished writing the arena, and the flags are read only after
+        // this stream synchronizes.
+        unsafe {
+            dev.nan_chunks(
+                buf.slice(0, buf.len())?,
+                CHUNK_ELEMS,
+                flags.slice(0, chunks)?,
+                &self.stream,
+            )?
+        };
+        self.stream.synchronize().map_err(driver_error_text)?;
+        let mut host = vec![0f32; chunks];
+        flags.download(0, &mut host)?;
+        Ok(host.iter().map(|f| f.to_bits() != 0).collect())
+    }
+
+    /// Where the last [`Reader::digest`] spent its time.
+    pub fn last_times(&self) -> ReadTimes {
+        self.last
     }
 
     /// Hash `buf` under `policy` (with chunk digests when `chunked`); also
@@ -305,18 +370,42 @@ impl Reader {
             None
         };
         let count = |k: usize| chunk.min(n - k * chunk);
+        // Under the canonical policy the host would scan every span for
+        // NaNs before hashing it in place; the device says which spans can
+        // skip that.
+        let scanned = Instant::now();
+        let nan_map = match policy {
+            NanPolicy::Canonical if n > 0 => Some(self.nan_map(dev, buf)?),
+            _ => None,
+        };
+        let device_scan = scanned.elapsed();
+        let has_nan = |k: usize| {
+            let (lo, hi) = (k * chunk, k * chunk + count(k));
+            nan_map
+                .as_ref()
+                .is_none_or(|m| m[lo / CHUNK_ELEMS..hi.div_ceil(CHUNK_ELEMS)].contains(&true))
+        };
         let mut done: [Option<CudaEvent>; 2] = [None, None];
+        let (mut waited, mut hashing) = (Duration::ZERO, Duration::ZERO);
         let result = (|| -> Result<(), String> {
             for k in 0..chunks.min(2) {
                 self.issue(buf, k, chunk, count(k), &mut done)?;
             }
             for k in 0..chunks {
                 let slot = k % 2;
+                let t = Instant::now();
                 if let Some(e) = &done[slot] {
                     e.synchronize().map_err(driver_error_text)?;
                 }
+                waited += t.elapsed();
                 let vals = self.bufs[slot].values(count(k));
-                hasher.update(vals);
+                let t = Instant::now();
+                if has_nan(k) {
+                    hasher.update(vals);
+                } else {
+                    hasher.update_nan_free(vals);
+                }
+                hashing += t.elapsed();
                 if let Some(v) = kept.as_mut() {
                     v.extend_from_slice(vals);
                 }
@@ -330,6 +419,14 @@ impl Reader {
         let synced = self.stream.synchronize().map_err(driver_error_text);
         result?;
         synced?;
+        let scan = hasher.scan_time();
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        self.last = ReadTimes {
+            copy_wait_ms: ms(waited),
+            nan_scan_ms: ms(scan),
+            device_nan_scan_ms: ms(device_scan),
+            hash_ms: ms(hashing.saturating_sub(scan)),
+        };
         Ok((hasher.finish_chunked(), kept))
     }
 
@@ -357,6 +454,7 @@ pub struct RankDigests {
     pub chunks: Vec<String>,
     pub values: Option<Vec<f32>>,
     pub differing: Vec<(usize, Vec<usize>)>,
+    pub profile: DigestProfile,
 }
 
 /// How the copies of ranks 1..W-1 are checked against rank 0's.
@@ -462,8 +560,8 @@ impl DeviceChunks {
     }
 }
 
-/// (rank, digest, kept values).
-type RankDigest = (usize, ChunkedDigest, Option<Vec<f32>>);
+/// (rank, digest, kept values, read-back times).
+type RankDigest = (usize, ChunkedDigest, Option<Vec<f32>>, ReadTimes);
 
 /// Digest the ranks' arenas with up to `readers.len()` host threads:
 /// every rank under [`RankCheck::Host`]; under [`RankCheck::Device`] rank
@@ -480,6 +578,8 @@ pub fn digest_ranks(
     if readers.is_empty() {
         return Err("no read-back workers".into());
     }
+    let mut profile = DigestProfile::default();
+    let compared = Instant::now();
     let mut differing: Vec<(usize, Vec<usize>)> = match check {
         RankCheck::Host => Vec::new(),
         RankCheck::Device => {
@@ -491,6 +591,7 @@ pub fn digest_ranks(
                 .collect()
         }
     };
+    profile.rank_diff_ms = compared.elapsed().as_secs_f64() * 1e3;
     let hashed: Vec<usize> = match check {
         RankCheck::Host => (0..world).collect(),
         RankCheck::Device => std::iter::once(0)
@@ -527,7 +628,7 @@ pub fn digest_ranks(
                             keep && r == 0,
                             r == 0 && chunked_on_host,
                         )?;
-                        out.push((r, d, v));
+                        out.push((r, d, v, reader.last_times()));
                     }
                     Ok(out)
                 })
@@ -537,7 +638,13 @@ pub fn digest_ranks(
             let part = h
                 .join()
                 .map_err(|_| "read-back thread panicked".to_string())??;
-            for (r, d, v) in part {
+            for (r, d, v, times) in part {
+                let slowest = &mut profile.read;
+                slowest.copy_wait_ms = slowest.copy_wait_ms.max(times.copy_wait_ms);
+                slowest.nan_scan_ms = slowest.nan_scan_ms.max(times.nan_scan_ms);
+                slowest.device_nan_scan_ms =
+                    slowest.device_nan_scan_ms.max(times.device_nan_scan_ms);
+                slowest.hash_ms = slowest.hash_ms.max(times.hash_ms);
                 if r == 0 {
                     chunks = d.chunks;
                 }
@@ -551,7 +658,9 @@ pub fn digest_ranks(
     });
     outcome?;
     if let Some(d) = device_chunks {
+        let t = Instant::now();
         chunks = d.finish()?;
+        profile.device_chunks_wait_ms = t.elapsed().as_secs_f64() * 1e3;
     }
     // Ranks found bit-identical to rank 0 on the device share its digest.
     let first = digests[0].clone();
@@ -581,5 +690,6 @@ pub fn digest_ranks(
         chunks,
         values,
         differing,
+        profile,
     })
 }

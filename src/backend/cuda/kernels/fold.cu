@@ -30,21 +30,32 @@ template <> __device__ __forceinline__ float4 fp_load<float4>(const float* p) {
 __device__ __forceinline__ void fp_store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void fp_store(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 
+// Rows loaded before their adds in the chains (see fp_fold_at).
+#define FP_BATCH 8u
+
 // MODE 0: ascending chain from slot 0. MODE 1: chain over prog[0..world)
 // (delivery order). MODE 2: postfix program (slot index = push, FP_ADD_OP =
 // pop right, pop left, push left + right): the pairwise tree.
 template <int MODE, typename V>
 __device__ __forceinline__ V fp_fold_at(const float* __restrict__ s, u64 ld, u64 i, u32 world,
                                         const u32* __restrict__ prog, u32 prog_len) {
-    if (MODE == 0) {
-        V acc = fp_load<V>(s + i);
-#pragma unroll 8
-        for (u32 r = 1; r < world; ++r) acc = fp_add(acc, fp_load<V>(s + (u64)r * ld + i));
-        return acc;
-    } else if (MODE == 1) {
-        V acc = fp_load<V>(s + (u64)prog[0] * ld + i);
-#pragma unroll 4
-        for (u32 k = 1; k < world; ++k) acc = fp_add(acc, fp_load<V>(s + (u64)prog[k] * ld + i));
+    if (MODE != 2) {
+        // The chains load a batch of up to FP_BATCH rows, then add them in
+        // order. Adding each row as it arrives keeps one load in flight per
+        // thread (a loop of W-1 < 8 trips under `unroll 8` is not unrolled
+        // at all): too few bytes in flight to fill HBM with 4-byte loads.
+        // Batching changes when rows are loaded, never which adds happen.
+        const float* base = s + i;
+        V acc = fp_load<V>(base + (u64)(MODE == 0 ? 0u : prog[0]) * ld);
+        for (u32 r = 1; r < world; r += FP_BATCH) {
+            V v[FP_BATCH];
+#pragma unroll
+            for (u32 j = 0; j < FP_BATCH; ++j)
+                if (r + j < world) v[j] = fp_load<V>(base + (u64)(MODE == 0 ? r + j : prog[r + j]) * ld);
+#pragma unroll
+            for (u32 j = 0; j < FP_BATCH; ++j)
+                if (r + j < world) acc = fp_add(acc, v[j]);
+        }
         return acc;
     } else {
         V st[FP_STACK];

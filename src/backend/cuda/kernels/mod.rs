@@ -27,8 +27,8 @@ pub use module::{
 pub use nvrtc::{nvrtc_compile, Image};
 pub use source::{
     fold_entries, fold_entry, FoldMode, KernelVariant, CHUNK_SHA_ENTRY, FOLD_PROGRAM, FOLD_SRC,
-    GENERATE_ENTRY, GENERATOR_PROGRAM, GENERATOR_SRC, RANK_CHECK_PROGRAM, RANK_CHECK_SRC,
-    RANK_DIFF_ENTRY,
+    GENERATE_ENTRY, GENERATOR_PROGRAM, GENERATOR_SRC, NAN_CHUNKS_ENTRY, RANK_CHECK_PROGRAM,
+    RANK_CHECK_SRC, RANK_DIFF_ENTRY,
 };
 pub use target::{option_list, resolve_target, CompileOptions, ResolvedTarget, Target};
 pub use tree::{program_depth, tree_program, TREE_ADD, TREE_STACK};

@@ -9,8 +9,8 @@ use super::disk_cache::{self, DiskCache, KeyParts, Lookup};
 use super::nvrtc::Image;
 use super::source::{
     fold_entries, fold_entry, FoldMode, KernelVariant, CHUNK_SHA_ENTRY, FOLD_PROGRAM, FOLD_SRC,
-    GENERATE_ENTRY, GENERATOR_PROGRAM, GENERATOR_SRC, RANK_CHECK_PROGRAM, RANK_CHECK_SRC,
-    RANK_DIFF_ENTRY,
+    GENERATE_ENTRY, GENERATOR_PROGRAM, GENERATOR_SRC, NAN_CHUNKS_ENTRY, RANK_CHECK_PROGRAM,
+    RANK_CHECK_SRC, RANK_DIFF_ENTRY,
 };
 use super::target::{option_list, CompileOptions, ResolvedTarget, Target};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
@@ -326,7 +326,7 @@ pub fn rank_check_program(
     target: ResolvedTarget,
     use_disk: bool,
 ) -> Result<Arc<LoadedProgram>, String> {
-    let entries = [RANK_DIFF_ENTRY, CHUNK_SHA_ENTRY];
+    let entries = [RANK_DIFF_ENTRY, CHUNK_SHA_ENTRY, NAN_CHUNKS_ENTRY];
     pinned_program(
         ctx,
         RANK_CHECK_PROGRAM,

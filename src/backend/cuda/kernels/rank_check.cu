@@ -29,6 +29,34 @@ extern "C" __global__ void fp_rank_diff(const unsigned int* __restrict__ ref,
     }
 }
 
+// Which chunks of `chunk` elements (a multiple of 4) of an arena hold a NaN:
+// flags[c] = 1 when some element's magnitude bits exceed the infinity's,
+// else 0 (every block writes its flag). The host skips its own NaN scan of
+// a read-back span whose chunks are all 0: the canonical NaN policy then
+// has nothing to change, and the bytes are hashed where they lie.
+
+extern "C" __global__ void fp_nan_chunks(const unsigned int* __restrict__ arena,
+                                         unsigned long long n,
+                                         unsigned int chunk,
+                                         unsigned int* __restrict__ flags) {
+    unsigned long long lo = (unsigned long long)blockIdx.x * chunk;
+    unsigned long long hi = lo + chunk < n ? lo + chunk : n;
+    unsigned long long body = lo + ((hi - lo) & ~3ULL);
+    unsigned int top = 0;
+    for (unsigned long long i = lo + 4ULL * threadIdx.x; i < body; i += 4ULL * blockDim.x) {
+        uint4 a = *reinterpret_cast<const uint4*>(arena + i);
+        top = max(top, max(max(a.x & 0x7FFFFFFFu, a.y & 0x7FFFFFFFu),
+                           max(a.z & 0x7FFFFFFFu, a.w & 0x7FFFFFFFu)));
+    }
+    for (unsigned long long i = body + threadIdx.x; i < hi; i += blockDim.x) {
+        top = max(top, arena[i] & 0x7FFFFFFFu);
+    }
+    int any = __syncthreads_or(top > 0x7F800000u);
+    if (threadIdx.x == 0) {
+        flags[blockIdx.x] = any ? 1u : 0u;
+    }
+}
+
 // SHA-256 of each chunk of `chunk` elements (a multiple of 16) of an arena,
 // over exactly the bytes the host hashes: each element's bits after the NaN
 // policy (`canonical`: every NaN becomes FP_CANONICAL_NAN), little-endian.

@@ -32,6 +32,8 @@ pub const RANK_CHECK_PROGRAM: &str = "foldprint_rank_check";
 pub const RANK_DIFF_ENTRY: &str = "fp_rank_diff";
 /// Per-chunk SHA-256 of an arena, in the rank-check program.
 pub const CHUNK_SHA_ENTRY: &str = "fp_chunk_sha256";
+/// Which chunks of an arena hold a NaN (`rank_check.cu`).
+pub const NAN_CHUNKS_ENTRY: &str = "fp_nan_chunks";
 /// The fold program as NVRTC compiles it: [`prelude`] + `fold.cu`.
 pub static FOLD_SRC: LazyLock<String> = LazyLock::new(|| program_text("fold.cu", FOLD_CU));
 
