@@ -504,6 +504,15 @@ fn modules_are_compiled_once_per_device_and_options() {
         &b.device().generator
     ));
     assert!(kernels::compile_count() >= 2);
+    // The second backend found every program in this process: it made no
+    // image while its context was created, and loaded nothing.
+    let s = b.device().startup;
+    assert_eq!(
+        (s.images, s.nvrtc_compile, s.module_load),
+        (0.0, 0.0, 0.0),
+        "{s:?}"
+    );
+    assert!(s.overlapped >= s.context, "{s:?}");
 }
 
 #[test]

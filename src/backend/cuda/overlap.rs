@@ -54,11 +54,13 @@ where
     })
 }
 
+/// One job for [`all_at_once`]: its name (for a panic's message) and the
+/// work.
+pub type Job<'a, T> = (String, Box<dyn FnOnce() -> Result<T, String> + Send + 'a>);
+
 /// Run every job on its own thread and return their results in order; a
 /// job that panics gives `Err` naming it.
-pub fn all_at_once<T: Send>(
-    jobs: Vec<(String, Box<dyn FnOnce() -> Result<T, String> + Send + '_>)>,
-) -> Vec<Result<T, String>> {
+pub fn all_at_once<T: Send>(jobs: Vec<Job<'_, T>>) -> Vec<Result<T, String>> {
     if jobs.len() == 1 {
         // No thread for a single job; still contain a panic.
         let (name, job) = jobs.into_iter().next().expect("one job");
@@ -98,7 +100,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    type Job = Box<dyn FnOnce() -> Result<u32, String> + Send>;
+    type Work = Box<dyn FnOnce() -> Result<u32, String> + Send>;
 
     fn sleep_then<T>(ms: u64, v: T) -> impl FnOnce() -> Result<T, String> {
         move || {
@@ -112,8 +114,8 @@ mod tests {
         // 150 ms and 100 ms of waiting: run one after the other they take at
         // least 250 ms, side by side about 150.
         let r = side_by_side("slow", sleep_then(150, 1u32), || {
-            let jobs: Vec<(String, Job)> = (0..3u32)
-                .map(|i| (format!("job {i}"), Box::new(sleep_then(100, i)) as Job))
+            let jobs: Vec<Job<u32>> = (0..3u32)
+                .map(|i| (format!("job {i}"), Box::new(sleep_then(100, i)) as Work))
                 .collect();
             all_at_once(jobs)
         });
@@ -146,7 +148,7 @@ mod tests {
     #[test]
     fn a_panicking_job_becomes_an_error_and_the_others_finish() {
         let n = 5;
-        let jobs: Vec<(String, Job)> = vec![
+        let jobs: Vec<Job<u32>> = vec![
             ("fold build".into(), Box::new(|| Ok(1))),
             (
                 "generator build".into(),
@@ -165,7 +167,7 @@ mod tests {
         );
         assert_eq!(r[2], Err("no NVRTC".to_string()));
         // A single job runs on the caller's thread and is contained too.
-        let one: Vec<(String, Job)> = vec![("alone".into(), Box::new(|| panic!("boom")))];
+        let one: Vec<Job<u32>> = vec![("alone".into(), Box::new(|| panic!("boom")))];
         assert_eq!(all_at_once(one), vec![Err("alone panicked: boom".into())]);
     }
 }

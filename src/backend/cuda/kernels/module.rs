@@ -4,6 +4,7 @@
 //! from the on-disk cache ([`super::disk_cache`]) when allowed and present,
 //! else compiles it with NVRTC (and stores it there).
 
+use super::super::overlap::Job;
 use super::compile::{build_image, BuildRequest};
 use super::disk_cache::{self, DiskCache, KeyParts, Lookup};
 use super::nvrtc::Image;
@@ -349,12 +350,11 @@ pub fn images(specs: &[&ProgramSpec]) -> Vec<Result<(Image, ModuleOrigin), Strin
             let _ = nvrtc_library_sha256(&c);
         }
     }
-    type Job<'a> = Box<dyn FnOnce() -> Result<(Image, ModuleOrigin), String> + Send + 'a>;
-    let jobs: Vec<(String, Job<'_>)> = specs
+    let jobs: Vec<Job<'_, (Image, ModuleOrigin)>> = specs
         .iter()
         .map(|&s| {
-            let job: Job<'_> = Box::new(move || s.image());
-            (format!("building {}", s.request.program), job)
+            let work: Box<dyn FnOnce() -> _ + Send> = Box::new(move || s.image());
+            (format!("building {}", s.request.program), work)
         })
         .collect();
     super::super::overlap::all_at_once(jobs)
