@@ -23,8 +23,8 @@ pub struct Startup {
     /// The device's primary context: its own wall time, on the thread
     /// that created it while the images were made (see `overlapped`).
     pub context: f64,
-    /// Device facts, driver and NVRTC versions, target choice (before the
-    /// context: they need only `cuInit`).
+    /// Library check, device facts, driver and NVRTC versions, target
+    /// choice (before the context: they need only `cuInit`).
     pub queries: f64,
     /// The programs: `images` plus the module loads after the context.
     pub programs: f64,
@@ -141,8 +141,8 @@ impl Device {
     /// from the disk cache or compiled by NVRTC on others, and finally the
     /// images are loaded into the context.
     pub fn open(ordinal: usize, options: CompileOptions) -> Result<Device, String> {
-        probe::ensure_libraries()?;
         let started = Instant::now();
+        probe::ensure_libraries()?;
         let cannot_open = |e| {
             format!(
                 "cannot open CUDA device {ordinal}: {}",
