@@ -194,8 +194,9 @@ impl ArenaHasher {
     /// host when no NaN needs canonicalising): no copy.
     fn feed_in_place(&mut self, values: &[f32]) {
         // SAFETY: f32 has no padding and any byte pattern is a valid u8.
-        let bytes =
-            unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), size_of_val(values)) };
+        let bytes = unsafe {
+            std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), size_of_val(values))
+        };
         Self::feed(&mut self.sha, &mut self.chunks, bytes);
     }
 
@@ -342,7 +343,9 @@ mod tests {
 
     #[test]
     fn nan_free_updates_hash_the_same_bytes_and_a_false_claim_shows() {
-        let v: Vec<f32> = (0..(CHUNK_ELEMS + 77)).map(|i| (i as f32).sin() * 3.5).collect();
+        let v: Vec<f32> = (0..(CHUNK_ELEMS + 77))
+            .map(|i| (i as f32).sin() * 3.5)
+            .collect();
         for policy in [NanPolicy::Canonical, NanPolicy::Preserve] {
             let mut h = ArenaHasher::with_chunks(policy);
             h.update_nan_free(&v[..500]);

@@ -504,6 +504,15 @@ fn modules_are_compiled_once_per_device_and_options() {
         &b.device().generator
     ));
     assert!(kernels::compile_count() >= 2);
+    // The second backend found every program in this process: it made no
+    // image while its context was created, and loaded nothing.
+    let s = b.device().startup;
+    assert_eq!(
+        (s.images, s.nvrtc_compile, s.module_load),
+        (0.0, 0.0, 0.0),
+        "{s:?}"
+    );
+    assert!(s.overlapped >= s.context, "{s:?}");
 }
 
 #[test]
@@ -1039,7 +1048,11 @@ fn nan_chunks_are_found_on_the_device_and_spare_the_host_scan() {
         arena.upload(host).unwrap();
         for policy in [NanPolicy::Canonical, NanPolicy::Preserve] {
             let (got, _) = reader.digest(&dev, &arena, policy, false, true).unwrap();
-            assert_eq!(got, digest_chunked(host, policy), "{policy} nan_free={nan_free}");
+            assert_eq!(
+                got,
+                digest_chunked(host, policy),
+                "{policy} nan_free={nan_free}"
+            );
             let scanned = reader.last_times().nan_scan_ms;
             if nan_free || policy == NanPolicy::Preserve {
                 assert_eq!(scanned.to_bits(), 0f64.to_bits(), "{policy}: host scanned");

@@ -147,3 +147,60 @@ fn warm_runs_load_cached_kernels_with_the_same_bits() {
         }
     }
 }
+
+/// `startup_ms` of a report, as numbers.
+fn startup(r: &Value) -> (f64, f64, f64, f64, f64) {
+    let s = &r["environment"]["backend"]["startup_ms"];
+    let f = |k: &str| {
+        s[k].as_f64()
+            .unwrap_or_else(|| panic!("startup_ms.{k} missing: {s}"))
+    };
+    (
+        f("context"),
+        f("images"),
+        f("overlapped"),
+        f("programs"),
+        f("nvrtc_compile"),
+    )
+}
+
+#[test]
+fn a_cold_start_compiles_while_the_context_is_created() {
+    let work = tempfile::tempdir().expect("temp dir");
+    let dir = work.path().join("cache");
+    // Compiled fresh: all three programs go through NVRTC.
+    let cold = run(&dir, &["--no-kernel-cache"]);
+    let (context, images, overlapped, programs, nvrtc) = startup(&cold);
+    eprintln!(
+        "cold: context {context:.1} ms, images {images:.1} ms, side by side {overlapped:.1} ms, \
+         programs {programs:.1} ms, NVRTC {nvrtc:.1} ms"
+    );
+    assert!(context > 0.0 && images > 0.0 && nvrtc > 0.0, "{cold}");
+    // The section lasts at least as long as each of its parts...
+    assert!(
+        overlapped >= context.max(images),
+        "{overlapped} vs {context}, {images}"
+    );
+    assert!(
+        overlapped <= context + programs,
+        "{overlapped} vs {context} + {programs}"
+    );
+    // ...and, the parts running side by side, clearly less than both one
+    // after the other: at least half of the shorter part was hidden.
+    assert!(
+        overlapped <= context + images - 0.5 * context.min(images),
+        "not overlapped: {overlapped} ms for context {context} ms and images {images} ms"
+    );
+
+    // Warm: the images come from the disk cache, well inside the context.
+    run(&dir, &[]);
+    let warm = run(&dir, &[]);
+    let (context, images, overlapped, programs, nvrtc) = startup(&warm);
+    eprintln!(
+        "warm: context {context:.1} ms, images {images:.1} ms, side by side {overlapped:.1} ms, \
+         programs {programs:.1} ms, NVRTC {nvrtc:.1} ms"
+    );
+    assert_eq!(nvrtc, 0.0, "{warm}");
+    assert!(overlapped >= context.max(images), "{warm}");
+    assert!(overlapped <= context + programs, "{warm}");
+}

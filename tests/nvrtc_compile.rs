@@ -148,7 +148,10 @@ fn every_kernel_compiles_for_every_target() {
             let (src, entries): (&str, Vec<&str>) = match program {
                 FOLD_PROGRAM => (&FOLD_SRC, fold.clone()),
                 GENERATOR_PROGRAM => (&GENERATOR_SRC, vec![GENERATE_ENTRY]),
-                _ => (&RANK_CHECK_SRC, vec![RANK_DIFF_ENTRY, CHUNK_SHA_ENTRY, NAN_CHUNKS_ENTRY]),
+                _ => (
+                    &RANK_CHECK_SRC,
+                    vec![RANK_DIFF_ENTRY, CHUNK_SHA_ENTRY, NAN_CHUNKS_ENTRY],
+                ),
             };
             let opts = option_list(fmad, ftz, t);
             let img = nvrtc_compile(program, src, &opts, t)
@@ -353,4 +356,38 @@ fn the_kernel_cache_serves_what_nvrtc_built() {
         std::fs::read_dir(cache.dir()).expect("dir").count(),
         before - 1
     );
+}
+
+/// The backend start builds a device's three programs at once, one NVRTC
+/// program per thread: each image is the very one a build on its own gives.
+#[test]
+#[ignore = "needs NVRTC: .ci/run runs it with --ignored and FOLDPRINT_NVRTC_LIBRARY"]
+fn programs_built_at_once_are_the_images_built_one_by_one() {
+    use kernels::{images, CompileOptions, ProgramSpec};
+    nvrtc();
+    for t in [target("cubin", 90), target("ptx", 80)] {
+        let fold = CompileOptions {
+            disk_cache: false,
+            ..CompileOptions::default()
+        };
+        let specs = [
+            ProgramSpec::fold(fold, t),
+            ProgramSpec::fold(CompileOptions { ftz: true, ..fold }, t),
+            ProgramSpec::generator(t, false),
+            ProgramSpec::rank_check(t, false),
+        ];
+        let refs: Vec<&ProgramSpec> = specs.iter().collect();
+        let together = images(&refs);
+        assert_eq!(together.len(), specs.len());
+        for (spec, got) in specs.iter().zip(together) {
+            let (img, origin) = got.unwrap_or_else(|e| panic!("{spec:?}: {e}"));
+            let (alone, _) = spec.image().expect("built alone");
+            assert_eq!(img.program, spec.request.program);
+            assert_eq!(origin.program, spec.request.program);
+            assert!(!origin.from_cache && origin.compile_ms > 0.0, "{origin:?}");
+            assert_eq!(img.sha256, alone.sha256, "{spec:?}");
+            assert_eq!(img.data, alone.data, "{spec:?}");
+            assert_entries(&img, &spec.entries);
+        }
+    }
 }

@@ -174,10 +174,12 @@ fn run_cuda(json: bool, kernel_cache: bool, e2e_log2_len: u32) -> Result<i32> {
     }
     let s = &report.startup;
     outln!(
-        "start: probe {:.1} ms · context {:.1} ms · device queries {:.1} ms · kernels {:.1} ms (NVRTC {:.1}, cache {:.1}, module load {:.1})",
+        "start: probe {:.1} ms · device queries {:.1} ms · context {:.1} ms ∥ kernel images {:.1} ms = {:.1} ms side by side · kernels {:.1} ms (NVRTC {:.1}, cache {:.1}, module load {:.1})",
         s.probe,
-        s.context,
         s.queries,
+        s.context,
+        s.images,
+        s.overlapped,
         s.programs,
         s.nvrtc_compile,
         s.kernel_cache,

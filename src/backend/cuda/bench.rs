@@ -32,7 +32,13 @@ impl Default for BenchConfig {
     fn default() -> Self {
         BenchConfig {
             ordinal: 0,
-            shapes: vec![(8, 1 << 25), (16, 1 << 22), (32, 1 << 21), (64, 1 << 20), (8, 4096)],
+            shapes: vec![
+                (8, 1 << 25),
+                (16, 1 << 22),
+                (32, 1 << 21),
+                (64, 1 << 20),
+                (8, 4096),
+            ],
             warmup: 10,
             iters: 100,
             distribution: Distribution::MixedMagnitude,

@@ -3,11 +3,12 @@
 
 use super::driver_error_text;
 use super::kernels::{
-    self, CompileOptions, FoldKernels, FoldMode, KernelVariant, LoadedProgram, ResolvedTarget,
+    self, CompileOptions, FoldKernels, FoldMode, KernelVariant, LoadedProgram, ProgramSpec,
+    ResolvedTarget,
 };
 use super::mem::DeviceView;
 use super::probe::{self, DeviceProbe};
-use cudarc::driver::{sys, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{self, sys, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,18 +20,30 @@ pub struct Startup {
     /// The library and device probe before the device is opened (driver
     /// init, `cuInit`); set by the backend that probed.
     pub probe: f64,
-    /// Library check and the device's primary context.
+    /// The device's primary context: its own wall time, on the thread
+    /// that created it while the images were made (see `overlapped`).
     pub context: f64,
-    /// Device facts, driver and NVRTC versions, target choice.
+    /// Library check, device facts, driver and NVRTC versions, target
+    /// choice (before the context: they need only `cuInit`).
     pub queries: f64,
-    /// Both programs: cache lookups, NVRTC compiles, module loads.
+    /// The programs: `images` plus the module loads after the context.
     pub programs: f64,
-    /// Of `programs`: NVRTC compile time (0 when both came from the cache).
+    /// Of `programs`, summed over the programs (each is compiled on its
+    /// own thread, so this may exceed `images`): NVRTC compile time (0
+    /// when all came from the cache).
     pub nvrtc_compile: f64,
-    /// Of `programs`: hashing the cache inputs and reading entries.
+    /// Of `programs`, summed over the programs: hashing the cache inputs
+    /// and reading entries.
     pub kernel_cache: f64,
     /// Of `programs`: the driver loading the images.
     pub module_load: f64,
+    /// Wall time of making the images not yet loaded in this process (disk
+    /// cache or NVRTC, concurrently), alongside the context; 0 when this
+    /// process had them all.
+    pub images: f64,
+    /// Wall time of the context and the images side by side: what the
+    /// start paid for both. `context + images - overlapped` was hidden.
+    pub overlapped: f64,
 }
 
 /// Launch shapes. Bits do not depend on them (tests vary them).
@@ -121,20 +134,27 @@ fn uuid_text(u: &sys::CUuuid) -> String {
 
 impl Device {
     /// Open `ordinal` and build (or fetch from the process cache) its programs.
+    ///
+    /// Everything that needs no context comes first (device facts, driver
+    /// and NVRTC versions, targets: `cuInit` suffices for those); then the
+    /// primary context is created on one thread while the images are read
+    /// from the disk cache or compiled by NVRTC on others, and finally the
+    /// images are loaded into the context.
     pub fn open(ordinal: usize, options: CompileOptions) -> Result<Device, String> {
         let started = Instant::now();
         probe::ensure_libraries()?;
-        let ctx = CudaContext::new(ordinal).map_err(|e| {
+        let cannot_open = |e| {
             format!(
                 "cannot open CUDA device {ordinal}: {}",
                 driver_error_text(e)
             )
-        })?;
-        let context = ms(started);
-        let started = Instant::now();
+        };
+        // What `CudaContext::new` would do first, so a missing device or
+        // driver says the same as before the context moved to a thread.
+        driver::result::init().map_err(cannot_open)?;
+        let cu_device = driver::result::device::get(ordinal as i32).map_err(cannot_open)?;
         let info = probe::device_info(ordinal)?;
-        let uuid = ctx
-            .uuid()
+        let uuid = driver::result::device::get_uuid(cu_device)
             .map(|u| uuid_text(&u))
             .map_err(driver_error_text)?;
         let mut driver_version = 0i32;
@@ -161,24 +181,37 @@ impl Device {
             Some(driver_version),
         )?;
         let queries = ms(started);
-        let started = Instant::now();
-        let fold = FoldKernels {
-            program: kernels::fold_program(&ctx, options, fold_target)?,
-        };
+        let specs = [
+            ProgramSpec::fold(options, fold_target),
+            ProgramSpec::generator(gen_target, options.disk_cache),
+            ProgramSpec::rank_check(gen_target, options.disk_cache),
+        ];
+        let (ctx, programs, times) = kernels::open_with_programs(
+            ordinal,
+            &specs,
+            || CudaContext::new(ordinal).map_err(cannot_open),
+            kernels::load_into_context,
+        )?;
+        // The context was made current on its own thread; callers expect
+        // it current on this one, as it was when it was created here.
+        ctx.bind_to_thread().map_err(cannot_open)?;
+        let [fold, generator, rank_check]: [Arc<LoadedProgram>; 3] = programs
+            .try_into()
+            .map_err(|_| "kernel cache: not one program per request".to_string())?;
+        let fold = FoldKernels { program: fold };
         // What was actually built (a flag check may have chosen PTX).
         let fold_target = fold.program.image.target;
-        let generator = kernels::generator_program(&ctx, gen_target, options.disk_cache)?;
-        let rank_check = kernels::rank_check_program(&ctx, gen_target, options.disk_cache)?;
-        let programs = ms(started);
         let origins = [&fold.program.origin, &generator.origin, &rank_check.origin];
         let startup = Startup {
             probe: 0.0,
-            context,
+            context: times.context,
             queries,
-            programs,
+            programs: times.images + times.load,
             nvrtc_compile: origins.iter().map(|o| o.compile_ms).sum(),
             kernel_cache: origins.iter().map(|o| o.cache_ms).sum(),
             module_load: origins.iter().map(|o| o.load_ms).sum(),
+            images: times.images,
+            overlapped: times.overlapped,
         };
         Ok(Device {
             ctx,

@@ -11,6 +11,7 @@ pub mod host_driver;
 pub mod kernels;
 pub mod mapped;
 pub mod mem;
+pub mod overlap;
 pub mod probe;
 pub mod world;
 

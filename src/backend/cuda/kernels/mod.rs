@@ -21,8 +21,8 @@ pub mod tree;
 
 pub use compile::{build_image, BuildRequest};
 pub use module::{
-    compile_count, fold_program, generator_program, image_for, rank_check_program, CacheChoice,
-    FoldKernels, LoadedProgram, ModuleOrigin,
+    compile_count, image_for, images, load_into_context, open_with_programs, CacheChoice,
+    FoldKernels, LoadedProgram, ModuleOrigin, OpenTimes, ProgramSpec,
 };
 pub use nvrtc::{nvrtc_compile, Image};
 pub use source::{

@@ -4,6 +4,7 @@
 //! from the on-disk cache ([`super::disk_cache`]) when allowed and present,
 //! else compiles it with NVRTC (and stores it there).
 
+use super::super::overlap::Job;
 use super::compile::{build_image, BuildRequest};
 use super::disk_cache::{self, DiskCache, KeyParts, Lookup};
 use super::nvrtc::Image;
@@ -104,11 +105,23 @@ struct CacheKey {
     request: BuildRequest,
 }
 
-type Cache = Mutex<HashMap<CacheKey, Arc<LoadedProgram>>>;
+/// One program of one device in this process: empty until it is loaded.
+/// Whoever builds it holds the slot's lock from before the image is made
+/// until the module is loaded, so a second open of the same program waits
+/// and then takes it instead of building it again.
+type Slot = Arc<Mutex<Option<Arc<LoadedProgram>>>>;
+type Cache = Mutex<HashMap<CacheKey, Slot>>;
 
 fn cache() -> &'static Cache {
     static CACHE: OnceLock<Cache> = OnceLock::new();
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn slot(key: CacheKey) -> Result<Slot, String> {
+    let mut map = cache()
+        .lock()
+        .map_err(|_| "kernel cache lock poisoned".to_string())?;
+    Ok(map.entry(key).or_default().clone())
 }
 
 /// How many programs this process built, compiled or read from the disk
@@ -243,98 +256,207 @@ pub fn image_for(
     Ok((image, origin))
 }
 
-fn cached(
-    ctx: &Arc<CudaContext>,
-    request: BuildRequest,
-    use_disk: bool,
-    src: &str,
-    entries: &[&'static str],
-) -> Result<Arc<LoadedProgram>, String> {
-    let key = CacheKey {
-        ordinal: ctx.ordinal(),
-        request,
-    };
-    let mut map = cache()
-        .lock()
-        .map_err(|_| "kernel cache lock poisoned".to_string())?;
-    if let Some(p) = map.get(&key) {
-        return Ok(p.clone());
+/// One program a device needs: what to build, from which source, and the
+/// kernels to look up in it.
+#[derive(Debug, Clone)]
+pub struct ProgramSpec {
+    pub request: BuildRequest,
+    /// The on-disk cache may be used.
+    pub use_disk: bool,
+    pub src: &'static str,
+    pub entries: Vec<&'static str>,
+}
+
+impl ProgramSpec {
+    /// The fold program for one option set.
+    pub fn fold(opts: CompileOptions, target: ResolvedTarget) -> Self {
+        ProgramSpec {
+            request: BuildRequest {
+                program: FOLD_PROGRAM,
+                fmad: opts.fmad,
+                ftz: opts.ftz,
+                target,
+                explicit: opts.target != Target::Auto,
+            },
+            use_disk: opts.disk_cache,
+            src: &FOLD_SRC,
+            entries: fold_entries(),
+        }
     }
-    let (image, origin) = image_for(request, src, CacheChoice::from_env(use_disk))?;
-    COMPILES.fetch_add(1, Ordering::Relaxed);
-    let loaded = Arc::new(load(ctx, image, origin, entries)?);
-    map.insert(key, loaded.clone());
-    Ok(loaded)
+
+    /// The generator: integer code, always built with the pinned options
+    /// for the device's own target.
+    pub fn generator(target: ResolvedTarget, use_disk: bool) -> Self {
+        Self::pinned(
+            GENERATOR_PROGRAM,
+            &GENERATOR_SRC,
+            vec![GENERATE_ENTRY],
+            target,
+            use_disk,
+        )
+    }
+
+    /// The checks of reduced arenas: rank-copy comparison, chunk digests
+    /// (integer code, pinned options, the device's own target).
+    pub fn rank_check(target: ResolvedTarget, use_disk: bool) -> Self {
+        Self::pinned(
+            RANK_CHECK_PROGRAM,
+            &RANK_CHECK_SRC,
+            vec![RANK_DIFF_ENTRY, CHUNK_SHA_ENTRY, NAN_CHUNKS_ENTRY],
+            target,
+            use_disk,
+        )
+    }
+
+    fn pinned(
+        program: &'static str,
+        src: &'static str,
+        entries: Vec<&'static str>,
+        target: ResolvedTarget,
+        use_disk: bool,
+    ) -> Self {
+        ProgramSpec {
+            request: BuildRequest {
+                program,
+                fmad: false,
+                ftz: false,
+                target,
+                explicit: false,
+            },
+            use_disk,
+            src,
+            entries,
+        }
+    }
+
+    /// The image, from the disk cache or NVRTC ([`image_for`]). Host-only:
+    /// needs no context.
+    pub fn image(&self) -> Result<(Image, ModuleOrigin), String> {
+        let built = image_for(self.request, self.src, CacheChoice::from_env(self.use_disk))?;
+        COMPILES.fetch_add(1, Ordering::Relaxed);
+        Ok(built)
+    }
 }
 
-/// The fold program for one device and option set (compiled once per process).
-pub fn fold_program(
-    ctx: &Arc<CudaContext>,
-    opts: CompileOptions,
-    target: ResolvedTarget,
-) -> Result<Arc<LoadedProgram>, String> {
-    let request = BuildRequest {
-        program: FOLD_PROGRAM,
-        fmad: opts.fmad,
-        ftz: opts.ftz,
-        target,
-        explicit: opts.target != Target::Auto,
+/// The images of `specs`, each on its own thread (NVRTC compiles distinct
+/// programs concurrently). When more than one may come from the disk cache,
+/// the NVRTC library's hash in their key is found once first, so the
+/// threads do not each hash the same file.
+pub fn images(specs: &[&ProgramSpec]) -> Vec<Result<(Image, ModuleOrigin), String>> {
+    if specs.iter().filter(|s| s.use_disk).count() > 1 {
+        if let CacheChoice::At(c) = CacheChoice::from_env(true) {
+            // Only fills the process's hash table; a failure is met (and
+            // noted in each origin) again by `image_for`.
+            let _ = nvrtc_library_sha256(&c);
+        }
+    }
+    let jobs: Vec<Job<'_, (Image, ModuleOrigin)>> = specs
+        .iter()
+        .map(|&s| {
+            let work: Box<dyn FnOnce() -> _ + Send> = Box::new(move || s.image());
+            (format!("building {}", s.request.program), work)
+        })
+        .collect();
+    super::super::overlap::all_at_once(jobs)
+}
+
+/// Wall times of [`open_with_programs`], in ms.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenTimes {
+    /// Creating the context, on its own thread.
+    pub context: f64,
+    /// Producing the images not yet loaded in this process (all threads).
+    pub images: f64,
+    /// Context and images side by side, until both were done.
+    pub overlapped: f64,
+    /// Loading the new images into the context.
+    pub load: f64,
+}
+
+/// Open a context with `open_context` (on its own thread) while the images
+/// of `specs` that this process has not loaded yet for device `ordinal` are
+/// produced, then load them into it. Returns the context, one program per
+/// spec (in order), and the wall times.
+///
+/// Each program is built at most once per process and device: its slot in
+/// the per-process cache stays locked from before its image is made until
+/// it is loaded. Slots are locked in one global order, and `open_context`
+/// takes none, so two opens cannot wait on each other.
+pub fn open_with_programs<C: Send>(
+    ordinal: usize,
+    specs: &[ProgramSpec],
+    open_context: impl FnOnce() -> Result<C, String> + Send,
+    load_into: impl Fn(&C, Image, ModuleOrigin, &[&'static str]) -> Result<LoadedProgram, String>,
+) -> Result<(C, Vec<Arc<LoadedProgram>>, OpenTimes), String> {
+    let keys: Vec<CacheKey> = specs
+        .iter()
+        .map(|s| CacheKey {
+            ordinal,
+            request: s.request,
+        })
+        .collect();
+    // Distinct keys, in one order for every caller.
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    order.sort_by_key(|&i| format!("{:?}", keys[i]));
+    order.dedup_by_key(|i| keys[*i]);
+    let slots: Vec<Slot> = order
+        .iter()
+        .map(|&i| slot(keys[i]))
+        .collect::<Result<_, _>>()?;
+    let mut guards = slots
+        .iter()
+        .map(|s| s.lock())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| "kernel cache lock poisoned".to_string())?;
+    let todo: Vec<usize> = (0..order.len()).filter(|&k| guards[k].is_none()).collect();
+    let todo_specs: Vec<&ProgramSpec> = todo.iter().map(|&k| &specs[order[k]]).collect();
+    let side =
+        super::super::overlap::side_by_side("creating the CUDA context", open_context, || {
+            if todo_specs.is_empty() {
+                Vec::new()
+            } else {
+                images(&todo_specs)
+            }
+        });
+    // The context's error first: it is what a missing or broken device says.
+    let ctx = side.a?;
+    let built = side.b.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let loading = Instant::now();
+    for (&k, (image, origin)) in todo.iter().zip(built) {
+        let spec = &specs[order[k]];
+        let loaded = load_into(&ctx, image, origin, &spec.entries)?;
+        *guards[k] = Some(Arc::new(loaded));
+    }
+    let times = OpenTimes {
+        context: side.a_ms,
+        images: if todo.is_empty() { 0.0 } else { side.b_ms },
+        overlapped: side.both_ms,
+        load: ms(loading),
     };
-    cached(ctx, request, opts.disk_cache, &FOLD_SRC, &fold_entries())
+    let programs = keys
+        .iter()
+        .map(|key| {
+            let k = order
+                .iter()
+                .position(|&i| keys[i] == *key)
+                .expect("every key has a slot");
+            guards[k]
+                .clone()
+                .ok_or_else(|| "kernel cache slot left empty".to_string())
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    drop(guards);
+    Ok((ctx, programs, times))
 }
 
-/// A program of integer code, always built with the pinned options for the
-/// device's own target (`use_disk`: the disk cache may be used).
-fn pinned_program(
+/// Load `image` into the context `ctx` (the `load_into` of a real device).
+pub fn load_into_context(
     ctx: &Arc<CudaContext>,
-    program: &'static str,
-    src: &str,
+    image: Image,
+    origin: ModuleOrigin,
     entries: &[&'static str],
-    target: ResolvedTarget,
-    use_disk: bool,
-) -> Result<Arc<LoadedProgram>, String> {
-    let request = BuildRequest {
-        program,
-        fmad: false,
-        ftz: false,
-        target,
-        explicit: false,
-    };
-    cached(ctx, request, use_disk, src, entries)
-}
-
-/// The generator program.
-pub fn generator_program(
-    ctx: &Arc<CudaContext>,
-    target: ResolvedTarget,
-    use_disk: bool,
-) -> Result<Arc<LoadedProgram>, String> {
-    let entries = [GENERATE_ENTRY];
-    pinned_program(
-        ctx,
-        GENERATOR_PROGRAM,
-        &GENERATOR_SRC,
-        &entries,
-        target,
-        use_disk,
-    )
-}
-
-/// The checks of reduced arenas: rank-copy comparison, chunk digests.
-pub fn rank_check_program(
-    ctx: &Arc<CudaContext>,
-    target: ResolvedTarget,
-    use_disk: bool,
-) -> Result<Arc<LoadedProgram>, String> {
-    let entries = [RANK_DIFF_ENTRY, CHUNK_SHA_ENTRY, NAN_CHUNKS_ENTRY];
-    pinned_program(
-        ctx,
-        RANK_CHECK_PROGRAM,
-        &RANK_CHECK_SRC,
-        &entries,
-        target,
-        use_disk,
-    )
+) -> Result<LoadedProgram, String> {
+    load(ctx, image, origin, entries)
 }
 
 /// The fold kernels of one loaded program.
@@ -350,5 +472,70 @@ impl FoldKernels {
         variant: KernelVariant,
     ) -> Result<&CudaFunction, String> {
         self.program.function(fold_entry(mode, variant))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A program NVRTC refuses (or cannot be asked about, where there is no
+    /// NVRTC): its image is an error either way.
+    fn broken(name: &'static str) -> ProgramSpec {
+        ProgramSpec {
+            request: BuildRequest {
+                program: name,
+                fmad: false,
+                ftz: false,
+                target: ResolvedTarget {
+                    kind: "ptx",
+                    arch: 90,
+                },
+                explicit: false,
+            },
+            use_disk: false,
+            src: "this is not CUDA C++ {",
+            entries: vec![],
+        }
+    }
+
+    fn no_load(
+        _: &(),
+        _: Image,
+        _: ModuleOrigin,
+        _: &[&'static str],
+    ) -> Result<LoadedProgram, String> {
+        Err("nothing to load into without a device".into())
+    }
+
+    #[test]
+    fn a_failed_context_is_the_error_even_when_a_build_fails_too() {
+        let specs = [broken("foldprint_test_a")];
+        let r = open_with_programs(
+            usize::MAX,
+            &specs,
+            || -> Result<(), String> { Err("cannot open CUDA device 7: no such device".into()) },
+            no_load,
+        );
+        assert_eq!(
+            r.err().as_deref(),
+            Some("cannot open CUDA device 7: no such device")
+        );
+    }
+
+    #[test]
+    fn a_failed_build_is_the_error_when_the_context_opens() {
+        let spec = broken("foldprint_test_b");
+        // What the same build says on its own, run on this thread.
+        let alone = spec.image().expect_err("the broken program has no image");
+        // Twice the same program in one open: one slot, locked once (a
+        // second lock of it would never return).
+        let specs = [spec.clone(), spec];
+        let r = open_with_programs(usize::MAX - 1, &specs, || Ok(()), no_load);
+        assert_eq!(r.err(), Some(alone.clone()));
+        // The slot stays empty after the failure: the next open tries again
+        // and fails the same way (a filled slot would give Ok here).
+        let again = open_with_programs(usize::MAX - 1, &specs[..1], || Ok(()), no_load);
+        assert_eq!(again.err(), Some(alone));
     }
 }
