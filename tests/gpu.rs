@@ -325,7 +325,6 @@ fn launch_configuration_does_not_change_bits() {
                 seed_block,
                 fast_block,
                 fast_blocks_per_sm: per_sm,
-                per_world: false,
             });
             assert_eq!(
                 digests(&mut be, &c),
@@ -759,13 +758,12 @@ fn bench_fast_tuning_sweep() {
                 seed_block: 256,
                 fast_block,
                 fast_blocks_per_sm,
-                per_world: false,
             });
         }
     }
     let cfg = bench::BenchConfig {
-        // About the same bytes per launch at every W, around the per-W
-        // switch of `LaunchTuning::for_world`.
+        // About the same bytes per launch at every W, from the 8 of the
+        // large case to 128.
         shapes: vec![
             (8, 1 << 25),
             (16, 1 << 22),

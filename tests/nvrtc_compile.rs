@@ -358,36 +358,46 @@ fn the_kernel_cache_serves_what_nvrtc_built() {
     );
 }
 
-/// The backend start builds a device's three programs at once, one NVRTC
-/// program per thread: each image is the very one a build on its own gives.
-#[test]
-#[ignore = "needs NVRTC: .ci/run runs it with --ignored and FOLDPRINT_NVRTC_LIBRARY"]
-fn programs_built_at_once_are_the_images_built_one_by_one() {
-    use kernels::{images, CompileOptions, ProgramSpec};
-    nvrtc();
-    for t in [target("cubin", 90), target("ptx", 80)] {
-        let fold = CompileOptions {
-            disk_cache: false,
-            ..CompileOptions::default()
-        };
-        let specs = [
-            ProgramSpec::fold(fold, t),
-            ProgramSpec::fold(CompileOptions { ftz: true, ..fold }, t),
-            ProgramSpec::generator(t, false),
-            ProgramSpec::rank_check(t, false),
-        ];
-        let refs: Vec<&ProgramSpec> = specs.iter().collect();
-        let together = images(&refs);
-        assert_eq!(together.len(), specs.len());
-        for (spec, got) in specs.iter().zip(together) {
-            let (img, origin) = got.unwrap_or_else(|e| panic!("{spec:?}: {e}"));
-            let (alone, _) = spec.image().expect("built alone");
-            assert_eq!(img.program, spec.request.program);
-            assert_eq!(origin.program, spec.request.program);
-            assert!(!origin.from_cache && origin.compile_ms > 0.0, "{origin:?}");
-            assert_eq!(img.sha256, alone.sha256, "{spec:?}");
-            assert_eq!(img.data, alone.data, "{spec:?}");
-            assert_entries(&img, &spec.entries);
+/// Registers per thread of each entry in a CUBIN built with ptxas' verbose
+/// report.
+fn registers(src: &str, arch: u32) -> Vec<(String, u32)> {
+    let t = target("cubin", arch);
+    let mut opts = option_list(false, false, t);
+    opts.push("--ptxas-options=-v".into());
+    let img = nvrtc_compile(FOLD_PROGRAM, src, &opts, t).expect("compile");
+    let mut entry = None;
+    let mut out = Vec::new();
+    for line in img.log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            entry = rest.split('\'').next().map(str::to_string);
+        }
+        if let Some(rest) = line.split("Used ").nth(1) {
+            if let (Some(e), Some(n)) = (&entry, rest.split(' ').next()) {
+                out.push((e.clone(), n.parse().expect("a register count")));
+            }
         }
     }
+    out
+}
+
+/// Every fold entry launches with 1024-thread blocks (`--block 1024`, the
+/// per-W shape): at most 64 registers per thread on every architecture, so
+/// a block fits the 64 Ki-register file.
+#[test]
+#[ignore = "needs NVRTC: .ci/run runs it with --ignored and FOLDPRINT_NVRTC_LIBRARY"]
+fn every_fold_entry_fits_a_1024_thread_block() {
+    nvrtc();
+    for arch in ARCHS {
+        let regs = registers(&FOLD_SRC, arch);
+        assert_eq!(regs.len(), fold_entries().len(), "sm_{arch}: {regs:?}");
+        for (entry, n) in &regs {
+            assert!(*n <= 64, "sm_{arch} {entry}: {n} registers per thread");
+        }
+    }
+    // Negative control: without the launch bound the order chain's batched
+    // float4 loads take more than 64 registers.
+    let unbounded = FOLD_SRC.replace("__launch_bounds__(1024)", "");
+    assert_ne!(unbounded, *FOLD_SRC);
+    let worst = registers(&unbounded, 90).into_iter().map(|(_, n)| n).max();
+    assert!(worst > Some(64), "{worst:?}");
 }

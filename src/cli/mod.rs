@@ -240,7 +240,6 @@ impl Common {
         if let Some(b) = c.block {
             cuda.tuning.fast_block = b;
             cuda.tuning.seed_block = b;
-            cuda.tuning.per_world = false;
         }
         // What every NCCL rank must be about to run, bit for bit.
         let mut plan: Vec<String> = experiments

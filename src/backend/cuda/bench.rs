@@ -45,10 +45,11 @@ impl Default for BenchConfig {
             seed: 1,
             compile: CompileOptions::default(),
             tuning: LaunchTuning::default(),
-            // The fixed shape the per-W choice replaces at large W, timed
-            // in the same run for comparison.
+            // The shape earlier builds used from W = 32 (before the chains
+            // batched their loads), timed in the same run for comparison.
             extra_fast: vec![LaunchTuning {
-                per_world: false,
+                fast_block: 1024,
+                fast_blocks_per_sm: 8,
                 ..LaunchTuning::default()
             }],
         }

@@ -46,7 +46,10 @@ pub struct Startup {
     pub overlapped: f64,
 }
 
-/// Launch shapes. Bits do not depend on them (tests vary them).
+/// Launch shapes. Bits do not depend on them (tests vary them). One `fast`
+/// shape for every W: with the chains' batched loads, 256 threads x 64
+/// blocks/SM measured within 1% of the best of 12 shapes at W = 8..128 on
+/// an H200 (docs/BENCHMARKS.md), and 1024-thread shapes measured slowest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct LaunchTuning {
     /// Threads per block of the `seed` fold (one thread per element).
@@ -55,9 +58,6 @@ pub struct LaunchTuning {
     pub fast_block: u32,
     /// Grid cap of the `fast` fold, in blocks per SM (grid-stride beyond).
     pub fast_blocks_per_sm: u32,
-    /// Let the `fast` shape follow W ([`LaunchTuning::for_world`]); off
-    /// when the user names a block size.
-    pub per_world: bool,
 }
 
 impl Default for LaunchTuning {
@@ -66,24 +66,6 @@ impl Default for LaunchTuning {
             seed_block: 256,
             fast_block: 256,
             fast_blocks_per_sm: 64,
-            per_world: true,
-        }
-    }
-}
-
-impl LaunchTuning {
-    /// The shape the `fast` fold uses at world `w`. Measured on an H200: at
-    /// W = 8 (n = 2^25) 256 threads x 64 blocks/SM is fastest; at W = 64
-    /// (n = 2^20, short rows, many of them) 1024 threads x 8 blocks/SM. The
-    /// switch at W >= 32 is a choice between those two measurements.
-    pub fn for_world(self, w: u32) -> LaunchTuning {
-        if !self.per_world || w < 32 {
-            return self;
-        }
-        LaunchTuning {
-            fast_block: 1024,
-            fast_blocks_per_sm: 8,
-            ..self
         }
     }
 }
@@ -201,15 +183,14 @@ impl Device {
         let fold = FoldKernels { program: fold };
         // What was actually built (a flag check may have chosen PTX).
         let fold_target = fold.program.image.target;
-        let origins = [&fold.program.origin, &generator.origin, &rank_check.origin];
         let startup = Startup {
             probe: 0.0,
             context: times.context,
             queries,
             programs: times.images + times.load,
-            nvrtc_compile: origins.iter().map(|o| o.compile_ms).sum(),
-            kernel_cache: origins.iter().map(|o| o.cache_ms).sum(),
-            module_load: origins.iter().map(|o| o.load_ms).sum(),
+            nvrtc_compile: times.nvrtc_compile,
+            kernel_cache: times.kernel_cache,
+            module_load: times.module_load,
             images: times.images,
             overlapped: times.overlapped,
         };
@@ -468,7 +449,6 @@ impl Device {
                 (block, blocks as u32)
             }
             KernelVariant::Fast => {
-                let tuning = tuning.for_world(a.world);
                 let block = tuning.fast_block.clamp(32, 1024);
                 let vecs = (a.len / 4).max(1);
                 let cap =

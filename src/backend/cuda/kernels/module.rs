@@ -4,7 +4,6 @@
 //! from the on-disk cache ([`super::disk_cache`]) when allowed and present,
 //! else compiles it with NVRTC (and stores it there).
 
-use super::super::overlap::Job;
 use super::compile::{build_image, BuildRequest};
 use super::disk_cache::{self, DiskCache, KeyParts, Lookup};
 use super::nvrtc::Image;
@@ -338,26 +337,12 @@ impl ProgramSpec {
     }
 }
 
-/// The images of `specs`, each on its own thread (NVRTC compiles distinct
-/// programs concurrently). When more than one may come from the disk cache,
-/// the NVRTC library's hash in their key is found once first, so the
-/// threads do not each hash the same file.
+/// The images of `specs`, one after another on the calling thread (which
+/// runs beside the context's). Not one thread per program: on the H200 host
+/// three NVRTC compiles side by side took 77-220 ms of wall time where one
+/// after another took about 51 ms (docs/BENCHMARKS.md).
 pub fn images(specs: &[&ProgramSpec]) -> Vec<Result<(Image, ModuleOrigin), String>> {
-    if specs.iter().filter(|s| s.use_disk).count() > 1 {
-        if let CacheChoice::At(c) = CacheChoice::from_env(true) {
-            // Only fills the process's hash table; a failure is met (and
-            // noted in each origin) again by `image_for`.
-            let _ = nvrtc_library_sha256(&c);
-        }
-    }
-    let jobs: Vec<Job<'_, (Image, ModuleOrigin)>> = specs
-        .iter()
-        .map(|&s| {
-            let work: Box<dyn FnOnce() -> _ + Send> = Box::new(move || s.image());
-            (format!("building {}", s.request.program), work)
-        })
-        .collect();
-    super::super::overlap::all_at_once(jobs)
+    specs.iter().map(|s| s.image()).collect()
 }
 
 /// Wall times of [`open_with_programs`], in ms.
@@ -371,6 +356,11 @@ pub struct OpenTimes {
     pub overlapped: f64,
     /// Loading the new images into the context.
     pub load: f64,
+    /// Sums over the programs built by this open (none for a program this
+    /// process had already loaded): NVRTC, disk-cache work, module loads.
+    pub nvrtc_compile: f64,
+    pub kernel_cache: f64,
+    pub module_load: f64,
 }
 
 /// Open a context with `open_context` (on its own thread) while the images
@@ -422,17 +412,19 @@ pub fn open_with_programs<C: Send>(
     let ctx = side.a?;
     let built = side.b.into_iter().collect::<Result<Vec<_>, _>>()?;
     let loading = Instant::now();
+    let mut times = OpenTimes::default();
     for (&k, (image, origin)) in todo.iter().zip(built) {
         let spec = &specs[order[k]];
         let loaded = load_into(&ctx, image, origin, &spec.entries)?;
+        times.nvrtc_compile += loaded.origin.compile_ms;
+        times.kernel_cache += loaded.origin.cache_ms;
+        times.module_load += loaded.origin.load_ms;
         *guards[k] = Some(Arc::new(loaded));
     }
-    let times = OpenTimes {
-        context: side.a_ms,
-        images: if todo.is_empty() { 0.0 } else { side.b_ms },
-        overlapped: side.both_ms,
-        load: ms(loading),
-    };
+    times.context = side.a_ms;
+    times.images = if todo.is_empty() { 0.0 } else { side.b_ms };
+    times.overlapped = side.both_ms;
+    times.load = ms(loading);
     let programs = keys
         .iter()
         .map(|key| {
