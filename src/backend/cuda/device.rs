@@ -48,8 +48,8 @@ pub struct Startup {
 
 /// Launch shapes. Bits do not depend on them (tests vary them). One `fast`
 /// shape for every W: with the chains' batched loads, 256 threads x 64
-/// blocks/SM measured within 1% of the best of 12 shapes at W = 8..128 on
-/// an H200 (docs/BENCHMARKS.md), and 1024-thread shapes measured slowest.
+/// blocks/SM measured within 1.4% of the best of 12 shapes, and above the
+/// copy baseline, at every W from 8 to 128 on an H200 (docs/BENCHMARKS.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct LaunchTuning {
     /// Threads per block of the `seed` fold (one thread per element).

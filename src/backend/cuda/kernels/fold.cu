@@ -118,9 +118,9 @@ __device__ __forceinline__ void fp_fold_fast(float* __restrict__ out, const floa
     }
 }
 
-// Every entry launches with any block size up to 1024 (`--block`, the per-W
-// shape): the bound caps registers at 64 per thread, which an unbounded
-// build of the order chain exceeded (68 with NVRTC 12.4 and 12.8).
+// Every entry launches with any block size up to 1024 (`--block`): the
+// bound caps registers at 64 per thread, which an unbounded build of the
+// order chain exceeded (68 with NVRTC 12.4 and 12.8).
 #define FP_FOLD_ENTRY(NAME, IMPL, MODE)                                                   \
     extern "C" __global__ void __launch_bounds__(1024)                                    \
         NAME(float* __restrict__ out, const float* __restrict__ s, u64 ld, u64 len,       \
