@@ -88,8 +88,8 @@ impl Default for CudaConfig {
             tuning: LaunchTuning::default(),
             readers: 0,
             // 1 MiB: the span being hashed stays in the hashing core's L2.
-            // On the H200 host this made the SHA-256 of a 128 MiB arena
-            // 99-103 ms against 104-113 ms with 8 MiB (docs/BENCHMARKS.md).
+            // On the H200 host the SHA-256 of a 128 MiB arena took a few ms
+            // less than with 8 MiB chunks (docs/BENCHMARKS.md).
             chunk: 1 << 18,
             rank_check: world::RankCheck::Device,
         }
