@@ -62,7 +62,7 @@ fn nvidia_driver() -> Option<String> {
 /// The version in `/proc/driver/nvidia/version`'s first line: the first
 /// dotted number after "Kernel Module" (open modules insert "for x86_64"
 /// before it, proprietary ones do not).
-fn kernel_module_version(text: &str) -> Option<String> {
+pub fn kernel_module_version(text: &str) -> Option<String> {
     let after = text.lines().next()?.split("Kernel Module").nth(1)?;
     after
         .split_whitespace()

@@ -303,6 +303,7 @@ fn the_loader_cache_leads_to_a_driver_directory_nothing_else_names() {
             first_dirs: vec![],
             cache,
             dirs: vec![],
+            module_version_file: dir.path().join("no-module"),
         }
     };
     let s = search(&plan(&format!("{}\n", lib.display())));
@@ -325,4 +326,207 @@ fn the_loader_cache_leads_to_a_driver_directory_nothing_else_names() {
     // Negative control: the same files, a cache that does not list them.
     let s = search(&plan("\n"));
     assert!(s.found.is_empty(), "{s:?}");
+}
+
+/// `doctor --json` under a driver root: which files were loaded by path.
+fn doctor_json(root: &Path) -> serde_json::Value {
+    let out = fp()
+        .args(["doctor", "--json"])
+        .env("FOLDPRINT_DRIVER_ROOT", root)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn found_path(v: &serde_json::Value, name: &str) -> Option<String> {
+    v["driver_libraries"]["found"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == name)
+        .map(|f| f["path"].as_str().unwrap().to_string())
+}
+
+/// A stale libcuda of an old `.run` install comes first in the search
+/// order; the running kernel module's version picks the other one.
+#[test]
+fn the_running_kernel_module_picks_its_own_libcuda_over_a_stale_one() {
+    let root = tempfile::tempdir().unwrap();
+    let stale = root.path().join("usr/lib").join(multiarch());
+    shared_lib(&stale, "libcuda.so.535.104.05", "libcuda.so.1");
+    let current = root.path().join("usr/local/nvidia/lib64");
+    shared_lib(&current, "libcuda.so.580.95.05", "libcuda.so.1");
+    shared_lib(&current, "libnvidia-ml.so.580.95.05", "libnvidia-ml.so.1");
+    let canon = |p: PathBuf| std::fs::canonicalize(p).unwrap().display().to_string();
+    let stale_cuda = canon(stale.join("libcuda.so.535.104.05"));
+    let current_cuda = canon(current.join("libcuda.so.580.95.05"));
+
+    // Negative control: without a loaded module, the first one found wins.
+    let v = doctor_json(root.path());
+    assert_eq!(found_path(&v, "libcuda"), Some(stale_cuda.clone()), "{v}");
+
+    let proc = root.path().join("proc/driver/nvidia");
+    std::fs::create_dir_all(&proc).unwrap();
+    std::fs::write(
+        proc.join("version"),
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (dvs-builder@U16-I3-B03-4-3)  Tue Sep 23 09:47:39 UTC 2025\n\
+         GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)\n",
+    )
+    .unwrap();
+    let v = doctor_json(root.path());
+    assert_eq!(found_path(&v, "libcuda"), Some(current_cuda.clone()), "{v}");
+    assert_eq!(v["driver_libraries"]["kernel_module"], "580.95.05", "{v}");
+    assert!(
+        v["driver_libraries"]["ignored"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p.as_str() == Some(stale_cuda.as_str())),
+        "{v}"
+    );
+    let loaded = v["host_driver"]["loaded"].as_array().unwrap();
+    assert!(
+        loaded
+            .iter()
+            .all(|p| p.as_str() != Some(stale_cuda.as_str())),
+        "{v}"
+    );
+}
+
+/// WSL2: libcuda has no driver version in its name and needs libdxcore,
+/// which is loaded by path from libcuda's own directory; without it the
+/// search says why cuInit will fail.
+#[test]
+fn wsl_libcuda_is_loaded_with_its_libdxcore_or_the_missing_one_is_named() {
+    let root = tempfile::tempdir().unwrap();
+    let wsl = root.path().join("usr/lib/wsl/lib");
+    shared_lib(&wsl, "libcuda.so.1.1", "libcuda.so.1");
+    std::os::unix::fs::symlink("libcuda.so.1.1", wsl.join("libcuda.so.1")).unwrap();
+
+    let v = doctor_json(root.path());
+    assert_eq!(v["driver_libraries"]["wsl"], true, "{v}");
+    let missing = v["driver_libraries"]["missing"].as_array().unwrap();
+    let dx = missing.iter().find(|m| m["name"] == "libdxcore").unwrap();
+    assert!(
+        dx["reason"]
+            .as_str()
+            .unwrap()
+            .contains("beside WSL2's libcuda"),
+        "{v}"
+    );
+    let out = fp()
+        .arg("doctor")
+        .env("FOLDPRINT_DRIVER_ROOT", root.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("libdxcore") && l.contains("MISSING")),
+        "{text}"
+    );
+
+    shared_lib(&wsl, "libdxcore.so", "libdxcore.so");
+    let v = doctor_json(root.path());
+    let dx = std::fs::canonicalize(wsl.join("libdxcore.so")).unwrap();
+    assert_eq!(
+        found_path(&v, "libdxcore"),
+        Some(dx.display().to_string()),
+        "{v}"
+    );
+    let loaded: Vec<&str> = v["host_driver"]["loaded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap())
+        .collect();
+    assert!(loaded.contains(&dx.to_str().unwrap()), "{loaded:?}");
+    assert!(
+        loaded.last().unwrap().ends_with("libcuda.so.1.1"),
+        "{loaded:?}"
+    );
+}
+
+/// Off WSL, a missing libdxcore is not worth a line; the confidential-
+/// computing libraries are found and loaded beside libcuda when present.
+#[test]
+fn the_confidential_computing_libraries_are_loaded_beside_libcuda() {
+    let (root, lib) = fake_root();
+    shared_lib(
+        &lib,
+        "libnvidia-pkcs11.so.580.95.05",
+        "libnvidia-pkcs11.so.580.95.05",
+    );
+    let v = doctor_json(root.path());
+    let want = lib.join("libnvidia-pkcs11.so.580.95.05");
+    assert_eq!(
+        found_path(&v, "libnvidia-pkcs11"),
+        Some(std::fs::canonicalize(&want).unwrap().display().to_string()),
+        "{v}"
+    );
+    assert!(
+        v["host_driver"]["loaded"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p
+                .as_str()
+                .unwrap()
+                .ends_with("libnvidia-pkcs11.so.580.95.05")),
+        "{v}"
+    );
+    let out = fp()
+        .arg("doctor")
+        .env("FOLDPRINT_DRIVER_ROOT", root.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("libdxcore"), "{text}");
+    assert!(text.contains("libnvidia-pkcs11-openssl3"), "{text}");
+}
+
+/// The C library this test process runs on, from its own mappings.
+fn own_libc() -> PathBuf {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter_map(|l| l.splitn(6, ' ').nth(5).map(str::trim_start))
+        .find(|p| p.rsplit('/').next() == Some("libc.so.6"))
+        .map(PathBuf::from)
+        .expect("this test needs a glibc-linked test binary")
+}
+
+/// A directory on LD_LIBRARY_PATH with another C library than the one
+/// beside the loader is named by `doctor`; the loader's own is not.
+#[test]
+fn doctor_warns_of_a_foreign_c_library_on_the_library_path() {
+    let libc = own_libc();
+    let foreign = tempfile::tempdir().unwrap();
+    // A copy: another file, so another C library as far as the check can
+    // tell, and one this process's loader still runs with.
+    std::fs::copy(&libc, foreign.path().join("libc.so.6")).unwrap();
+    let same = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(&libc, same.path().join("libc.so.6")).unwrap();
+    let empty = tempfile::tempdir().unwrap();
+    let doctor = |path: &Path| {
+        let out = fp()
+            .arg("doctor")
+            .env("FOLDPRINT_DRIVER_ROOT", empty.path())
+            .env("LD_LIBRARY_PATH", path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let text = doctor(foreign.path());
+    assert!(
+        text.contains(&format!(
+            "warning: LD_LIBRARY_PATH holds {}",
+            foreign.path().display()
+        )),
+        "{text}"
+    );
+    // Negative control: the loader's own C library, through a link.
+    let text = doctor(same.path());
+    assert!(!text.contains("warning: LD_LIBRARY_PATH"), "{text}");
 }

@@ -51,7 +51,11 @@ fn print_host_driver(kernel_module: Option<&str>) {
     for lib in host_driver::DRIVER_LIBRARIES.iter().rev() {
         if let Some(f) = search.found.iter().find(|f| f.name == lib.name) {
             outln!("       {:<26} {} ({})", lib.name, f.path, f.source);
-        } else if let Some(m) = search.missing.iter().find(|m| m.name == lib.name) {
+        } else if let Some(m) = search
+            .missing
+            .iter()
+            .find(|m| m.name == lib.name && (m.name != "libdxcore" || search.wsl))
+        {
             outln!(
                 "       {:<26} MISSING: {}; needed for {}",
                 lib.name,
@@ -60,10 +64,12 @@ fn print_host_driver(kernel_module: Option<&str>) {
             );
         }
     }
+    let kernel_module = search.kernel_module.as_deref().or(kernel_module);
     match (search.driver_version.as_deref(), kernel_module) {
         (Some(v), Some(k)) if v != k => outln!(
             "       driver libraries {v} but kernel module {k}: cuInit will refuse (reboot or reinstall the driver)"
         ),
+        (Some(v), Some(_)) => outln!("       driver libraries {v}, the running kernel module's"),
         (Some(v), _) => outln!("       driver libraries {v}"),
         _ => {}
     }
@@ -77,6 +83,13 @@ fn print_host_driver(kernel_module: Option<&str>) {
         outln!("       could not load {e}");
     }
     outln!("       searched: {}", search.searched.join(", "));
+    for dir in host_driver::foreign_libc_dirs() {
+        outln!(
+            "warning: LD_LIBRARY_PATH holds {dir}, which has a C library other than this program's: \
+             a Nix-built foldprint would load the host's glibc under Nix's loader. Unset it or \
+             name only the driver's own directory (foldprint finds the driver by itself)"
+        );
+    }
 }
 
 pub fn run(json: bool) -> Result<i32> {
@@ -97,6 +110,7 @@ pub fn run(json: bool) -> Result<i32> {
             "cpu": cpu,
             "cuda": cuda,
             "host_driver": host_driver::state(),
+            "foreign_libc_on_library_path": host_driver::foreign_libc_dirs(),
             "driver_libraries": search,
         });
         outln!("{}", serde_json::to_string_pretty(&v)?);

@@ -41,7 +41,22 @@ pub struct DriverLibrary {
 
 /// Loaded in this order (dependencies of libcuda's helpers first, libcuda
 /// last).
-pub const DRIVER_LIBRARIES: [DriverLibrary; 5] = [
+pub const DRIVER_LIBRARIES: [DriverLibrary; 8] = [
+    DriverLibrary {
+        name: "libnvidia-pkcs11",
+        prefix: "libnvidia-pkcs11.so.",
+        needed_for: "confidential-computing mode (H100/H200 CC), on drivers that ship it",
+    },
+    DriverLibrary {
+        name: "libnvidia-pkcs11-openssl3",
+        prefix: "libnvidia-pkcs11-openssl3.so.",
+        needed_for: "confidential-computing mode with OpenSSL 3, on drivers that ship it",
+    },
+    DriverLibrary {
+        name: "libdxcore",
+        prefix: "libdxcore.so.",
+        needed_for: "libcuda on WSL2 (the GPU paravirtualization layer)",
+    },
     DriverLibrary {
         name: "libnvidia-gpucomp",
         prefix: "libnvidia-gpucomp.so.",
@@ -80,6 +95,10 @@ pub struct SearchPlan {
     pub cache: PathBuf,
     /// Directories searched after the cache.
     pub dirs: Vec<PathBuf>,
+    /// The running kernel module's version file: a libcuda of that version
+    /// is preferred over one found earlier (a stale libcuda from an old
+    /// install otherwise makes `cuInit` fail with error 803).
+    pub module_version_file: PathBuf,
 }
 
 /// Debian's multiarch directory for this machine.
@@ -109,6 +128,7 @@ impl SearchPlan {
                 j("/usr/local/nvidia/lib"),
                 j("/usr/lib/wsl/lib"),
             ],
+            module_version_file: j("/proc/driver/nvidia/version"),
         }
     }
 
@@ -155,6 +175,10 @@ pub struct DriverSearch {
     pub driver_version: Option<String>,
     /// Files of another driver version, left alone.
     pub ignored: Vec<String>,
+    /// The running kernel module's version, when the module is loaded.
+    pub kernel_module: Option<String>,
+    /// libcuda is WSL2's (`/usr/lib/wsl/lib`), which needs `libdxcore`.
+    pub wsl: bool,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -264,15 +288,25 @@ pub fn search(plan: &SearchPlan) -> DriverSearch {
         all
     };
 
+    let kernel_module = std::fs::read_to_string(&plan.module_version_file)
+        .ok()
+        .and_then(|t| crate::env::kernel_module_version(&t));
     let mut result = DriverSearch {
         searched: plan.describe(),
         found: Vec::new(),
         missing: Vec::new(),
         driver_version: None,
         ignored: Vec::new(),
+        kernel_module: kernel_module.clone(),
+        wsl: false,
     };
     let cuda = DRIVER_LIBRARIES[DRIVER_LIBRARIES.len() - 1];
-    let cuda_found = find_all(&cuda);
+    let mut cuda_found = find_all(&cuda);
+    // The module decides which user-space driver can work, as the container
+    // toolkit and nixGL key on it: its version's libcuda first, wherever found.
+    if let Some(k) = &kernel_module {
+        cuda_found.sort_by_key(|(_, p)| file_version(p, &cuda).as_deref() != Some(k.as_str()));
+    }
     let Some((cuda_source, cuda_path)) = cuda_found.first().cloned() else {
         for lib in DRIVER_LIBRARIES {
             result.missing.push(MissingLibrary {
@@ -290,6 +324,7 @@ pub fn search(plan: &SearchPlan) -> DriverSearch {
     let version = file_version(&cuda_path, &cuda);
     let cuda_dir = cuda_path.parent().map(Path::to_path_buf);
     result.driver_version = version.clone();
+    result.wsl = cuda_dir.as_deref().is_some_and(|d| d.ends_with("wsl/lib"));
     for lib in DRIVER_LIBRARIES {
         let all = if lib.name == cuda.name {
             cuda_found.clone()
@@ -330,7 +365,15 @@ pub fn search(plan: &SearchPlan) -> DriverSearch {
             None => result.missing.push(MissingLibrary {
                 name: lib.name,
                 needed_for: lib.needed_for,
-                reason: if all.is_empty() {
+                reason: if lib.name == "libdxcore" && result.wsl {
+                    format!(
+                        "not found beside WSL2's libcuda in {}: cuInit will fail; \
+                         the Windows NVIDIA driver provides it (is the WSL GPU support installed?)",
+                        cuda_dir
+                            .as_deref()
+                            .map_or("?".into(), |d| d.display().to_string())
+                    )
+                } else if all.is_empty() {
                     "not found".into()
                 } else {
                     format!(
@@ -416,6 +459,62 @@ pub fn ensure_loaded() -> &'static HostDriver {
             load_errors,
         }
     })
+}
+
+/// Why `cuInit` is likely to fail with the driver this search chose, for
+/// the probe's error line: a libcuda that is not the running kernel
+/// module's version (error 803), or WSL2's libcuda without `libdxcore`.
+pub fn failure_hint(search: &DriverSearch) -> Option<String> {
+    if search.wsl {
+        if let Some(m) = search.missing.iter().find(|m| m.name == "libdxcore") {
+            return Some(format!("libdxcore {}", m.reason));
+        }
+    }
+    match (&search.driver_version, &search.kernel_module) {
+        (Some(v), Some(k)) if v != k => Some(format!(
+            "libcuda {v} is not the running kernel module's version {k}: \
+             install the user-space driver of {k}, or reboot into the module of {v}"
+        )),
+        _ => None,
+    }
+}
+
+/// Directories on `LD_LIBRARY_PATH` that hold a C library other than the
+/// one beside this process's dynamic loader. A program built by Nix runs
+/// under Nix's loader; a host glibc found first on that path is loaded
+/// under it, which breaks in ways that depend on the two versions.
+pub fn foreign_libc_dirs() -> Vec<String> {
+    let Some(path) = std::env::var_os("LD_LIBRARY_PATH") else {
+        return Vec::new();
+    };
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let Some(loader) = maps
+        .lines()
+        .filter_map(|l| l.splitn(6, ' ').nth(5).map(str::trim_start))
+        .find(|p| {
+            let name = p.rsplit('/').next().unwrap_or("");
+            p.starts_with('/') && (name.starts_with("ld-linux") || name.starts_with("ld64.so"))
+        })
+    else {
+        return Vec::new();
+    };
+    let own_libc = Path::new(loader).with_file_name("libc.so.6");
+    foreign_libc_dirs_in(&path, &own_libc)
+}
+
+/// `foreign_libc_dirs` for a given search path and the loader's own libc.
+pub fn foreign_libc_dirs_in(search_path: &std::ffi::OsStr, own_libc: &Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let own = id(own_libc);
+    std::env::split_paths(search_path)
+        .filter(|d| !d.as_os_str().is_empty())
+        .filter(|d| match id(&d.join("libc.so.6")) {
+            Some(theirs) => Some(theirs) != own,
+            None => false,
+        })
+        .map(|d| d.display().to_string())
+        .collect()
 }
 
 /// The outcome, if this process looked for the driver at all.
@@ -583,7 +682,15 @@ mod tests {
 
         let s = search(&SearchPlan::under(root.path()));
         assert_eq!(s.driver_version.as_deref(), Some(v));
-        assert!(s.missing.is_empty(), "{:?}", s.missing);
+        // Only the optional ones this driver tree does not ship are missing.
+        let missing: Vec<&str> = s.missing.iter().map(|m| m.name).collect();
+        assert_eq!(
+            missing,
+            ["libnvidia-pkcs11", "libnvidia-pkcs11-openssl3", "libdxcore"],
+            "{:?}",
+            s.missing
+        );
+        assert!(!s.wsl);
         let names: Vec<&str> = s.found.iter().map(|f| f.name).collect();
         assert_eq!(
             names,

@@ -313,7 +313,11 @@ pub fn probe() -> CudaProbe {
 fn query_driver(p: &mut CudaProbe) {
     use cudarc::driver::{result, sys};
     if let Err(e) = result::init() {
-        p.driver_error = Some(format!("cuInit failed: {}", driver_err(e)));
+        let hint = super::host_driver::state()
+            .and_then(|d| d.search.as_ref())
+            .and_then(super::host_driver::failure_hint)
+            .map_or(String::new(), |h| format!(" ({h})"));
+        p.driver_error = Some(format!("cuInit failed: {}{hint}", driver_err(e)));
     }
     let mut v = 0i32;
     // SAFETY: plain out-parameter call; the symbol was checked above.
