@@ -11,9 +11,12 @@
 //! driver libraries, of the driver's version, into a container) and unlike
 //! putting a directory on the search path, foldprint looks for exactly the
 //! driver's own files — `libcuda`, `libnvidia-ptxjitcompiler`,
-//! `libnvidia-nvvm`, `libnvidia-gpucomp`, `libnvidia-ml` — in
+//! `libnvidia-nvvm`, `libnvidia-gpucomp`, `libnvidia-ml`, the
+//! confidential-computing `libnvidia-pkcs11*`, and WSL2's `libdxcore` — in
 //! `/run/opengl-driver/lib` (NixOS), the host's loader cache and the usual
-//! directories, keeps only those of libcuda's driver version, and opens
+//! directories, prefers the libcuda of the running kernel module's version
+//! (`/proc/driver/nvidia/version`; a stale one from an old install makes
+//! `cuInit` fail with 803), keeps only files of libcuda's version, and opens
 //! each one by its full path. Their sonames are then taken: when cudarc,
 //! libcuda or NCCL later ask for `libcuda.so.1` or `libnvidia-ml.so.1` by
 //! name, the dynamic loader hands back the library already loaded. Nothing
