@@ -181,9 +181,9 @@ fn compare_compares_sensitivity() {
         .arg(&b)
         .assert()
         .code(1)
-        .stdout(predicate::str::contains("w3-pinned").and(predicate::str::contains(
-            "sensitivity: ",
-        )))
+        .stdout(
+            predicate::str::contains("w3-pinned").and(predicate::str::contains("sensitivity: ")),
+        )
         .stdout(predicate::str::contains("868 of 4099"));
     // And against the committed golden, which pins the counts too.
     fp().arg("compare")
@@ -222,7 +222,10 @@ fn experiments_must_list_the_cases() {
     refused(&v, &["experiments", "smoke", "22 cases", "23"]);
     let mut v = base();
     v["experiments"][0]["sha256"] = json!("zz");
-    refused(&v, &["experiments", "smoke", "`zz` is not a SHA-256 digest"]);
+    refused(
+        &v,
+        &["experiments", "smoke", "`zz` is not a SHA-256 digest"],
+    );
     let mut v = base();
     v["cases"][0]["experiment"] = json!("other");
     refused(&v, &["w3-pinned", "experiment `other`"]);
@@ -280,10 +283,7 @@ fn backend_must_match_its_environment() {
     v["backend"] = json!("abacus");
     refused(&v, &["backend `abacus`"]);
     let mut v = base();
-    v["environment"]
-        .as_object_mut()
-        .unwrap()
-        .remove("backend");
+    v["environment"].as_object_mut().unwrap().remove("backend");
     refused(&v, &["environment.backend"]);
 }
 
@@ -319,11 +319,17 @@ fn duplicate_json_keys_are_refused() {
         .assert()
         .code(2)
         .stderr(predicate::str::contains("key `experiment` appears twice"));
-    fp().args(["verify", "--backend", "cpu", "experiments/smoke.toml", "--golden"])
-        .arg(dir.path())
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("key `experiment` appears twice"));
+    fp().args([
+        "verify",
+        "--backend",
+        "cpu",
+        "experiments/smoke.toml",
+        "--golden",
+    ])
+    .arg(dir.path())
+    .assert()
+    .code(2)
+    .stderr(predicate::str::contains("key `experiment` appears twice"));
 }
 
 #[test]
@@ -335,9 +341,15 @@ fn lengths_over_the_cap_are_refused() {
     let c = &mut v["cases"][0];
     c["params"]["arenas"] = json!([n]);
     c["arenas"][0]["len"] = json!(n);
-    let key = c["key"].as_str().unwrap().replace("n4099", &format!("n{n}"));
+    let key = c["key"]
+        .as_str()
+        .unwrap()
+        .replace("n4099", &format!("n{n}"));
     c["key"] = json!(key);
-    c["group"] = json!(c["group"].as_str().unwrap().replace("n4099", &format!("n{n}")));
+    c["group"] = json!(c["group"]
+        .as_str()
+        .unwrap()
+        .replace("n4099", &format!("n{n}")));
     refused(&settle(v), &["w3-pinned", "1 TiB"]);
 }
 

@@ -214,10 +214,17 @@ fn check_experiments(r: &Report, out: &mut Vec<String>) {
         *count.entry(e).or_default() += 1;
     }
     if r.experiments.is_empty() {
-        let names: Vec<String> = count.keys().map(|e| format!("`{}`", printable(e))).collect();
+        let names: Vec<String> = count
+            .keys()
+            .map(|e| format!("`{}`", printable(e)))
+            .collect();
         out.push(format!(
             "experiments lists no experiment; its cases come from {}",
-            if names.is_empty() { "none".into() } else { names.join(", ") }
+            if names.is_empty() {
+                "none".into()
+            } else {
+                names.join(", ")
+            }
         ));
         return;
     }

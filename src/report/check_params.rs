@@ -35,7 +35,10 @@ fn order_of(text: &str, world: usize) -> Result<DeliveryOrder, String> {
 pub(super) fn params(c: &CaseReport, bad: &mut dyn FnMut(String)) -> Option<Case> {
     let p = &c.params;
     if !(1..=MAX_WORLD).contains(&p.world) {
-        bad(format!("params.world {} is not in 1..={MAX_WORLD}", p.world));
+        bad(format!(
+            "params.world {} is not in 1..={MAX_WORLD}",
+            p.world
+        ));
         return None;
     }
     let total = p
