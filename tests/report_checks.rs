@@ -334,13 +334,14 @@ fn duplicate_json_keys_are_refused() {
 
 #[test]
 fn lengths_over_the_cap_are_refused() {
-    // 2^62 elements at W = 3: far over 1 TiB of addends; the key, group and
-    // len follow the edit, the chunk list cannot.
+    // 2^62 elements at W = 3: far over 1 TiB of addends; the key, group,
+    // len and (with chunks as large as the arena) the chunk list follow.
     let mut v = base();
     let n: u64 = 1 << 62;
     let c = &mut v["cases"][0];
     c["params"]["arenas"] = json!([n]);
     c["arenas"][0]["len"] = json!(n);
+    c["arenas"][0]["chunk_elems"] = json!(n);
     let key = c["key"]
         .as_str()
         .unwrap()
