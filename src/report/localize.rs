@@ -187,11 +187,6 @@ pub fn compare_dumps(a: &Path, b: &Path, keep: usize) -> Result<DumpComparison, 
     Ok(out)
 }
 
-/// True when `p` looks like a dump directory.
-pub fn is_dump_dir(p: &Path) -> bool {
-    p.is_dir() && p.join("SHA256SUMS").is_file()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
