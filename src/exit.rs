@@ -107,7 +107,8 @@ impl HasExitCode for ReportError {
             ReportError::Io { .. }
             | ReportError::Malformed { .. }
             | ReportError::Version { .. }
-            | ReportError::Inconsistent { .. } => ExitCode::BadInput,
+            | ReportError::Inconsistent { .. }
+            | ReportError::Dump { .. } => ExitCode::BadInput,
             ReportError::Write { source, .. } => io_exit_code(source),
         }
     }

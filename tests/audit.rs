@@ -306,8 +306,9 @@ fn a_pinned_library_the_run_did_not_load_is_a_mismatch() {
     );
 }
 
-/// A stand-in for a GPU child: runs the real CPU oracle, then reports as
-/// the NVRTC it mapped the file behind `libnvrtc.so` in the first
+/// A stand-in for a GPU child: runs the real CPU oracle, then reports
+/// (consistently: backend `cuda`, environment kind `cuda-loopback`) as the
+/// NVRTC it mapped the file behind `libnvrtc.so` in the first
 /// LD_LIBRARY_PATH directory (or $FAKE_LOADED), with NVRTC version 12.4,
 /// the way the CUDA backend's report does.
 const FAKE_GPU: &str = r#"#!/bin/sh
@@ -315,7 +316,7 @@ while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do shift; done
 shift
 first="${LD_LIBRARY_PATH%%:*}"
 lib="${FAKE_LOADED:-$(readlink -f "$first/libnvrtc.so")}"
-"$FOLDPRINT_REAL" run --json --backend cpu -- "$@" | sed "s|\"kind\": \"cpu\",|\"kind\": \"fake-gpu\", \"nvrtc\": {\"version\": \"12.4\"}, \"libraries\": [{\"family\": \"nvrtc\", \"path\": \"$lib\", \"sha256\": \"00\", \"bytes\": 13}],|"
+"$FOLDPRINT_REAL" run --json --backend cpu -- "$@" | sed "s|\"backend\": \"cpu\",|\"backend\": \"cuda\",|; s|\"kind\": \"cpu\",|\"kind\": \"cuda-loopback\", \"nvrtc\": {\"version\": \"12.4\"}, \"libraries\": [{\"family\": \"nvrtc\", \"path\": \"$lib\", \"sha256\": \"00\", \"bytes\": 13}],|"
 "#;
 
 fn script(dir: &Path, name: &str, body: &str) -> PathBuf {

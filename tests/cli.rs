@@ -125,8 +125,15 @@ fn compare_catches_a_single_flipped_bit_and_names_the_case() {
         u8::from_str_radix(&d[63..], 16).unwrap() ^ 1
     );
     // Consistently, as another machine's report would say it: the arena
-    // digest is rank 0's, and every rank agrees.
+    // digest is rank 0's, every rank agrees, and its one chunk is the arena.
     v["cases"][2]["arenas"][1]["sha256"] = flipped.clone().into();
+    v["cases"][2]["arenas"][1]["chunk_sha256"] = serde_json::json!([flipped]);
+    v["cases"][2]["arenas"][1]["chunk_root"] = foldprint::digest::ChunkedDigest {
+        sha256: String::new(),
+        chunks: vec![flipped.clone()],
+    }
+    .chunk_root()
+    .into();
     for r in v["cases"][2]["arenas"][1]["rank_sha256"]
         .as_array_mut()
         .unwrap()

@@ -76,7 +76,7 @@ fn a_digest_mismatch_without_chunk_differences_says_nothing_dangling() {
     let p = write(
         dir.path(),
         "one.toml",
-        "name = \"one\"\n[[case]]\nid = \"c\"\nworld = 3\narenas = [100]\n",
+        "name = \"one\"\n[[case]]\nid = \"c\"\nworld = 3\narenas = [70000]\n",
     );
     let a = dir.path().join("a.json");
     fp().args(["run", "--backend", "cpu", "--out"])
@@ -84,7 +84,8 @@ fn a_digest_mismatch_without_chunk_differences_says_nothing_dangling() {
         .arg(&p)
         .assert()
         .success();
-    // Another arena digest (consistently, on every rank), the same chunks.
+    // Another arena digest (consistently, on every rank), the same chunks
+    // (two of them: a single chunk would have to be the arena digest).
     let mut r: foldprint::report::Report =
         serde_json::from_slice(&std::fs::read(&a).unwrap()).unwrap();
     let other = "ab".repeat(32);
@@ -158,7 +159,7 @@ fn golden_warns_when_it_changes_digests() {
     let p = write(
         dir.path(),
         "one.toml",
-        "name = \"one\"\n[[case]]\nid = \"c\"\nworld = 3\narenas = [100]\n",
+        "name = \"one\"\n[[case]]\nid = \"c\"\nworld = 3\narenas = [70000]\n",
     );
     let g = dir.path().join("golden");
     let run = || {

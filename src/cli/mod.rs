@@ -789,14 +789,37 @@ fn cmd_run(a: RunArgs) -> Result<i32> {
 
 fn cmd_compare(a: CompareArgs) -> Result<i32> {
     use foldprint::report::{compare_sources, localize, Source};
-    if a.reports.iter().all(|p| localize::is_dump_dir(p)) {
+    if a.reports.iter().all(|p| p.is_dir()) {
         let mut ok = true;
+        let mut all = Vec::new();
         for other in &a.reports[1..] {
             let cmp = localize::compare_dumps(&a.reports[0], other, 10)?;
-            table::print_dump_comparison(&a.reports[0], other, &cmp);
+            if !a.json {
+                table::print_dump_comparison(&a.reports[0], other, &cmp);
+            }
             ok &= cmp.differing.is_empty() && cmp.unmatched.is_empty();
+            let mut v = serde_json::to_value(&cmp)?;
+            v["left"] = serde_json::json!(a.reports[0]);
+            v["right"] = serde_json::json!(other);
+            all.push(v);
+        }
+        if a.json {
+            let v = serde_json::json!({ "ok": ok, "comparisons": all });
+            outln!("{}", serde_json::to_string_pretty(&v)?);
         }
         return Ok(ExitCode::verdict(ok).code());
+    }
+    if let Some(dir) = a.reports.iter().find(|p| p.is_dir()) {
+        let file = a.reports.iter().find(|p| !p.is_dir()).unwrap_or(dir);
+        return Err(Exit(
+            ExitCode::BadInput,
+            format!(
+                "{} is a dump directory and {} is a report: compare reports with reports, dump directories with dump directories",
+                dir.display(),
+                file.display()
+            ),
+        )
+        .into());
     }
     let mut sources = Vec::new();
     for p in &a.reports {

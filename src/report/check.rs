@@ -2,11 +2,15 @@
 //! `attest` believe one, every digest in it must be well formed and every
 //! derived field must follow from the fields it is derived from (rank
 //! digests -> arena digest and `ranks_identical`, chunk digests ->
-//! `chunk_root`, params -> case key, cases -> groups and summary). A
-//! report that fails is corrupt input, never "agree".
+//! `chunk_root`, params -> case key, cases -> groups and summary,
+//! experiments), and the fields no field derives from must be ones a run
+//! can write. A report that fails is corrupt input, never "agree".
 
-use super::{build_groups, CaseReport, Report};
-use std::collections::HashMap;
+use super::{build_groups, check_params, printable, ArenaReport, CaseReport, Group, Report};
+use crate::backend::BackendChoice;
+use crate::digest::{NanPolicy, CHUNK_ELEMS};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
 
 /// Whether `s` is a SHA-256 digest as foldprint writes it (64 lowercase hex).
 pub fn is_digest(s: &str) -> bool {
@@ -33,6 +37,9 @@ pub fn key_of(c: &CaseReport) -> (String, String) {
 
 fn check_case(c: &CaseReport, problems: &mut Vec<String>) {
     let mut bad = |m: String| problems.push(format!("case `{}` ({}): {m}", c.id, c.key));
+    if let Some(case) = check_params::params(c, &mut bad) {
+        check_params::sensitivity(c, &case, &mut bad);
+    }
     let (key, group) = key_of(c);
     if c.key != key {
         bad(format!("its parameters make the key {key}"));
@@ -102,29 +109,7 @@ fn check_case(c: &CaseReport, problems: &mut Vec<String>) {
                 a.ranks_identical
             ));
         }
-        if !a.chunk_sha256.is_empty() || !a.chunk_root.is_empty() {
-            let root = crate::digest::ChunkedDigest {
-                sha256: String::new(),
-                chunks: a.chunk_sha256.clone(),
-            }
-            .chunk_root();
-            if a.chunk_root != root {
-                bad_arena("chunk_root does not match its chunk digests".into());
-            }
-            let want = if a.chunk_elems == 0 {
-                usize::MAX
-            } else {
-                a.len.div_ceil(a.chunk_elems)
-            };
-            if a.chunk_sha256.len() != want {
-                bad_arena(format!(
-                    "{} chunk digests for {} elements in chunks of {}",
-                    a.chunk_sha256.len(),
-                    a.len,
-                    a.chunk_elems
-                ));
-            }
-        }
+        check_chunks(a, &mut bad_arena);
     }
     let identical = c.arenas.iter().all(|a| a.ranks_identical);
     if c.ranks_identical != identical {
@@ -132,6 +117,175 @@ fn check_case(c: &CaseReport, problems: &mut Vec<String>) {
             "ranks_identical is {} but its arenas say {identical}",
             c.ranks_identical
         ));
+    }
+}
+
+/// The chunk digests docs/SPEC.md §5 requires of every arena: one per
+/// `CHUNK_ELEMS` elements, their root, and with one chunk (or none) the
+/// arena digest itself.
+fn check_chunks(a: &ArenaReport, bad: &mut dyn FnMut(String)) {
+    if a.chunk_elems != CHUNK_ELEMS {
+        bad(if a.chunk_elems == 0 {
+            format!("no chunk_elems (the format's chunks are {CHUNK_ELEMS} elements)")
+        } else {
+            format!(
+                "chunk_elems {}, but the format's chunks are {CHUNK_ELEMS} elements",
+                a.chunk_elems
+            )
+        });
+    }
+    let want = a.len.div_ceil(CHUNK_ELEMS);
+    if a.chunk_sha256.len() != want {
+        bad(format!(
+            "{} chunk_sha256 digests for {} elements in chunks of {CHUNK_ELEMS} ({want} required)",
+            a.chunk_sha256.len(),
+            a.len,
+        ));
+    }
+    let root = crate::digest::ChunkedDigest {
+        sha256: String::new(),
+        chunks: a.chunk_sha256.clone(),
+    }
+    .chunk_root();
+    if a.chunk_root.is_empty() {
+        bad("no chunk_root (required of every arena)".into());
+    } else if a.chunk_root != root {
+        bad("chunk_root does not match its chunk digests".into());
+    }
+    match a.chunk_sha256.as_slice() {
+        [one] if want == 1 && *one != a.sha256 => {
+            bad("its one chunk digest is not its sha256 (one chunk is the whole arena)".into())
+        }
+        [] if a.len == 0 && a.sha256 != root => {
+            bad("an empty arena's sha256 is not SHA-256 of no bytes".into())
+        }
+        _ => {}
+    }
+}
+
+/// The environment kind each backend writes (`environment.backend.kind`).
+fn environment_kind(b: BackendChoice) -> Option<&'static str> {
+    match b {
+        BackendChoice::Auto => None,
+        BackendChoice::Cpu => Some("cpu"),
+        BackendChoice::Cuda => Some("cuda-loopback"),
+        BackendChoice::Nccl => Some("nccl"),
+    }
+}
+
+/// `nan_policy`, `backend` and its environment.
+fn check_run(r: &Report, out: &mut Vec<String>) {
+    if let Err(m) = r.nan_policy.parse::<NanPolicy>() {
+        out.push(format!("nan_policy: {m}"));
+    }
+    let want = <BackendChoice as clap::ValueEnum>::from_str(&r.backend, false)
+        .ok()
+        .and_then(environment_kind);
+    match (want, r.backend_environment()) {
+        (None, _) => out.push(format!(
+            "backend `{}` is not a backend foldprint has",
+            printable(&r.backend)
+        )),
+        (Some(_), Err(m)) => out.push(format!("environment.backend: {m}")),
+        (Some(kind), Ok(env)) if env.kind != kind => out.push(format!(
+            "backend `{}`, but environment.backend.kind is `{}` (a `{}` run records `{kind}`)",
+            r.backend,
+            printable(&env.kind),
+            r.backend
+        )),
+        (Some(_), Ok(_)) => {}
+    }
+}
+
+/// `experiments` must list where every case (run or skipped) came from,
+/// with its case count.
+fn check_experiments(r: &Report, out: &mut Vec<String>) {
+    let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+    let from = r
+        .cases
+        .iter()
+        .map(|c| (c.experiment.as_str(), c.id.as_str(), "case"))
+        .chain(
+            r.skipped
+                .iter()
+                .map(|c| (c.experiment.as_str(), c.id.as_str(), "skipped case")),
+        );
+    for (e, _, _) in from.clone() {
+        *count.entry(e).or_default() += 1;
+    }
+    if r.experiments.is_empty() {
+        let names: Vec<String> = count
+            .keys()
+            .map(|e| format!("`{}`", printable(e)))
+            .collect();
+        out.push(format!(
+            "experiments lists no experiment; its cases come from {}",
+            if names.is_empty() {
+                "none".into()
+            } else {
+                names.join(", ")
+            }
+        ));
+        return;
+    }
+    let mut listed = BTreeMap::new();
+    for e in &r.experiments {
+        let name = printable(&e.name);
+        if listed.insert(e.name.as_str(), ()).is_some() {
+            out.push(format!("experiments: `{name}` is listed twice"));
+        }
+        if !is_digest(&e.sha256) {
+            out.push(format!(
+                "experiments: `{name}`: sha256 `{}` is not a SHA-256 digest",
+                printable(&e.sha256)
+            ));
+        }
+        let held = count.get(e.name.as_str()).copied().unwrap_or(0);
+        if e.cases != held {
+            out.push(format!(
+                "experiments: `{name}` says {} cases, the report holds {held} (run and skipped)",
+                e.cases
+            ));
+        }
+    }
+    for (e, id, what) in from {
+        if !listed.contains_key(e) {
+            out.push(format!(
+                "{what} `{}`: experiment `{}` is not in experiments",
+                printable(id),
+                printable(e)
+            ));
+        }
+    }
+}
+
+/// Every group field must be what the cases make it.
+fn check_groups(r: &Report, out: &mut Vec<String>) {
+    let rebuilt = build_groups(&r.cases);
+    let keys = |g: &[Group]| g.iter().map(|g| g.key.clone()).collect::<Vec<_>>();
+    if keys(&rebuilt) != keys(&r.groups) {
+        out.push(format!(
+            "its invariance groups are [{}]; its cases make [{}]",
+            keys(&r.groups).join(", "),
+            keys(&rebuilt).join(", ")
+        ));
+        return;
+    }
+    for (mine, theirs) in rebuilt.iter().zip(&r.groups) {
+        let (Ok(Value::Object(m)), Ok(Value::Object(t))) =
+            (serde_json::to_value(mine), serde_json::to_value(theirs))
+        else {
+            continue;
+        };
+        for (field, want) in &m {
+            let got = t.get(field).unwrap_or(&Value::Null);
+            if got != want {
+                out.push(format!(
+                    "group {}: `{field}` is {got}, its cases make it {want}",
+                    printable(&mine.key)
+                ));
+            }
+        }
     }
 }
 
@@ -148,15 +302,9 @@ pub fn problems(r: &Report) -> Vec<String> {
         }
         check_case(c, &mut out);
     }
-    let groups = build_groups(&r.cases);
-    let verdicts = |g: &[super::Group]| -> Vec<(String, bool, super::GroupVerdict, Vec<String>)> {
-        g.iter()
-            .map(|g| (g.key.clone(), g.ok, g.verdict, g.cases.clone()))
-            .collect()
-    };
-    if verdicts(&groups) != verdicts(&r.groups) {
-        out.push("its invariance groups do not follow from its cases".into());
-    }
+    check_run(r, &mut out);
+    check_experiments(r, &mut out);
+    check_groups(r, &mut out);
     let mut again = r.clone();
     again.summarize();
     let (s, t) = (&r.summary, &again.summary);

@@ -1,5 +1,6 @@
 //! Cross-report agreement by case key. Every digest a report carries is
-//! compared (arena, per rank, per chunk, chunk root), and the parameters;
+//! compared (arena, per rank, per chunk, chunk root), the parameters and
+//! the order sensitivity;
 //! a golden file (arena digests of one experiment) can stand on either side.
 
 use super::{ArenaReport, CaseParams, Golden, Report, ReportError};
@@ -33,7 +34,7 @@ pub enum Mismatch {
         right: String,
     },
     /// Anything else a case carries that differs: a rank or chunk digest,
-    /// the chunk root, a length, the parameters.
+    /// the chunk root, a length, the parameters, the sensitivity.
     Field {
         key: String,
         id: String,
@@ -178,6 +179,11 @@ impl Source {
                             id: c.id.clone(),
                             params: Some(&c.params),
                             digests: c.arenas.iter().map(|a| a.sha256.as_str()).collect(),
+                            sensitivity: Some((
+                                c.sensitivity.changed,
+                                c.sensitivity.checked,
+                                &c.sensitivity.sample,
+                            )),
                             arenas: Some(c.arenas.iter().collect()),
                         },
                     )
@@ -193,6 +199,10 @@ impl Source {
                             id: c.id.clone(),
                             params: None,
                             digests: c.arenas.iter().map(String::as_str).collect(),
+                            sensitivity: c
+                                .sensitivity
+                                .as_ref()
+                                .map(|s| (s.changed, s.checked, s.sample.as_str())),
                             arenas: None,
                         },
                     )
@@ -207,6 +217,8 @@ struct View<'a> {
     id: String,
     params: Option<&'a CaseParams>,
     digests: Vec<&'a str>,
+    /// Order sensitivity: elements changed, checked, and the sample.
+    sensitivity: Option<(u64, u64, &'a str)>,
     /// Full arena records (reports only).
     arenas: Option<Vec<&'a ArenaReport>>,
 }
@@ -290,6 +302,14 @@ fn compare_case(key: &str, l: (&String, &View), r: (&String, &View), out: &mut C
                 .push(field("parameters".into(), js(a), js(b)));
         }
     }
+    // Sensitivity follows from the parameters alone (docs/SPEC.md §7).
+    if let (Some(a), Some(b)) = (lv.sensitivity, rv.sensitivity) {
+        if a != b {
+            let say = |(c, k, s): (u64, u64, &str)| format!("{c} of {k} elements changed ({s})");
+            out.mismatches
+                .push(field("sensitivity".into(), say(a), say(b)));
+        }
+    }
     if lv.digests.len() != rv.digests.len() {
         out.mismatches.push(Mismatch::Shape {
             key: key.to_string(),
@@ -367,8 +387,7 @@ fn compare_case(key: &str, l: (&String, &View), r: (&String, &View), out: &mut C
                 } else {
                     for (k, (p, q)) in x.chunk_sha256.iter().zip(&y.chunk_sha256).enumerate() {
                         if p != q {
-                            let s = k * x.chunk_elems;
-                            let e = (s + x.chunk_elems).min(x.len);
+                            let (s, e) = chunk_range(k, x.chunk_elems, x.len);
                             out.mismatches.push(field(
                                 format!("arena {i} chunk {k} (elements {s}..{e}) digest"),
                                 p.clone(),
@@ -400,7 +419,14 @@ fn differing_chunks(l: &ArenaReport, r: &ArenaReport) -> Option<Vec<(usize, usiz
             .zip(&r.chunk_sha256)
             .enumerate()
             .filter(|(_, (a, b))| a != b)
-            .map(|(k, _)| (k * size, ((k + 1) * size).min(l.len)))
+            .map(|(k, _)| chunk_range(k, size, l.len))
             .collect(),
     )
+}
+
+/// Elements `start..end` of chunk `k`; saturating, so that a chunk size no
+/// checked report has can never wrap into a wrong range.
+fn chunk_range(k: usize, size: usize, len: usize) -> (usize, usize) {
+    let start = k.saturating_mul(size);
+    (start, start.saturating_add(size).min(len))
 }

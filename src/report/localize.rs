@@ -2,6 +2,7 @@
 //! (index, both values, ULP distance, counts).
 
 use super::ReportError;
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -22,7 +23,7 @@ pub fn ulp_distance(a: u32, b: u32) -> Option<u64> {
     Some(ordered(a).abs_diff(ordered(b)))
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ElementDiff {
     pub index: usize,
     pub left: u32,
@@ -30,7 +31,7 @@ pub struct ElementDiff {
     pub ulp: Option<u64>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct FileDiff {
     pub name: String,
     /// Elements compared (the shorter length) and lengths of both files.
@@ -40,7 +41,7 @@ pub struct FileDiff {
     pub first: Vec<ElementDiff>,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct DumpComparison {
     pub identical: usize,
     pub differing: Vec<FileDiff>,
@@ -62,7 +63,7 @@ fn read_sums(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
         })?;
         let actual = crate::digest::sha256_hex(&bytes);
         if actual != *hash {
-            return Err(ReportError::Malformed {
+            return Err(ReportError::Dump {
                 path,
                 message: format!("SHA-256 is {actual} but SHA256SUMS says {hash}"),
             });
@@ -79,7 +80,7 @@ fn read_sums(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
         })?;
         let name = entry.file_name().to_string_lossy().into_owned();
         if name != "SHA256SUMS" && !sums.contains_key(&name) {
-            return Err(ReportError::Malformed {
+            return Err(ReportError::Dump {
                 path: dir.join(&name),
                 message: "not listed in SHA256SUMS".into(),
             });
@@ -102,19 +103,19 @@ fn read_sums_file(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
     let mut out = BTreeMap::new();
     for (i, line) in text.lines().enumerate() {
         let Some((hash, name)) = line.split_once("  ") else {
-            return Err(ReportError::Malformed {
+            return Err(ReportError::Dump {
                 path: path.clone(),
                 message: format!("line {} is not `<sha256>  <file>`", i + 1),
             });
         };
         if !super::check::is_digest(hash) || name.is_empty() || name.contains('/') {
-            return Err(ReportError::Malformed {
+            return Err(ReportError::Dump {
                 path: path.clone(),
                 message: format!("line {} is not `<sha256>  <file>`", i + 1),
             });
         }
         if out.insert(name.to_string(), hash.to_string()).is_some() {
-            return Err(ReportError::Malformed {
+            return Err(ReportError::Dump {
                 path: path.clone(),
                 message: format!("line {}: {name} is listed twice", i + 1),
             });
@@ -129,7 +130,7 @@ fn read_f32(path: &Path) -> Result<Vec<u32>, ReportError> {
         source,
     })?;
     if bytes.len() % 4 != 0 {
-        return Err(ReportError::Malformed {
+        return Err(ReportError::Dump {
             path: path.to_path_buf(),
             message: format!("{} bytes is not a whole number of f32 values", bytes.len()),
         });
@@ -184,11 +185,6 @@ pub fn compare_dumps(a: &Path, b: &Path, keep: usize) -> Result<DumpComparison, 
             .push(format!("{name} (only in {})", b.display()));
     }
     Ok(out)
-}
-
-/// True when `p` looks like a dump directory.
-pub fn is_dump_dir(p: &Path) -> bool {
-    p.is_dir() && p.join("SHA256SUMS").is_file()
 }
 
 #[cfg(test)]

@@ -4,9 +4,11 @@
 
 pub mod attest;
 pub mod check;
+mod check_params;
 mod compare;
 pub mod golden;
 mod groups;
+mod json;
 mod junit;
 pub mod localize;
 
@@ -69,6 +71,9 @@ pub enum ReportError {
         what: &'static str,
         problems: Vec<String>,
     },
+    /// A dump directory whose files, SHA256SUMS or sizes do not agree.
+    #[error("{path}: {message}")]
+    Dump { path: PathBuf, message: String },
     #[error("{path}: cannot write: {source}")]
     Write {
         path: PathBuf,
@@ -368,8 +373,17 @@ pub(crate) fn read_versioned<T: serde::de::DeserializeOwned>(
         path: path.to_path_buf(),
         message,
     };
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| malformed(format!("invalid JSON: {e}")))?;
+    let value = json::parse_strict(&text).map_err(|e| {
+        if json::is_duplicate_key(&e) {
+            ReportError::Inconsistent {
+                path: path.to_path_buf(),
+                what,
+                problems: vec![e.to_string()],
+            }
+        } else {
+            malformed(format!("invalid JSON: {e}"))
+        }
+    })?;
     match value.get("format").and_then(|f| f.as_str()) {
         Some(f) if f == format => {}
         Some(other) => {
