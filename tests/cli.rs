@@ -795,14 +795,23 @@ fn nothing_checked_fails_run_verify_and_golden() {
     let dir = tempfile::tempdir().unwrap();
     let exp = write(dir.path(), "skipped.toml", ALL_SKIPPED);
     let report = dir.path().join("r.json");
+    let junit = dir.path().join("j.xml");
     let text = out_of(
         &fp()
             .args(["run", "--backend", "cpu"])
             .arg(&exp)
             .arg("--out")
             .arg(&report)
+            .arg("--junit")
+            .arg(&junit)
             .assert()
             .code(1),
+    );
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("tests=\"1\" failures=\"1\""), "{xml}");
+    assert!(
+        xml.contains("<failure message=\"nothing was checked"),
+        "{xml}"
     );
     assert!(
         text.contains("nothing was checked: the backend skipped all 2 case(s)"),
