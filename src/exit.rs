@@ -16,7 +16,10 @@ pub enum ExitCode {
     /// 0: every check held.
     Ok,
     /// 1: a check failed (a digest, a rank copy, an invariance group, a
-    /// golden or a comparison differs).
+    /// golden or a comparison differs), or nothing was checked (every case
+    /// skipped, no case shared, no dump listed, a report whose own run
+    /// failed): CI must never pass on an empty check, and no rerun helps,
+    /// so it is a failed check rather than codes 3/4 ("no verdict, rerun").
     CheckFailed,
     /// 2: bad input: usage, a malformed experiment, a corrupt or
     /// inconsistent report, an output path that cannot be used.

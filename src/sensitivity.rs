@@ -119,6 +119,61 @@ pub fn measure(case: &Case) -> Sensitivity {
     }
 }
 
+/// Most element-adds [`sequences_differ`] spends (elements x W x sequences).
+pub const SEQUENCE_CHECK_CAP: u64 = 1 << 26;
+
+/// Whether the data of a case with these parameters can tell the fold
+/// sequences `seqs` apart: `Some(true)` when some element folds to other
+/// bits under two of them, `Some(false)` when every element was checked and
+/// none does (agreement is then a coincidence of the data, not a blind
+/// harness), `None` when that was not worked out (too large, or a sequence
+/// that is not a permutation of the ranks).
+pub fn sequences_differ(p: &crate::experiment::CaseParams, seqs: &[Vec<usize>]) -> Option<bool> {
+    let world = p.world;
+    let total: u64 = p.arenas.iter().map(|&n| n as u64).sum();
+    let work = total
+        .saturating_mul(world as u64)
+        .saturating_mul(seqs.len() as u64);
+    let permutation = |s: &Vec<usize>| {
+        let mut seen = vec![false; world];
+        s.len() == world
+            && s.iter()
+                .all(|&r| r < world && !std::mem::replace(&mut seen[r], true))
+    };
+    if seqs.len() < 2 || work > SEQUENCE_CHECK_CAP || !seqs.iter().all(permutation) {
+        return None;
+    }
+    let scale = p.mean.then(|| crate::fold::mean_scale(world));
+    let bits = |v: f32| {
+        let v = scale.map_or(v, |k| v * k);
+        // NaNs compare equal, as in the digests' default policy.
+        if v.is_nan() {
+            u32::MAX
+        } else {
+            v.to_bits()
+        }
+    };
+    for (a, &n) in p.arenas.iter().enumerate() {
+        let lanes: Vec<Lane> = (0..world as u32)
+            .map(|r| Lane::new(p.distribution, p.seed, r, a as u32))
+            .collect();
+        let mut slots = vec![0f32; world];
+        for i in 0..n as u64 {
+            for (s, l) in slots.iter_mut().zip(&lanes) {
+                *s = l.value(i);
+            }
+            let first = bits(fold_in_order(&slots, &seqs[0]));
+            if seqs[1..]
+                .iter()
+                .any(|q| bits(fold_in_order(&slots, q)) != first)
+            {
+                return Some(true);
+            }
+        }
+    }
+    Some(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

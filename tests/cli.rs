@@ -721,3 +721,312 @@ fn compare_of_reports_narrows_a_one_element_difference_to_its_chunk() {
             "differing elements in 131072..196608",
         ));
 }
+
+/// Only NCCL runs `nccl-allreduce`: on the CPU every case is skipped.
+const ALL_SKIPPED: &str = r#"
+name = "skipped"
+[defaults]
+world = 2
+arenas = [64]
+contract = "nccl-allreduce"
+[[sweep]]
+id = "s"
+seed = [1, 2]
+"#;
+
+fn out_of(a: &assert_cmd::assert::Assert) -> String {
+    let o = a.get_output();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A golden must be its experiment's: another name, or another
+/// experiment's golden under this name, fails `verify`.
+#[test]
+fn verify_refuses_a_golden_of_another_experiment() {
+    let dir = tempfile::tempdir().unwrap();
+    let gold = dir.path();
+    let nothing = serde_json::json!({
+        "format": "foldprint-golden", "version": 1, "experiment": "nothing",
+        "nan_policy": "canonical", "produced_by": "x", "cases": []
+    });
+    std::fs::write(gold.join("smoke.json"), nothing.to_string()).unwrap();
+    let verify = || {
+        fp().args([
+            "verify",
+            "--backend",
+            "cpu",
+            "experiments/smoke.toml",
+            "--golden",
+        ])
+        .arg(gold)
+        .assert()
+        .code(1)
+    };
+    let text = out_of(&verify());
+    assert!(
+        text.contains("golden of experiment `nothing`, but it is loaded for experiment `smoke`"),
+        "{text}"
+    );
+    assert!(!text.contains("verify ok"), "{text}");
+
+    std::fs::copy(
+        "experiments/golden/edge-cases.json",
+        gold.join("smoke.json"),
+    )
+    .unwrap();
+    let text = out_of(&verify());
+    assert!(text.contains("golden of experiment `edge-cases`"), "{text}");
+
+    // Renamed inside too: every smoke case lacks a golden, every edge case is stale.
+    let mut g: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(gold.join("smoke.json")).unwrap()).unwrap();
+    g["experiment"] = "smoke".into();
+    std::fs::write(gold.join("smoke.json"), g.to_string()).unwrap();
+    let text = out_of(&verify());
+    assert!(text.contains("verify FAILED"), "{text}");
+    assert!(text.contains("has no golden digest in"), "{text}");
+    assert!(
+        text.contains("that the experiment no longer declares"),
+        "{text}"
+    );
+}
+
+/// A run, verify or golden whose every case the backend skips checked
+/// nothing: exit 1, never "ok".
+#[test]
+fn nothing_checked_fails_run_verify_and_golden() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "skipped.toml", ALL_SKIPPED);
+    let report = dir.path().join("r.json");
+    let junit = dir.path().join("j.xml");
+    let text = out_of(
+        &fp()
+            .args(["run", "--backend", "cpu"])
+            .arg(&exp)
+            .arg("--out")
+            .arg(&report)
+            .arg("--junit")
+            .arg(&junit)
+            .assert()
+            .code(1),
+    );
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(xml.contains("tests=\"1\" failures=\"1\""), "{xml}");
+    assert!(
+        xml.contains("<failure message=\"nothing was checked"),
+        "{xml}"
+    );
+    assert!(
+        text.contains("nothing was checked: the backend skipped all 2 case(s)"),
+        "{text}"
+    );
+    assert!(!text.contains("every check passed"), "{text}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(r["summary"]["ok"], false);
+
+    let gold = dir.path().join("golden");
+    let text = out_of(
+        &fp()
+            .arg("golden")
+            .arg(&exp)
+            .arg("--golden")
+            .arg(&gold)
+            .assert()
+            .code(1),
+    );
+    assert!(text.contains("nothing was checked"), "{text}");
+    assert!(!gold.join("skipped.json").exists(), "no golden of no case");
+
+    // A golden of no case cannot make verify pass either.
+    std::fs::create_dir(&gold).unwrap();
+    let empty = serde_json::json!({
+        "format": "foldprint-golden", "version": 1, "experiment": "skipped",
+        "nan_policy": "canonical", "produced_by": "x", "cases": []
+    });
+    std::fs::write(gold.join("skipped.json"), empty.to_string()).unwrap();
+    let text = out_of(
+        &fp()
+            .args(["verify", "--backend", "cpu"])
+            .arg(&exp)
+            .arg("--golden")
+            .arg(&gold)
+            .assert()
+            .code(1),
+    );
+    assert!(text.contains("verify FAILED"), "{text}");
+    assert!(text.contains("nothing was checked"), "{text}");
+
+    // Such a report never "agrees": compare names it, attest marks it.
+    let text = out_of(
+        &fp()
+            .arg("compare")
+            .arg(&report)
+            .arg(&report)
+            .assert()
+            .code(1),
+    );
+    assert!(text.contains("its own run FAILED its checks"), "{text}");
+    let st = dir.path().join("st.json");
+    let text = out_of(
+        &fp()
+            .arg("attest")
+            .arg(&report)
+            .arg("--out")
+            .arg(&st)
+            .assert()
+            .code(1),
+    );
+    assert!(text.contains("FAILED RUN"), "{text}");
+    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&st).unwrap()).unwrap();
+    assert_eq!(s["predicate"]["verdict"]["ok"], false, "{s}");
+}
+
+/// `compare --allow-missing` of a report sharing no case with the others,
+/// and of dump directories listing no file, checked nothing.
+#[test]
+fn compare_of_nothing_shared_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = write(dir.path(), "tiny.toml", TINY);
+    let other = write(
+        dir.path(),
+        "other.toml",
+        "name = \"other\"\n[[case]]\nid = \"x\"\nworld = 2\narenas = [9]\n",
+    );
+    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
+    for (exp, out) in [(&tiny, &a), (&other, &b)] {
+        fp().args(["run", "--backend", "cpu"])
+            .arg(exp)
+            .arg("--out")
+            .arg(out)
+            .assert()
+            .success();
+    }
+    fp().arg("compare")
+        .arg(&a)
+        .arg(&a)
+        .args(["--allow-missing"])
+        .assert()
+        .success();
+    let text = out_of(
+        &fp()
+            .arg("compare")
+            .arg(&a)
+            .arg(&a)
+            .arg(&b)
+            .arg("--allow-missing")
+            .assert()
+            .code(1),
+    );
+    assert!(text.contains("nothing was checked"), "{text}");
+    assert!(text.contains("share no case"), "{text}");
+
+    let (d1, d2) = (dir.path().join("d1"), dir.path().join("d2"));
+    for d in [&d1, &d2] {
+        std::fs::create_dir(d).unwrap();
+        std::fs::write(d.join("SHA256SUMS"), "").unwrap();
+    }
+    let text = out_of(&fp().arg("compare").arg(&d1).arg(&d2).assert().code(1));
+    assert!(text.contains("nothing was checked"), "{text}");
+    assert!(!text.contains("ok: dumps are identical"), "{text}");
+}
+
+/// `golden` says what changed, and refuses to overwrite a file it cannot read.
+#[test]
+fn golden_says_what_changed_and_keeps_an_unreadable_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "tiny.toml", TINY);
+    let gold = dir.path().join("golden");
+    let golden = || {
+        fp().arg("golden")
+            .arg(&exp)
+            .arg("--golden")
+            .arg(&gold)
+            .assert()
+    };
+    golden().success();
+    let gpath = gold.join("tiny.json");
+    let mut g: serde_json::Value = serde_json::from_slice(&std::fs::read(&gpath).unwrap()).unwrap();
+    let changed = g["cases"][0]["sensitivity"]["changed"].as_u64().unwrap();
+    g["cases"][0]["sensitivity"]["changed"] = (changed + 1).into();
+    std::fs::write(&gpath, g.to_string()).unwrap();
+    let text = out_of(&golden().success());
+    assert!(
+        text.contains("changed: 1 case(s) with other order-sensitivity counts;"),
+        "{text}"
+    );
+    assert!(!text.contains("digests"), "{text}");
+
+    std::fs::write(&gpath, "<<<<<<< HEAD\n{}\n").unwrap();
+    let text = out_of(&golden().code(2));
+    assert!(text.contains("refusing to overwrite"), "{text}");
+    assert_eq!(std::fs::read(&gpath).unwrap(), b"<<<<<<< HEAD\n{}\n");
+}
+
+/// With 3 or more arenas the TIME column stays under its header.
+#[test]
+fn time_column_stays_aligned_with_many_arenas() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(
+        dir.path(),
+        "many.toml",
+        "name = \"many\"\n[defaults]\nworld = 2\n[[case]]\nid = \"one\"\narenas = [5]\n\
+         [[case]]\nid = \"four\"\narenas = [5, 6, 7, 8]\n",
+    );
+    let out = fp()
+        .args(["run", "--backend", "cpu"])
+        .arg(&exp)
+        .assert()
+        .success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    let header = text.lines().find(|l| l.contains("TIME")).expect("header");
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("  ok ")).collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    for r in rows {
+        assert_eq!(r.chars().count(), header.chars().count(), "{header}\n{r}");
+    }
+}
+
+#[test]
+fn help_lists_the_nan_policies() {
+    let out = fp().args(["run", "--help"]).assert().success();
+    let text = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(
+        text.contains("`canonical`") && text.contains("`preserve`"),
+        "{text}"
+    );
+}
+
+/// W = 4 with one element: for seed 23 the arrival-order control's two
+/// orders happen to round alike. The group is inconclusive, not a failure,
+/// and `golden` writes the golden.
+#[test]
+fn a_data_coincidence_is_not_a_failed_control() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(
+        dir.path(),
+        "tiny1.toml",
+        "name = \"tiny1\"\n[defaults]\nworld = 4\narenas = [1]\nseed = 23\n\
+         [[sweep]]\nid = \"o\"\norder = [\"ascending\", \"rotate:1\"]\ncontract = [\"arrival-order\"]\n",
+    );
+    let text = out_of(
+        &fp()
+            .args(["run", "--backend", "cpu"])
+            .arg(&exp)
+            .assert()
+            .success(),
+    );
+    assert!(text.contains("got inconclusive"), "{text}");
+    assert!(text.contains("a coincidence of the data"), "{text}");
+    let gold = dir.path().join("golden");
+    fp().arg("golden")
+        .arg(&exp)
+        .arg("--golden")
+        .arg(&gold)
+        .assert()
+        .success();
+    assert!(gold.join("tiny1.json").is_file());
+}

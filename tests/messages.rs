@@ -185,3 +185,61 @@ fn golden_warns_when_it_changes_digests() {
     );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
 }
+
+/// Type errors name the field even when serde's message quotes the value,
+/// and an empty sweep list is an error naming its key, not one case.
+#[test]
+fn sweep_lists_and_typed_values_name_their_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "name = \"t\"\n[defaults]\narenas = 3\n[[case]]\nid = \"c\"\nworld = 2\n",
+            "t.toml:3:10: field `arenas`: invalid type: integer `3`, expected a sequence",
+        ),
+        (
+            "name = \"t\"\n[[case]]\nid = \"c\"\nworld = 1.5\narenas = [3]\n",
+            "t.toml:4:9: field `world`: invalid type: floating point `1.5`, expected i64",
+        ),
+        (
+            "name = \"t\"\n[defaults]\narenas = [4]\n[[sweep]]\nid = \"s\"\nworld = []\n",
+            "t.toml:6:9: sweep `s`: field `world`: empty list",
+        ),
+    ];
+    for (text, want) in cases {
+        let p = write(dir.path(), "t.toml", text);
+        let err = stderr_of(
+            &fp()
+                .args(["run", "--backend", "cpu"])
+                .arg(&p)
+                .assert()
+                .code(2),
+        );
+        assert!(err.contains(want), "{want}\n{err}");
+    }
+}
+
+/// Invalid UTF-8 is located by line and column.
+#[test]
+fn invalid_utf8_says_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("u.toml");
+    std::fs::write(&p, b"name = \"u\"\n# caf\xe9\n").unwrap();
+    let err = stderr_of(
+        &fp()
+            .args(["run", "--backend", "cpu"])
+            .arg(&p)
+            .assert()
+            .code(2),
+    );
+    assert!(
+        err.contains("u.toml:2:6: not valid UTF-8 (byte 0xe9 at offset 16)"),
+        "{err}"
+    );
+    let r = dir.path().join("r.json");
+    std::fs::write(&r, b"{\n \"format\": \"\xff\"}").unwrap();
+    let err = stderr_of(&fp().arg("compare").arg(&r).arg(&r).assert().code(2));
+    assert!(
+        err.contains("not valid UTF-8 (byte 0xff at offset 14), line 2 column 13"),
+        "{err}"
+    );
+}

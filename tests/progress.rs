@@ -47,6 +47,48 @@ fn piped_rows_stream_as_cases_finish() {
     assert!(rest.iter().any(|l| l.starts_with("ok: 30 cases")));
 }
 
+/// `verify` piped streams its rows too, before its verdict.
+#[test]
+fn piped_verify_rows_stream_as_cases_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "slow.toml", SLOW);
+    let gold = dir.path().join("golden");
+    let made = std::process::Command::new(bin())
+        .arg("golden")
+        .arg(&exp)
+        .arg("--golden")
+        .arg(&gold)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let mut child = std::process::Command::new(bin())
+        .args(["verify", "--backend", "cpu", "--golden"])
+        .arg(&gold)
+        .arg(&exp)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    lines
+        .by_ref()
+        .map(|l| l.unwrap())
+        .find(|l| l.starts_with("  ok "))
+        .expect("a case row");
+    let t_row = std::time::Instant::now();
+    let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
+    let t_end = std::time::Instant::now();
+    assert!(child.wait().unwrap().success());
+    assert!(
+        t_end - t_row > std::time::Duration::from_secs(1),
+        "the first row arrived only {:?} before the end",
+        t_end - t_row
+    );
+    assert!(
+        rest.iter().any(|l| l.starts_with("verify ok: 30 cases")),
+        "{rest:?}"
+    );
+}
+
 #[test]
 fn a_terminal_shows_progress_while_a_long_case_runs() {
     let dir = tempfile::tempdir().unwrap();

@@ -113,7 +113,7 @@ fn examples_make_their_inputs_and_their_outputs_are_ignored() {
 #[test]
 fn the_readme_says_how_to_get_foldprint_on_path_and_warns_about_golden() {
     let text = readme();
-    assert!(text.contains("cargo install --path ."));
+    assert!(text.contains("cargo install --locked --path ."));
     let golden = text
         .lines()
         .position(|l| l.starts_with("foldprint golden"))

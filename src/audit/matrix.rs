@@ -272,10 +272,8 @@ pub fn load(path: &Path) -> Result<Matrix, InputError> {
         path: path.to_path_buf(),
         source,
     })?;
-    let text = String::from_utf8(bytes).map_err(|_| InputError::File {
-        path: path.to_path_buf(),
-        message: "not valid UTF-8".into(),
-    })?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| crate::experiment::utf8_error(path, e.as_bytes(), &e.utf8_error()))?;
     parse(path, &text, &|name| std::env::var(name).ok())
 }
 

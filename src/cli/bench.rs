@@ -422,7 +422,10 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         BackendChoice::Auto if foldprint::backend::cuda::probe().usable => {
             return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len)
         }
-        BackendChoice::Auto | BackendChoice::Cpu => {}
+        BackendChoice::Auto => {
+            eprintln!("note: auto: CUDA not usable here; measuring the CPU oracle");
+        }
+        BackendChoice::Cpu => {}
     }
     super::start_threads()?;
     let n = 1usize
@@ -442,10 +445,14 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         rounds: 3,
     };
     let all = rayon::current_num_threads();
+    // Progress on stderr: the table comes only at the end.
+    eprintln!("bench: fold, 1 thread ...");
     let mut rows = vec![fold_row(&case, 1)?];
     if all > 1 {
+        eprintln!("bench: fold, {all} threads ...");
         rows.push(fold_row(&case, all)?);
     }
+    eprintln!("bench: SHA-256 digest path ...");
 
     // Streaming: one large arena from memory, as a run hashes it.
     let values: Vec<f32> = (0..a.sha_mib as usize * (1 << 18))
@@ -479,6 +486,7 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         seconds: s,
         gb_per_s: (reps * 16384) as f64 / s / 1e9,
     });
+    eprintln!("bench: openssl speed baseline ...");
     match openssl_row() {
         Some(r) => rows.push(r),
         None => eprintln!("note: `openssl speed` is not available here; no SHA-256 baseline"),

@@ -49,7 +49,7 @@ struct Cli {
 const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0      every check held
-  1      a check failed: a digest, a rank copy, an invariance group, a golden or a comparison differs
+  1      a check failed: a digest, a rank copy, an invariance group, a golden or a comparison differs; or nothing was checked (every case skipped, no case shared, no dump listed, a report whose own run failed)
   2      bad input: usage, a malformed experiment, a corrupt or inconsistent report, an unusable output path
   3      a resource is missing: no GPU, driver or library, not enough memory or disk space
   4      the infrastructure failed mid-run: an NCCL error, a dead peer, the watchdog, the rendezvous
@@ -129,7 +129,9 @@ struct Common {
     /// Where the reduction runs.
     #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
     backend: BackendChoice,
-    /// NaN handling before hashing (see docs/SPEC.md).
+    /// NaN handling before hashing: `canonical` (every NaN hashed as one
+    /// quiet NaN) or `preserve` (each NaN's sign and payload hashed as it
+    /// is); see docs/SPEC.md.
     #[arg(long, default_value = "canonical", value_parser = parse_nan_policy)]
     nan_policy: NanPolicy,
     /// Print the report as JSON on stdout instead of the table.
@@ -308,8 +310,8 @@ struct GoldenArgs {
     /// Directory to write <experiment>.json goldens into.
     #[arg(long)]
     golden: PathBuf,
-    /// NaN policy the goldens are made with (recorded in each file; `verify`
-    /// must then use the same one).
+    /// NaN policy the goldens are made with, `canonical` or `preserve`
+    /// (recorded in each file; `verify` must then use the same one).
     #[arg(long, default_value = "canonical", value_parser = parse_nan_policy)]
     nan_policy: NanPolicy,
 }
@@ -614,13 +616,14 @@ fn load(paths: &[PathBuf]) -> Result<Vec<Experiment>> {
 /// as the case finishes (so a piped run streams its rows).
 struct Bar {
     pb: Option<indicatif::ProgressBar>,
-    /// (name, path, cases) of each experiment, when rows are streamed.
-    rows: Option<Vec<(String, String, usize)>>,
+    /// (name, path, cases, SHA-256 column width) of each experiment, when
+    /// rows are streamed.
+    rows: Option<Vec<(String, String, usize, usize)>>,
     current: Option<String>,
 }
 
 impl Bar {
-    fn new(total: usize, rows: Option<Vec<(String, String, usize)>>) -> Bar {
+    fn new(total: usize, rows: Option<Vec<(String, String, usize, usize)>>) -> Bar {
         let pb = (std::io::stderr().is_terminal() && total >= 1).then(|| {
             let pb = indicatif::ProgressBar::new(total as u64);
             pb.set_style(
@@ -659,16 +662,17 @@ impl runner::Progress for Bar {
         }
         if let Some(rows) = &self.rows {
             if self.current.as_deref() != Some(case.experiment.as_str()) {
-                if let Some((name, path, n)) = rows.iter().find(|r| r.0 == case.experiment) {
-                    self.print(|| table::experiment_header(name, path, *n));
+                if let Some((name, path, n, w)) = rows.iter().find(|r| r.0 == case.experiment) {
+                    self.print(|| table::experiment_header(name, path, *n, *w));
                 }
                 self.current = Some(case.experiment.clone());
             }
         }
     }
     fn done(&mut self, _case: &experiment::Case, result: Option<&foldprint::report::CaseReport>) {
-        if let (Some(_), Some(c)) = (&self.rows, result) {
-            self.print(|| table::case_row(c));
+        if let (Some(rows), Some(c)) = (&self.rows, result) {
+            let w = rows.iter().find(|r| r.0 == c.experiment).map_or(0, |r| r.3);
+            self.print(|| table::case_row(c, w));
         }
         if let Some(pb) = &self.pb {
             pb.inc(1);
@@ -726,7 +730,13 @@ fn execute(
             .iter()
             .map(|e| {
                 let info = foldprint::report::ExperimentInfo::from(e);
-                (info.name, info.path, info.cases)
+                let arenas = e.cases.iter().map(|c| c.arenas.len()).max().unwrap_or(0);
+                (
+                    info.name,
+                    info.path,
+                    info.cases,
+                    table::digest_width(arenas),
+                )
             })
             .collect()
     });
@@ -797,10 +807,13 @@ fn cmd_compare(a: CompareArgs) -> Result<i32> {
             if !a.json {
                 table::print_dump_comparison(&a.reports[0], other, &cmp);
             }
-            ok &= cmp.differing.is_empty() && cmp.unmatched.is_empty();
+            // Two empty SHA256SUMS "agree" about nothing.
+            let compared = cmp.identical + cmp.differing.len();
+            ok &= compared > 0 && cmp.differing.is_empty() && cmp.unmatched.is_empty();
             let mut v = serde_json::to_value(&cmp)?;
             v["left"] = serde_json::json!(a.reports[0]);
             v["right"] = serde_json::json!(other);
+            v["compared"] = serde_json::json!(compared);
             all.push(v);
         }
         if a.json {
@@ -855,13 +868,17 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
     check_outputs(&a.common, &exps, None, &golden_files)?;
     // Read every golden before running anything: a missing one is known early.
     let goldens = golden::load(&exps, &a.golden, a.common.nan_policy).map_err(|e| match e {
-        GoldenError::Missing { .. } => Exit(ExitCode::CheckFailed, e.to_string()).into(),
+        GoldenError::Missing { .. } | GoldenError::WrongExperiment { .. } => {
+            Exit(ExitCode::CheckFailed, e.to_string()).into()
+        }
         GoldenError::NanPolicy { .. } => Exit(ExitCode::BadInput, e.to_string()).into(),
         GoldenError::Read(e) => anyhow::Error::from(e),
     })?;
     start_threads()?;
     foldprint::interrupt::install();
-    let Some(report) = execute(&a.common, &exps, None, false)? else {
+    // Rows stream as cases finish, as for `run`, so a piped verify is not
+    // silent until the end.
+    let Some(report) = execute(&a.common, &exps, None, !a.common.json)? else {
         return Ok(0);
     };
     let mut problems: Vec<String> = golden::check(&goldens, &exps, &report)
@@ -874,7 +891,7 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
         let v = serde_json::json!({ "ok": problems.is_empty(), "problems": problems, "report": report });
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        table::print_report(&report, a.common.out.as_deref(), None);
+        table::print_tail(&report, a.common.out.as_deref(), None);
         table::print_verify(
             &goldens.iter().map(|g| g.path.clone()).collect::<Vec<_>>(),
             &report,
@@ -902,6 +919,15 @@ fn cmd_attest(a: AttestArgs) -> Result<i32> {
         }
     }
     let report = Report::read(&a.report)?;
+    // The statement records the verdict; a failed run is said loudly and
+    // exits 1 so that no pipeline publishes it as a pass.
+    let failed = (!report.summary.ok).then(|| {
+        format!(
+            "{}: its own run FAILED its checks (summary.ok = false: {}); the statement records verdict ok = false",
+            a.report.display(),
+            report.summary.failures.join("; ")
+        )
+    });
     let bytes =
         std::fs::read(&a.report).with_context(|| format!("{}: cannot read", a.report.display()))?;
     let name = a
@@ -930,6 +956,10 @@ fn cmd_attest(a: AttestArgs) -> Result<i32> {
         subjects.len(),
         attest::PREDICATE_TYPE
     );
+    if let Some(f) = failed {
+        eprintln!("FAILED RUN: {f}");
+        return Ok(ExitCode::CheckFailed.code());
+    }
     Ok(0)
 }
 
@@ -1030,6 +1060,26 @@ fn cmd_golden(a: GoldenArgs) -> Result<i32> {
             }
         })?;
     }
+    // A golden that does not parse may be a conflicted merge or another
+    // tool's file: refuse, before running, rather than overwrite it unseen.
+    let mut old = Vec::with_capacity(exps.len());
+    for e in &exps {
+        let path = Golden::path_in(&a.golden, &e.name);
+        old.push(if path.exists() {
+            Some(Golden::read(&path).map_err(|err| {
+                Exit(
+                    ExitCode::BadInput,
+                    format!(
+                        "{err}\nrefusing to overwrite {}: it is not a golden this foldprint reads; \
+                         look at it, then fix or delete it",
+                        path.display()
+                    ),
+                )
+            })?)
+        } else {
+            None
+        });
+    }
     start_threads()?;
     foldprint::interrupt::install();
     let common = Common {
@@ -1052,19 +1102,57 @@ fn cmd_golden(a: GoldenArgs) -> Result<i32> {
         )
         .into());
     }
+    // A golden of no case would vouch for nothing: check every experiment
+    // before writing any.
+    let goldens: Vec<Golden> = exps
+        .iter()
+        .map(|e| Golden::from_report(&report, &e.name))
+        .collect();
+    for (e, g) in exps.iter().zip(&goldens) {
+        if g.cases.is_empty() {
+            return Err(Exit(
+                ExitCode::CheckFailed,
+                format!(
+                    "{}: the CPU oracle skipped all {} case(s) of experiment `{}` ({}); no goldens written",
+                    foldprint::report::NOTHING_CHECKED,
+                    e.cases.len(),
+                    e.name,
+                    e.path.display()
+                ),
+            )
+            .into());
+        }
+    }
     std::fs::create_dir_all(&a.golden)
         .with_context(|| format!("creating {}", a.golden.display()))?;
-    for e in &exps {
+    for ((e, golden), old) in exps.iter().zip(&goldens).zip(&old) {
         let path = Golden::path_in(&a.golden, &e.name);
-        let golden = Golden::from_report(&report, &e.name);
-        let changed = Golden::read(&path).is_ok_and(|old| old.cases != golden.cases);
         golden.write(&path)?;
-        outln!("wrote {} ({} cases)", path.display(), e.cases.len());
-        if changed {
+        let skipped = report
+            .skipped
+            .iter()
+            .filter(|s| s.experiment == e.name)
+            .count();
+        outln!(
+            "wrote {} ({} cases{})",
+            path.display(),
+            golden.cases.len(),
+            if skipped == 0 {
+                String::new()
+            } else {
+                format!("; {skipped} skipped by the CPU oracle, not pinned")
+            }
+        );
+        let Some(old) = old else { continue };
+        let mut changes = golden.changes_from(old);
+        if old.experiment != golden.experiment {
+            changes.insert(0, format!("it held experiment `{}`", old.experiment));
+        }
+        if !changes.is_empty() {
             eprintln!(
-                "warning: {} changed: its digests differ from the ones it held; review the \
-                 difference before committing it",
-                path.display()
+                "warning: {} changed: {}; review the difference before committing it",
+                path.display(),
+                changes.join(", ")
             );
         }
     }

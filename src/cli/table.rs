@@ -53,12 +53,19 @@ pub fn banner(version: &str, backend: &str, backend_env: &serde_json::Value, nan
     outln!("foldprint {version} · backend {backend} ({on}) · NaN policy {nan_policy}{emulated}");
 }
 
-/// The title and column header of one experiment's rows.
-pub fn experiment_header(name: &str, path: &str, cases: usize) {
+/// Width of the SHA-256 column for cases of up to `arenas` arenas: 16 hex
+/// digits per arena, so TIME stays aligned however many there are.
+pub fn digest_width(arenas: usize) -> usize {
+    (17 * arenas).saturating_sub(1).max(35)
+}
+
+/// The title and column header of one experiment's rows; `width` is its
+/// SHA-256 column's ([`digest_width`]).
+pub fn experiment_header(name: &str, path: &str, cases: usize, width: usize) {
     outln!();
     outln!("{name} — {path} ({cases} cases)");
     outln!(
-        "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<35} {:>9}",
+        "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<width$} {:>9}",
         "",
         "CASE",
         "W",
@@ -71,8 +78,8 @@ pub fn experiment_header(name: &str, path: &str, cases: usize) {
     );
 }
 
-/// One case's row (and its failure lines).
-pub fn case_row(c: &foldprint::report::CaseReport) {
+/// One case's row (and its failure lines), under a header of `width`.
+pub fn case_row(c: &foldprint::report::CaseReport, width: usize) {
     let ok = c.ranks_identical && c.rounds_identical;
     let lens: Vec<String> = c.params.arenas.iter().map(|n| n.to_string()).collect();
     let digests: Vec<&str> = c.arenas.iter().map(|a| short(&a.sha256)).collect();
@@ -87,7 +94,7 @@ pub fn case_row(c: &foldprint::report::CaseReport) {
         .map(|t| t.total_ms)
         .fold(f64::INFINITY, f64::min);
     outln!(
-        "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<35} {:>9}",
+        "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<width$} {:>9}",
         if ok { "ok" } else { "FAIL" },
         truncate(&c.id, 40),
         c.params.world,
@@ -121,9 +128,11 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
         outln!("NOT A GPU RESULT: {n}");
     }
     for e in &r.experiments {
-        experiment_header(&e.name, &e.path, e.cases);
-        for c in r.cases.iter().filter(|c| c.experiment == e.name) {
-            case_row(c);
+        let cases = || r.cases.iter().filter(|c| c.experiment == e.name);
+        let width = digest_width(cases().map(|c| c.arenas.len()).max().unwrap_or(0));
+        experiment_header(&e.name, &e.path, e.cases, width);
+        for c in cases() {
+            case_row(c, width);
         }
     }
     print_tail(r, out, dump);
@@ -324,7 +333,12 @@ pub fn print_dump_comparison(
             );
         }
     }
-    if cmp.differing.is_empty() && cmp.unmatched.is_empty() {
+    if cmp.identical == 0 && cmp.differing.is_empty() {
+        outln!(
+            "{}: neither SHA256SUMS lists a file both sides hold",
+            foldprint::report::NOTHING_CHECKED
+        );
+    } else if cmp.differing.is_empty() && cmp.unmatched.is_empty() {
         outln!("ok: dumps are identical");
     }
 }

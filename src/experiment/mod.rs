@@ -151,6 +151,32 @@ fn field_at(text: &str, pos: usize) -> Option<String> {
     None
 }
 
+/// Whether a TOML/serde message already says which field it is about.
+fn names_a_field(message: &str) -> bool {
+    message.contains("field `") || message.contains("duplicate key")
+}
+
+/// "not valid UTF-8" with the line and column of the first bad byte.
+pub(crate) fn utf8_error(path: &Path, bytes: &[u8], e: &std::str::Utf8Error) -> InputError {
+    let (line, column, message) = utf8_where(bytes, e);
+    InputError::Invalid {
+        path: path.to_path_buf(),
+        line,
+        column,
+        message,
+    }
+}
+
+/// Line, column and description of the first invalid UTF-8 byte.
+pub(crate) fn utf8_where(bytes: &[u8], e: &std::str::Utf8Error) -> (usize, usize, String) {
+    let at = e.valid_up_to();
+    // The valid prefix is text, so its lines and columns are meaningful.
+    let text = std::str::from_utf8(&bytes[..at]).unwrap_or_default();
+    let (line, column) = line_col(text, at);
+    let message = format!("not valid UTF-8 (byte 0x{:02x} at offset {at})", bytes[at]);
+    (line, column, message)
+}
+
 /// Read and expand one experiment file.
 pub fn load(path: &Path) -> Result<Experiment, ExperimentError> {
     let bytes =
@@ -160,10 +186,8 @@ pub fn load(path: &Path) -> Result<Experiment, ExperimentError> {
                 source,
             }
         })?;
-    let text = String::from_utf8(bytes.clone()).map_err(|_| ExperimentError::File {
-        path: path.to_path_buf(),
-        message: "not valid UTF-8".into(),
-    })?;
+    let text =
+        String::from_utf8(bytes.clone()).map_err(|e| utf8_error(path, &bytes, &e.utf8_error()))?;
     let mut exp = parse(path, &text)?;
     exp.sha256 = hex::encode(Sha256::digest(&bytes));
     Ok(exp)
@@ -221,8 +245,9 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, ExperimentError> {
         let span = e.span().unwrap_or(0..0);
         let message = e.message().trim_end();
         // serde's type errors do not say which field; the key is on the line.
+        // Only "unknown/missing/duplicate field `x`" already name it.
         let message = match field_at(text, span.start) {
-            Some(key) if !message.contains('`') => format!("field `{key}`: {message}"),
+            Some(key) if !names_a_field(message) => format!("field `{key}`: {message}"),
             _ => message.to_string(),
         };
         src.at(span, message)
@@ -270,6 +295,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, ExperimentError> {
 
     let mut total = cases.len();
     for sw in &raw.sweeps {
+        check_sweep_lists(&src, sw)?;
         let combos = sweep_size(sw);
         total = total.saturating_add(combos);
         if total > MAX_CASES {
@@ -323,6 +349,35 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, ExperimentError> {
         sha256: hex::encode(Sha256::digest(text.as_bytes())),
         cases,
     })
+}
+
+/// An empty sweep list would silently sweep nothing and make one case of
+/// the defaults: name the key instead.
+fn check_sweep_lists(src: &Source<'_>, sw: &RawSweep) -> Result<(), ExperimentError> {
+    fn span<T>(l: &Option<Spanned<Vec<T>>>) -> Option<std::ops::Range<usize>> {
+        l.as_ref()
+            .filter(|l| l.get_ref().is_empty())
+            .map(|l| l.span())
+    }
+    let empty = [
+        ("world", span(&sw.world)),
+        ("arenas", span(&sw.arenas)),
+        ("order", span(&sw.order)),
+        ("seed", span(&sw.seed)),
+        ("distribution", span(&sw.distribution)),
+        ("contract", span(&sw.contract)),
+        ("mean", span(&sw.mean)),
+    ];
+    match empty.into_iter().find_map(|(k, s)| s.map(|s| (k, s))) {
+        Some((key, at)) => Err(src.at(
+            at,
+            format!(
+                "sweep `{}`: field `{key}`: empty list; list at least one value, or leave `{key}` out to use the default",
+                sw.id.get_ref()
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 fn sweep_size(sw: &RawSweep) -> usize {

@@ -47,6 +47,10 @@ pub enum Mismatch {
         left: (String, String),
         right: (String, String),
     },
+    /// Two sides share no case: agreement between them would mean nothing.
+    NothingShared { left: String, right: String },
+    /// A report whose own run failed its checks: never a passing side.
+    FailedRun { name: String, failures: Vec<String> },
 }
 
 impl std::fmt::Display for Mismatch {
@@ -110,6 +114,16 @@ impl std::fmt::Display for Mismatch {
                 f,
                 "{} used NaN policy `{}`, {} used `{}`: their digests are not comparable",
                 left.0, left.1, right.0, right.1
+            ),
+            Mismatch::NothingShared { left, right } => write!(
+                f,
+                "{}: {left} and {right} share no case",
+                super::NOTHING_CHECKED
+            ),
+            Mismatch::FailedRun { name, failures } => write!(
+                f,
+                "{name}: its own run FAILED its checks (summary.ok = false: {}); its digests cannot vouch for anything",
+                failures.first().map_or("no failure recorded", String::as_str)
             ),
         }
     }
@@ -239,8 +253,19 @@ pub fn compare_sources(sources: &[(String, Source)], allow_missing: bool) -> Com
     let Some((base_name, base)) = sources.first() else {
         return out;
     };
+    for (name, s) in sources {
+        if let Source::Report(r) = s {
+            if !r.summary.ok {
+                out.mismatches.push(Mismatch::FailedRun {
+                    name: name.clone(),
+                    failures: r.summary.failures.clone(),
+                });
+            }
+        }
+    }
     let mut compared_keys = std::collections::BTreeSet::new();
     for (name, other) in &sources[1..] {
+        let mut shared = 0usize;
         if base.nan_policy() != other.nan_policy() {
             out.mismatches.push(Mismatch::NanPolicy {
                 left: (base_name.clone(), base.nan_policy().to_string()),
@@ -263,10 +288,17 @@ pub fn compare_sources(sources: &[(String, Source)], allow_missing: bool) -> Com
                     }
                 }
                 Some(theirs) => {
+                    shared += 1;
                     compared_keys.insert(key.clone());
                     compare_case(key, (base_name, mine), (name, theirs), &mut out);
                 }
             }
+        }
+        if shared == 0 {
+            out.mismatches.push(Mismatch::NothingShared {
+                left: base_name.clone(),
+                right: name.clone(),
+            });
         }
         if !allow_missing {
             for (key, theirs) in &idx {

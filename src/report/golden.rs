@@ -172,6 +172,52 @@ impl Golden {
         out
     }
 
+    /// What changed from `old` to this golden, in words (empty: nothing
+    /// that `verify` checks changed).
+    pub fn changes_from(&self, old: &Golden) -> Vec<String> {
+        let before: BTreeMap<&str, &GoldenCase> =
+            old.cases.iter().map(|c| (c.key.as_str(), c)).collect();
+        let now: BTreeSet<&str> = self.cases.iter().map(|c| c.key.as_str()).collect();
+        let (mut added, mut digests, mut chunks, mut sens, mut ids) = (0, 0, 0, 0, 0);
+        for c in &self.cases {
+            let Some(o) = before.get(c.key.as_str()) else {
+                added += 1;
+                continue;
+            };
+            if c.arenas != o.arenas {
+                digests += 1;
+            } else if c.chunk_root != o.chunk_root || c.chunk_sha256 != o.chunk_sha256 {
+                chunks += 1;
+            }
+            if c.sensitivity != o.sensitivity {
+                sens += 1;
+            }
+            if c.id != o.id {
+                ids += 1;
+            }
+        }
+        let removed = before.keys().filter(|k| !now.contains(*k)).count();
+        let mut out = Vec::new();
+        let mut say = |n: usize, what: &str| {
+            if n > 0 {
+                out.push(format!("{n} case(s) {what}"));
+            }
+        };
+        say(digests, "with other arena digests");
+        say(chunks, "with other chunk digests only");
+        say(sens, "with other order-sensitivity counts");
+        say(added, "added");
+        say(removed, "removed");
+        say(ids, "renamed");
+        if self.chunk_elems != old.chunk_elems {
+            out.push(format!(
+                "chunk size {} -> {} elements",
+                old.chunk_elems, self.chunk_elems
+            ));
+        }
+        out
+    }
+
     pub fn path_in(dir: &Path, experiment: &str) -> PathBuf {
         dir.join(format!("{experiment}.json"))
     }
@@ -251,6 +297,20 @@ pub enum GoldenError {
         golden: String,
         run: NanPolicy,
     },
+    /// The golden file is another experiment's: its `experiment` field
+    /// must name the experiment it is loaded for.
+    #[error(
+        "{}: golden of experiment `{golden}`, but it is loaded for experiment `{experiment}` ({}); \
+         a golden can only vouch for its own experiment",
+        path.display(),
+        experiment_path.display()
+    )]
+    WrongExperiment {
+        path: PathBuf,
+        experiment: String,
+        experiment_path: PathBuf,
+        golden: String,
+    },
     /// The golden file cannot be read, or is malformed or inconsistent.
     #[error(transparent)]
     Read(#[from] ReportError),
@@ -283,6 +343,14 @@ pub fn load(
             });
         }
         let golden = Golden::read(&path)?;
+        if golden.experiment != e.name {
+            return Err(GoldenError::WrongExperiment {
+                path,
+                experiment: e.name.clone(),
+                experiment_path: e.path.clone(),
+                golden: golden.experiment,
+            });
+        }
         if golden.nan_policy != nan_policy.name() {
             return Err(GoldenError::NanPolicy {
                 path,
@@ -366,6 +434,17 @@ pub enum GoldenProblem {
         got: GoldenSensitivity,
         want: GoldenSensitivity,
     },
+    /// The experiment declares a case the report neither ran nor skipped:
+    /// nothing vouches for it.
+    #[error("case `{id}` ({key}) of `{experiment}` is declared but was neither run nor skipped")]
+    NotChecked {
+        id: String,
+        key: String,
+        experiment: String,
+    },
+    /// The golden names an experiment that is not among the ones run.
+    #[error("golden {} is for experiment `{experiment}`, which this run does not declare", golden.display())]
+    NoSuchExperiment { experiment: String, golden: PathBuf },
     /// The golden holds a case its experiment no longer declares: the
     /// golden is stale, and would vouch for nothing.
     #[error("golden {} lists case `{id}` ({key}) that the experiment no longer declares", golden.display())]
@@ -378,7 +457,8 @@ pub enum GoldenProblem {
 
 /// Everything in `report` that contradicts `goldens` (see [`load`]), golden
 /// by golden: per case of its experiment the arena digests, their number
-/// and [`Golden::mismatches_beyond_digests`]; then the golden's cases that
+/// and [`Golden::mismatches_beyond_digests`]; then every declared case the
+/// report neither ran nor skipped, and the golden's cases that
 /// `experiments` no longer declare. Empty when the run matches.
 pub fn check(
     goldens: &[GoldenFile],
@@ -422,11 +502,40 @@ pub fn check(
             }
             problems.extend(g.mismatches_beyond_digests(gc, c));
         }
-        let declared: BTreeSet<String> = experiments
+        let Some(exp) = experiments.iter().find(|e| e.name == g.experiment) else {
+            problems.push(GoldenProblem::NoSuchExperiment {
+                experiment: g.experiment.clone(),
+                golden: path.clone(),
+            });
+            continue;
+        };
+        // Every declared case was compared above or skipped by the backend
+        // (the skips are counted where the verdict is printed).
+        let seen: BTreeSet<&str> = report
+            .cases
             .iter()
-            .filter(|e| e.name == g.experiment)
-            .flat_map(|e| e.cases.iter().map(|c| c.key()))
+            .map(|c| (c.experiment.as_str(), c.key.as_str()))
+            .chain(
+                report
+                    .skipped
+                    .iter()
+                    .map(|s| (s.experiment.as_str(), s.key.as_str())),
+            )
+            .filter(|(e, _)| *e == exp.name)
+            .map(|(_, k)| k)
             .collect();
+        let mut declared = BTreeSet::new();
+        for c in &exp.cases {
+            let key = c.key();
+            if !seen.contains(key.as_str()) {
+                problems.push(GoldenProblem::NotChecked {
+                    id: c.id.clone(),
+                    key: key.clone(),
+                    experiment: exp.name.clone(),
+                });
+            }
+            declared.insert(key);
+        }
         for gc in &g.cases {
             if !declared.contains(&gc.key) {
                 problems.push(GoldenProblem::Stale {

@@ -164,6 +164,20 @@ pub fn build_groups(cases: &[CaseReport]) -> Vec<Group> {
                             orders.len()
                         ),
                     )
+                } else if crate::sensitivity::sequences_differ(&members[0].params, &seqs)
+                    == Some(false)
+                {
+                    // Tiny arenas: every element happens to round alike
+                    // under these sequences, so the control could not fail.
+                    (
+                        GroupVerdict::Inconclusive,
+                        true,
+                        format!(
+                            "control cannot fail here: a coincidence of the data, whose {} element(s) fold to the same bits in all {} sequences (sensitivity: blind for these orders)",
+                            members[0].params.arenas.iter().sum::<usize>(),
+                            seqs.len()
+                        ),
+                    )
                 } else {
                     (GroupVerdict::Agree, false, format!("{contract} gave identical bits for different fold sequences: the harness is not seeing the order"))
                 }
@@ -388,6 +402,49 @@ mod tests {
             assert_eq!(g[0].expect, Expect::NotApplicable);
             assert!(g[0].ok);
         }
+    }
+
+    /// W = 4, one element: for seed 23 `ascending` and `rotate:1` fold to
+    /// the same bits (the data cannot show them apart); for seed 2 they
+    /// differ, so identical bits there are still the harness's failure.
+    #[test]
+    fn a_control_whose_data_cannot_tell_its_orders_apart_is_inconclusive() {
+        let one = |seed: u64, order: DeliveryOrder| {
+            let case = Case {
+                experiment: "e".into(),
+                id: format!("{seed}/{}", order.canonical()),
+                world: 4,
+                arenas: vec![1],
+                order,
+                seed,
+                distribution: Distribution::MixedMagnitude,
+                contract: Contract::ArrivalOrder,
+                mean: false,
+                rounds: 1,
+            };
+            let sens = sensitivity::measure(&case);
+            assert_eq!(sens.verdict, Sensitivity::Sensitive);
+            let arena = ReducedArena {
+                len: 1,
+                rank_digests: vec!["aa".into(); 4],
+                chunks: vec![],
+                values: None,
+                differing: vec![],
+            };
+            CaseReport::new(&case, &[arena], vec![], true, sens)
+        };
+        let rotate = || DeliveryOrder::parse("rotate:1").unwrap();
+        let g = build_groups(&[one(23, DeliveryOrder::Ascending), one(23, rotate())]);
+        assert_eq!(g[0].verdict, GroupVerdict::Inconclusive);
+        assert!(g[0].ok);
+        assert!(
+            g[0].note.contains("a coincidence of the data"),
+            "{}",
+            g[0].note
+        );
+        let g = build_groups(&[one(2, DeliveryOrder::Ascending), one(2, rotate())]);
+        assert_eq!(g[0].verdict, GroupVerdict::Agree);
+        assert!(!g[0].ok, "{}", g[0].note);
     }
 
     #[test]

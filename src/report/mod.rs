@@ -277,6 +277,22 @@ pub struct Summary {
     pub ok: bool,
 }
 
+/// The words every "nothing was checked" verdict starts with.
+pub const NOTHING_CHECKED: &str = "nothing was checked";
+
+/// Why a run with no case run checked nothing.
+fn nothing_checked(skipped: &[SkippedCase]) -> String {
+    match skipped.first() {
+        None => format!("{NOTHING_CHECKED}: the run holds no case"),
+        Some(first) => format!(
+            "{NOTHING_CHECKED}: the backend skipped all {} case(s) (e.g. `{}`: {})",
+            skipped.len(),
+            first.id,
+            first.reason
+        ),
+    }
+}
+
 impl Report {
     pub fn summarize(&mut self) {
         let mut failures = Vec::new();
@@ -310,6 +326,10 @@ impl Report {
             if !g.ok {
                 failures.push(format!("group {}: {}", g.key, g.note));
             }
+        }
+        // A run that compared nothing must never read as a pass.
+        if self.cases.is_empty() {
+            failures.push(nothing_checked(&self.skipped));
         }
         self.summary = Summary {
             cases: self.cases.len(),
@@ -365,9 +385,12 @@ pub(crate) fn read_versioned<T: serde::de::DeserializeOwned>(
             source,
         }
     })?;
-    let text = String::from_utf8(bytes).map_err(|_| ReportError::Malformed {
+    let text = String::from_utf8(bytes).map_err(|e| ReportError::Malformed {
         path: path.to_path_buf(),
-        message: "not valid UTF-8".into(),
+        message: {
+            let (line, column, m) = crate::experiment::utf8_where(e.as_bytes(), &e.utf8_error());
+            format!("{m}, line {line} column {column}")
+        },
     })?;
     let malformed = |message: String| ReportError::Malformed {
         path: path.to_path_buf(),
@@ -430,5 +453,57 @@ impl Report {
                     .collect()
             })
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::{cpu::CpuBackend, Backend, BackendError, CaseRun, RunOptions};
+    use crate::experiment::Case;
+    use crate::runner::{run, RunConfig};
+
+    /// The CPU oracle in an NCCL world of 4 ranks: it skips every case whose
+    /// W differs, as the NCCL backend does (`launch -n 4`).
+    struct WorldOf4(CpuBackend);
+
+    impl Backend for WorldOf4 {
+        fn name(&self) -> &'static str {
+            "nccl"
+        }
+        fn environment(&self) -> serde_json::Value {
+            self.0.environment()
+        }
+        fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
+            self.0.run_case(case, opts)
+        }
+        fn skip_reason(&self, case: &Case) -> Option<String> {
+            (case.world != 4)
+                .then(|| format!("W = {} but the NCCL world has 4 rank(s)", case.world))
+        }
+    }
+
+    #[test]
+    fn a_run_whose_every_case_is_skipped_checked_nothing_and_fails() {
+        let exp =
+            crate::experiment::load(std::path::Path::new("experiments/order-sweep.toml")).unwrap();
+        assert!(exp.cases.iter().all(|c| c.world != 4));
+        let cfg = RunConfig {
+            nan_policy: crate::digest::NanPolicy::Canonical,
+            dump: None,
+            notes: vec![],
+            backend_init_ms: 0.0,
+        };
+        let n = exp.cases.len();
+        let r = run(&[exp], &mut WorldOf4(CpuBackend::new()), &cfg, &mut ()).unwrap();
+        assert_eq!((r.summary.cases, r.summary.skipped), (0, n));
+        assert!(!r.summary.ok);
+        assert_eq!(
+            r.summary.failures,
+            vec![format!(
+                "nothing was checked: the backend skipped all {n} case(s) (e.g. `orders[ascending,fixed-order]`: W = 8 but the NCCL world has 4 rank(s))"
+            )]
+        );
+        // The verdict is part of the report: a reader recomputes it.
+        assert_eq!(super::check::problems(&r), Vec::<String>::new());
     }
 }
