@@ -420,17 +420,20 @@ mod tests {
         d.write("x.a0.bin", b"1234").unwrap();
         d.write("y.a0.bin", b"5678").unwrap();
         d.commit().unwrap();
-        assert_eq!(listing(&t), ["SHA256SUMS", "x.a0.bin", "y.a0.bin"]);
+        assert_eq!(
+            listing(&t),
+            [MANIFEST, "SHA256SUMS", "x.a0.bin", "y.a0.bin"]
+        );
         // A second run with other files replaces the directory, not merges.
         let mut d = DumpDir::create(&t).unwrap();
         d.write("z.a0.bin", b"0000").unwrap();
         d.commit().unwrap();
-        assert_eq!(listing(&t), ["SHA256SUMS", "z.a0.bin"]);
+        assert_eq!(listing(&t), [MANIFEST, "SHA256SUMS", "z.a0.bin"]);
         // Dropped without commit: the old directory stays, nothing beside it.
         let mut d = DumpDir::create(&t).unwrap();
         d.write("w.a0.bin", b"9999").unwrap();
         drop(d);
-        assert_eq!(listing(&t), ["SHA256SUMS", "z.a0.bin"]);
+        assert_eq!(listing(&t), [MANIFEST, "SHA256SUMS", "z.a0.bin"]);
         assert_eq!(listing(root.path()), ["d"]);
     }
 
