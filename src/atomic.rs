@@ -80,36 +80,117 @@ pub fn check_writable(path: &Path) -> std::io::Result<()> {
         }
     }
     // A probe file proves the directory takes new files (permissions,
-    // read-only mounts); it is removed at once.
-    tempfile::Builder::new()
-        .prefix(".foldprint-probe.")
-        .tempfile_in(dir)
-        .map(drop)
+    // read-only mounts) and a temp name as long as the real one (a name
+    // too long fails here, before any work); it is removed at once.
+    temp_file(path).map(drop)
 }
 
-pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    check_replaceable(path)?;
-    let dir = parent_dir(path);
+/// A new temp file beside `path`: `.<name>.XXXXXX.tmp`, with the mode an
+/// existing file has; new files get 0666 less the umask, as a plain
+/// create would.
+fn temp_file(path: &Path) -> std::io::Result<tempfile::NamedTempFile> {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "out".into());
-    // Keep the mode an existing file has; new files get 0666 less the umask,
-    // as a plain create would.
     let mode = std::fs::symlink_metadata(path)
         .map(|m| m.permissions().mode() & 0o7777)
         .unwrap_or(0o666);
-    let mut tmp = tempfile::Builder::new()
+    tempfile::Builder::new()
         .prefix(&format!(".{name}."))
         .suffix(".tmp")
         .permissions(std::fs::Permissions::from_mode(mode))
-        .tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    // Checked again just before the rename: something may have appeared.
+        .tempfile_in(parent_dir(path))
+}
+
+/// An output written in full to its temp file and synced, not yet in place.
+pub struct Staged {
+    target: PathBuf,
+    /// `None` once committed.
+    tmp: Option<tempfile::NamedTempFile>,
+}
+
+/// Write `bytes` to a temp file beside `path` and sync it; [`Staged::commit`]
+/// renames it over `path`. Dropped uncommitted, the temp file goes.
+pub fn stage(path: &Path, bytes: &[u8]) -> std::io::Result<Staged> {
     check_replaceable(path)?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
+    let tmp = temp_file(path)?;
+    crate::interrupt::register_staging(tmp.path());
+    let mut staged = Staged {
+        target: path.to_path_buf(),
+        tmp: Some(tmp),
+    };
+    if let Some(t) = staged.tmp.as_mut() {
+        fill(t, bytes)?;
+    }
+    Ok(staged)
+}
+
+/// Write and sync through the plain file, not the temp-file wrapper, so
+/// an error keeps its errno (ENOSPC must read as a full disk, exit 3).
+fn fill(tmp: &mut tempfile::NamedTempFile, bytes: &[u8]) -> std::io::Result<()> {
+    let f = tmp.as_file_mut();
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+impl Staged {
+    pub fn target(&self) -> &Path {
+        &self.target
+    }
+
+    /// Check the target once more: something may have appeared.
+    pub fn recheck(&self) -> std::io::Result<()> {
+        check_replaceable(&self.target)
+    }
+
+    /// Rename the temp file over the target.
+    pub fn commit(mut self) -> std::io::Result<()> {
+        self.recheck()?;
+        let Some(tmp) = self.tmp.take() else {
+            return Ok(());
+        };
+        let tmp_path = tmp.path().to_path_buf();
+        let r = tmp.persist(&self.target).map_err(|e| e.error);
+        crate::interrupt::unregister_staging(&tmp_path);
+        r?;
+        sync_dir(parent_dir(&self.target));
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if let Some(t) = &self.tmp {
+            crate::interrupt::unregister_staging(t.path());
+        }
+    }
+}
+
+pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    stage(path, bytes)?.commit()
+}
+
+/// Make a rename in `dir` durable (best effort: some file systems refuse).
+pub fn sync_dir(dir: &Path) {
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// The longest file name `dir`'s file system takes.
+pub fn name_max(dir: &Path) -> usize {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return 255;
+    };
+    // SAFETY: a NUL-terminated path; pathconf only reads it.
+    let n = unsafe { libc::pathconf(c.as_ptr(), libc::_PC_NAME_MAX) };
+    if n > 0 {
+        n as usize
+    } else {
+        255
+    }
 }
 
 /// Canonical form of a path that may not exist yet: its directory resolved,

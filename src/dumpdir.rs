@@ -1,22 +1,61 @@
 //! All-or-nothing dump directories. A run writes its arenas into a fresh
-//! hidden sibling directory (`.<name>.partial-XXXXXX`), adds SHA256SUMS,
-//! and only then swaps it in for the target in one rename. A failed,
-//! interrupted or concurrent run never leaves a target whose SHA256SUMS
-//! disagrees with its files: readers see the old directory or the new one.
-//! An existing target is only replaced when it holds nothing but dump
-//! files (`*.bin` and `SHA256SUMS`), so a mistyped `--dump` cannot delete
-//! someone's directory.
+//! hidden sibling directory (`.<name>.partial-XXXXXX`), adds SHA256SUMS
+//! and a manifest ([`MANIFEST`]: the tool and the format), and only then
+//! swaps it in for the target in one rename. A failed, interrupted or
+//! concurrent run never leaves a target whose SHA256SUMS disagrees with
+//! its files: readers see the old directory or the new one. An existing
+//! target is only replaced when it is empty or foldprint made it (its
+//! manifest is there and nothing but dump files beside it), so a mistyped
+//! `--dump` cannot delete someone's directory, even one of `*.bin` files.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+/// The marker file of a dump directory foldprint made.
+pub const MANIFEST: &str = "FOLDPRINT-DUMP.json";
+/// The manifest's `format`.
+pub const DUMP_FORMAT: &str = "foldprint-dump";
+pub const DUMP_VERSION: u32 = 1;
+
+/// Files of a dump directory that are not arenas.
+pub fn is_bookkeeping(name: &str) -> bool {
+    name == "SHA256SUMS" || name == MANIFEST
+}
 
 fn refuse(message: String) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidInput, message)
 }
 
-/// Check that `target` may become (or be replaced by) a dump directory.
+fn manifest_text() -> String {
+    format!(
+        "{{\n  \"format\": \"{DUMP_FORMAT}\",\n  \"version\": {DUMP_VERSION},\n  \"tool\": \"foldprint {}\",\n  \"sums\": \"SHA256SUMS\"\n}}\n",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// Whether `dir` holds a manifest foldprint wrote (any version of the tool).
+fn has_manifest(dir: &Path) -> Result<(), String> {
+    let path = dir.join(MANIFEST);
+    let bytes = crate::env::read_capped(&path, 64 << 10).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => format!("it has no {MANIFEST}"),
+        _ => format!("its {MANIFEST} cannot be read: {e}"),
+    })?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| format!("its {MANIFEST} is not JSON: {e}"))?;
+    if v.get("format").and_then(|f| f.as_str()) != Some(DUMP_FORMAT) {
+        return Err(format!(
+            "its {MANIFEST} does not say format \"{DUMP_FORMAT}\""
+        ));
+    }
+    Ok(())
+}
+
+/// Check that `target` may become (or be replaced by) a dump directory:
+/// absent, empty, or a dump directory foldprint made.
 pub fn check_target(target: &Path) -> std::io::Result<()> {
-    match std::fs::symlink_metadata(target) {
+    // `link/` names the directory the link points to: look at the link.
+    let bare = strip_trailing_slashes(target);
+    match std::fs::symlink_metadata(&bare) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
         Ok(m) if m.file_type().is_symlink() => {
@@ -26,21 +65,31 @@ pub fn check_target(target: &Path) -> std::io::Result<()> {
         }
         Ok(m) if !m.is_dir() => return Err(refuse("it exists and is not a directory".into())),
         Ok(_) => {
-            for entry in std::fs::read_dir(target)? {
+            let mut empty = true;
+            for entry in std::fs::read_dir(&bare)? {
                 let entry = entry?;
+                empty = false;
                 let name = entry.file_name();
                 let name = name.to_string_lossy();
                 let is_file = entry.file_type()?.is_file();
-                if !(is_file && (name == "SHA256SUMS" || name.ends_with(".bin"))) {
+                if !(is_file && (is_bookkeeping(&name) || name.ends_with(".bin"))) {
                     return Err(refuse(format!(
                         "it holds `{name}`, which is not a dump file; foldprint replaces only \
                          directories of its own dumps (use a new or empty directory)"
                     )));
                 }
             }
+            if !empty {
+                has_manifest(&bare).map_err(|why| {
+                    refuse(format!(
+                        "{why}, so foldprint did not make it and will not replace it \
+                         (use a new or empty directory)"
+                    ))
+                })?;
+            }
         }
     }
-    let parent = crate::atomic::parent_dir(target);
+    let parent = crate::atomic::parent_dir(&bare);
     if !parent.is_dir() {
         return Err(std::io::Error::new(
             std::io::ErrorKind::NotFound,
@@ -50,30 +99,103 @@ pub fn check_target(target: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `d/` and `d//` as `d` (a lone `/` stays).
+fn strip_trailing_slashes(p: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let b = p.as_os_str().as_bytes();
+    let mut n = b.len();
+    while n > 1 && b[n - 1] == b'/' {
+        n -= 1;
+    }
+    PathBuf::from(std::ffi::OsStr::from_bytes(&b[..n]))
+}
+
+/// The staging directory's name prefix for `target`.
+fn staging_prefix(target: &Path) -> String {
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "dump".into());
+    format!(".{name}.partial-")
+}
+
+fn staging_dir(target: &Path) -> std::io::Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix(&staging_prefix(target))
+        .tempdir_in(crate::atomic::parent_dir(target))
+}
+
+/// Everything about `target` that can be known before a run: it may be
+/// replaced, its staging directory (same name length as the real one) can
+/// be made beside it, and every dump file name fits the file system.
+pub fn preflight<'n>(
+    target: &Path,
+    names: impl IntoIterator<Item = &'n str>,
+) -> std::io::Result<()> {
+    check_target(target)?;
+    let target = strip_trailing_slashes(target);
+    let probe = staging_dir(&target)?;
+    let max = crate::atomic::name_max(probe.path());
+    for n in names.into_iter().chain([MANIFEST, "SHA256SUMS"]) {
+        if n.len() > max {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidFilename,
+                format!(
+                    "the dump file name {n} is {} bytes, longer than the {max} this file \
+                     system takes (shorten the case id or experiment name)",
+                    n.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Read one dump file: a regular file only, never more than `declared`
+/// bytes (a report's arena length x 4) or, without one, than the largest
+/// arena a case may have.
+pub fn read_dump_file(path: &Path, declared: Option<u64>) -> std::io::Result<Vec<u8>> {
+    let cap = declared.unwrap_or(crate::experiment::MAX_CASE_BYTES);
+    let (f, size) = crate::env::open_regular(path)?;
+    if size > cap {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("it holds {size} bytes, more than the {cap} declared for it"),
+        ));
+    }
+    crate::env::read_open(f, size)
+}
+
 /// A dump directory being written; dropped without [`DumpDir::commit`],
 /// it vanishes and the target is untouched.
 pub struct DumpDir {
     target: PathBuf,
-    staging: tempfile::TempDir,
+    /// `None` once committed.
+    staging: Option<tempfile::TempDir>,
     /// (sha256, file name) in write order.
     files: Vec<(String, String)>,
+    sealed: bool,
 }
 
 impl DumpDir {
     pub fn create(target: &Path) -> std::io::Result<DumpDir> {
         check_target(target)?;
-        let name = target
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "dump".into());
-        let staging = tempfile::Builder::new()
-            .prefix(&format!(".{name}.partial-"))
-            .tempdir_in(crate::atomic::parent_dir(target))?;
+        let target = strip_trailing_slashes(target);
+        let staging = staging_dir(&target)?;
+        crate::interrupt::register_staging(staging.path());
         Ok(DumpDir {
-            target: target.to_path_buf(),
-            staging,
+            target,
+            staging: Some(staging),
             files: Vec::new(),
+            sealed: false,
         })
+    }
+
+    fn staging_path(&self) -> &Path {
+        match &self.staging {
+            Some(t) => t.path(),
+            None => Path::new(""),
+        }
     }
 
     pub fn target(&self) -> &Path {
@@ -82,7 +204,7 @@ impl DumpDir {
 
     /// Write one file; its SHA-256 goes into SHA256SUMS at commit.
     pub fn write(&mut self, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
-        let path = self.staging.path().join(name);
+        let path = self.staging_path().join(name);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -94,32 +216,66 @@ impl DumpDir {
         Ok(self.target.join(name))
     }
 
-    /// Write SHA256SUMS and swap the directory in for the target.
-    pub fn commit(self) -> std::io::Result<()> {
+    /// Write SHA256SUMS and the manifest and sync the staging directory:
+    /// everything that needs disk space, before any output is committed.
+    pub fn seal(&mut self) -> std::io::Result<()> {
+        if self.sealed {
+            return Ok(());
+        }
         let sums: String = self
             .files
             .iter()
             .map(|(h, n)| format!("{h}  {n}\n"))
             .collect();
-        let path = self.staging.path().join("SHA256SUMS");
-        let mut f = std::fs::File::create(&path)?;
-        f.write_all(sums.as_bytes())?;
-        f.sync_all()?;
-        drop(f);
+        for (name, text) in [("SHA256SUMS", sums), (MANIFEST, manifest_text())] {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(self.staging_path().join(name))?;
+            f.write_all(text.as_bytes())?;
+            f.sync_all()?;
+        }
         // A directory a user made for it keeps its usual mode (tempdir is 0700).
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&self.target)
             .map(|m| m.permissions().mode() & 0o7777)
             .unwrap_or(0o755);
-        std::fs::set_permissions(self.staging.path(), std::fs::Permissions::from_mode(mode))?;
-        // The target may have changed since the run began.
-        check_target(&self.target)?;
-        let staging = self.staging.keep();
+        std::fs::set_permissions(self.staging_path(), std::fs::Permissions::from_mode(mode))?;
+        std::fs::File::open(self.staging_path())?.sync_all()?;
+        self.sealed = true;
+        Ok(())
+    }
+
+    /// Check the target once more: it may have changed since the run began.
+    pub fn recheck(&self) -> std::io::Result<()> {
+        check_target(&self.target)
+    }
+
+    /// Seal (if not yet) and swap the directory in for the target.
+    pub fn commit(mut self) -> std::io::Result<()> {
+        self.seal()?;
+        self.recheck()?;
+        let staging = match self.staging.take() {
+            Some(t) => t.keep(),
+            None => return Ok(()),
+        };
         let result = swap_in(&staging, &self.target);
         // Whatever sits at `staging` now is the old directory (or, on
         // failure, the new one): it goes either way.
         let _ = std::fs::remove_dir_all(&staging);
-        result
+        crate::interrupt::unregister_staging(&staging);
+        result?;
+        crate::atomic::sync_dir(crate::atomic::parent_dir(&self.target));
+        Ok(())
+    }
+}
+
+impl Drop for DumpDir {
+    fn drop(&mut self) {
+        // Not committed: the TempDir removes the staging directory.
+        if let Some(t) = &self.staging {
+            crate::interrupt::unregister_staging(t.path());
+        }
     }
 }
 
@@ -264,17 +420,20 @@ mod tests {
         d.write("x.a0.bin", b"1234").unwrap();
         d.write("y.a0.bin", b"5678").unwrap();
         d.commit().unwrap();
-        assert_eq!(listing(&t), ["SHA256SUMS", "x.a0.bin", "y.a0.bin"]);
+        assert_eq!(
+            listing(&t),
+            [MANIFEST, "SHA256SUMS", "x.a0.bin", "y.a0.bin"]
+        );
         // A second run with other files replaces the directory, not merges.
         let mut d = DumpDir::create(&t).unwrap();
         d.write("z.a0.bin", b"0000").unwrap();
         d.commit().unwrap();
-        assert_eq!(listing(&t), ["SHA256SUMS", "z.a0.bin"]);
+        assert_eq!(listing(&t), [MANIFEST, "SHA256SUMS", "z.a0.bin"]);
         // Dropped without commit: the old directory stays, nothing beside it.
         let mut d = DumpDir::create(&t).unwrap();
         d.write("w.a0.bin", b"9999").unwrap();
         drop(d);
-        assert_eq!(listing(&t), ["SHA256SUMS", "z.a0.bin"]);
+        assert_eq!(listing(&t), [MANIFEST, "SHA256SUMS", "z.a0.bin"]);
         assert_eq!(listing(root.path()), ["d"]);
     }
 

@@ -66,7 +66,16 @@ pub trait HasExitCode {
 pub fn io_exit_code(e: &std::io::Error) -> ExitCode {
     match e.raw_os_error() {
         Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::ENOMEM) => ExitCode::Unavailable,
-        _ if e.kind() == std::io::ErrorKind::OutOfMemory => ExitCode::Unavailable,
+        // Wrappers (the temp-file crate's path errors) keep only the kind.
+        _ if matches!(
+            e.kind(),
+            std::io::ErrorKind::OutOfMemory
+                | std::io::ErrorKind::StorageFull
+                | std::io::ErrorKind::QuotaExceeded
+        ) =>
+        {
+            ExitCode::Unavailable
+        }
         _ => ExitCode::BadInput,
     }
 }
@@ -87,7 +96,7 @@ impl HasExitCode for RunError {
     fn exit_code(&self) -> ExitCode {
         match self {
             RunError::Backend(b) => b.exit_code(),
-            RunError::Dump { source, .. } => io_exit_code(source),
+            RunError::Dump { source, .. } | RunError::Output { source, .. } => io_exit_code(source),
             RunError::DumpNames(_) => ExitCode::BadInput,
             RunError::Interrupted { signal, .. } => ExitCode::Interrupted(*signal),
         }
@@ -107,6 +116,10 @@ impl HasExitCode for InputError {
 impl HasExitCode for ReportError {
     fn exit_code(&self) -> ExitCode {
         match self {
+            // Out of memory reading a file: a missing resource, not bad input.
+            ReportError::Io { source, .. } if source.kind() == std::io::ErrorKind::OutOfMemory => {
+                ExitCode::Unavailable
+            }
             ReportError::Io { .. }
             | ReportError::Malformed { .. }
             | ReportError::Version { .. }

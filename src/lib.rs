@@ -19,6 +19,7 @@ pub mod experiment;
 pub mod fold;
 pub mod interrupt;
 pub mod memory;
+pub mod outputs;
 pub mod ranks;
 pub mod report;
 pub mod runner;

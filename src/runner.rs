@@ -22,6 +22,12 @@ pub enum RunError {
     },
     #[error("--dump: {0}")]
     DumpNames(String),
+    #[error("{path}: cannot write: {source}")]
+    Output {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// A signal asked the run to stop; it did, at a case boundary, and
     /// wrote nothing.
     #[error(
@@ -53,12 +59,28 @@ pub struct RunConfig<'a> {
     pub backend_init_ms: f64,
 }
 
+/// [`run_staged`], with the dump directory (if any) put in place at once.
 pub fn run(
     experiments: &[Experiment],
     backend: &mut dyn Backend,
     cfg: &RunConfig<'_>,
     progress: &mut dyn Progress,
 ) -> Result<Report, RunError> {
+    let (report, dump) = run_staged(experiments, backend, cfg, progress)?;
+    let cases = report.cases.len() + report.skipped.len();
+    crate::outputs::commit(dump, Vec::new(), cases)?;
+    Ok(report)
+}
+
+/// One run; its dumps, if asked for, are written in full to a staging
+/// directory and returned uncommitted, so the caller commits them with its
+/// other outputs ([`crate::outputs::commit`]).
+pub fn run_staged(
+    experiments: &[Experiment],
+    backend: &mut dyn Backend,
+    cfg: &RunConfig<'_>,
+    progress: &mut dyn Progress,
+) -> Result<(Report, Option<crate::dumpdir::DumpDir>), RunError> {
     let opts = RunOptions {
         nan_policy: cfg.nan_policy,
         keep_values: cfg.dump.is_some(),
@@ -148,12 +170,6 @@ pub fn run(
             total: all.len(),
         });
     }
-    if let Some(dir) = dump {
-        // SHA256SUMS is written last and the directory swapped in whole.
-        let path = dir.target().to_path_buf();
-        dir.commit()
-            .map_err(|source| RunError::Dump { path, source })?;
-    }
     let groups = build_groups(&cases);
     let mut environment = serde_json::json!({
         "host": crate::env::host(),
@@ -200,5 +216,5 @@ pub fn run(
         summary: Summary::default(),
     };
     report.summarize();
-    Ok(report)
+    Ok((report, dump))
 }

@@ -207,7 +207,7 @@ fn colliding_case_ids_get_distinct_dump_files() {
         .assert()
         .success();
     let files = listing(&d);
-    assert_eq!(files.len(), 5, "4 arenas and SHA256SUMS: {files:?}");
+    assert_eq!(files.len(), 6, "4 arenas, SHA256SUMS, manifest: {files:?}");
     let sums = std::fs::read_to_string(d.join("SHA256SUMS")).unwrap();
     let names: std::collections::BTreeSet<&str> = sums
         .lines()
@@ -241,7 +241,10 @@ fn a_dump_directory_is_replaced_whole() {
             .assert()
             .success();
     }
-    assert_eq!(listing(&d), ["SHA256SUMS", "one.c.a0.bin"]);
+    assert_eq!(
+        listing(&d),
+        ["FOLDPRINT-DUMP.json", "SHA256SUMS", "one.c.a0.bin"]
+    );
     assert!(sha256sum_ok(&d));
     assert_eq!(listing(dir.path()), ["d", "one.toml", "tiny.toml"]);
     // A directory that holds anything else is not ours to replace.
@@ -439,4 +442,66 @@ fn outputs_and_memory_are_checked_before_any_work() {
     );
     assert!(t0.elapsed() < std::time::Duration::from_secs(20));
     assert_eq!(listing(dir.path()), ["one.toml", "two.toml"]);
+}
+
+// Issue 20, High 1: a directory foldprint did not make is never replaced,
+// even one holding only `*.bin` files.
+#[test]
+fn a_directory_of_someone_elses_bin_files_survives() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "one.toml", ONE);
+    let models = dir.path().join("models");
+    std::fs::create_dir(&models).unwrap();
+    std::fs::write(models.join("pytorch_model.bin"), vec![7u8; 100_000]).unwrap();
+    let a = fp()
+        .args(["run", "--backend", "cpu", "--dump"])
+        .arg(&models)
+        .arg(&exp)
+        .assert()
+        .code(2);
+    assert!(
+        stderr_of(&a).contains("FOLDPRINT-DUMP.json"),
+        "{}",
+        stderr_of(&a)
+    );
+    assert_eq!(listing(&models), ["pytorch_model.bin"]);
+    assert_eq!(
+        std::fs::read(models.join("pytorch_model.bin")).unwrap(),
+        vec![7u8; 100_000]
+    );
+    // A directory foldprint made is replaced.
+    let d = dir.path().join("d");
+    for _ in 0..2 {
+        fp().args(["run", "--backend", "cpu", "--dump"])
+            .arg(&d)
+            .arg(&exp)
+            .assert()
+            .success();
+    }
+    assert!(sha256sum_ok(&d));
+}
+
+// Issue 20, High 2: a name too long for its temp file fails before the
+// dumps are touched.
+#[test]
+fn a_too_long_out_name_fails_before_the_dumps_are_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "one.toml", ONE);
+    let d = dir.path().join("d");
+    fp().args(["run", "--backend", "cpu", "--dump"])
+        .arg(&d)
+        .arg(&exp)
+        .assert()
+        .success();
+    let before = snapshot(&d);
+    let long = dir.path().join("x".repeat(245));
+    fp().args(["run", "--backend", "cpu", "--dump"])
+        .arg(&d)
+        .arg("--out")
+        .arg(&long)
+        .arg(&exp)
+        .assert()
+        .code(2);
+    assert_eq!(snapshot(&d), before);
+    assert_eq!(listing(dir.path()), ["d", "one.toml"]);
 }

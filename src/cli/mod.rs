@@ -562,12 +562,22 @@ fn check_outputs(
         refuse_same("--junit", j, "also the report (--out)", o)?;
     }
     if let Some(d) = dump {
-        foldprint::dumpdir::check_target(d).map_err(|e| {
+        // Every case's dump file name must fit, before any case runs.
+        let cases: Vec<(&str, &str, usize)> = experiments
+            .iter()
+            .flat_map(|e| &e.cases)
+            .map(|c| (c.experiment.as_str(), c.id.as_str(), c.arenas.len()))
+            .collect();
+        let bad = |e: String| -> anyhow::Error {
             Exit(
                 ExitCode::BadInput,
                 format!("--dump {}: cannot use it: {e}", d.display()),
             )
-        })?;
+            .into()
+        };
+        let names = foldprint::dumpdir::dump_names(&cases).map_err(bad)?;
+        foldprint::dumpdir::preflight(d, names.values().map(|n| n.as_str()))
+            .map_err(|e| bad(e.to_string()))?;
         for e in experiments {
             if inside(&e.path, d) {
                 return Err(Exit(
@@ -688,6 +698,35 @@ impl Drop for Bar {
     }
 }
 
+/// A finished run whose outputs are not yet in place.
+struct Executed {
+    report: Report,
+    dump: Option<foldprint::dumpdir::DumpDir>,
+    dump_path: Option<PathBuf>,
+    /// Held until the outputs are committed.
+    _locks: Vec<foldprint::outputs::Lock>,
+}
+
+impl Executed {
+    /// Stage the report (`--out`) and `junit`, then put every output in
+    /// place as one unit (`foldprint::outputs`).
+    fn commit(&mut self, common: &Common, junit: Option<String>) -> Result<()> {
+        let mut files = Vec::new();
+        if let Some(out) = &common.out {
+            files.push(foldprint::outputs::stage(
+                out,
+                self.report.to_json().as_bytes(),
+            )?);
+        }
+        if let (Some(path), Some(xml)) = (&common.junit, junit) {
+            files.push(foldprint::outputs::stage(path, xml.as_bytes())?);
+        }
+        let cases = self.report.cases.len() + self.report.skipped.len();
+        foldprint::outputs::commit(self.dump.take(), files, cases)
+            .map_err(|e| interrupted(e, common, self.dump_path.as_deref()))
+    }
+}
+
 /// Run the experiments; `None` on an NCCL rank other than 0, which only
 /// takes part (rank 0 writes and prints the one report).
 fn execute(
@@ -695,7 +734,7 @@ fn execute(
     experiments: &[Experiment],
     dump: Option<&std::path::Path>,
     stream: bool,
-) -> Result<Option<Report>> {
+) -> Result<Option<Executed>> {
     let t0 = std::time::Instant::now();
     let (mut be, note) = backend::select(common.backend, &common.options(experiments))?;
     let backend_init_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -747,7 +786,24 @@ fn execute(
         notes: note.into_iter().collect(),
         backend_init_ms,
     };
-    let report = runner::run(experiments, be.as_mut(), &cfg, &mut bar)
+    // Two runs writing the same outputs take turns, from before the first
+    // case to the last rename (only the rank that writes them locks).
+    let outputs: Vec<&std::path::Path> = [common.out.as_deref(), common.junit.as_deref(), dump]
+        .into_iter()
+        .flatten()
+        .collect();
+    let locks = if reporting {
+        foldprint::outputs::lock_all(&outputs, &mut |p| {
+            eprintln!(
+                "note: waiting for another foldprint run writing {}",
+                p.display()
+            )
+        })
+        .context("locking the outputs")?
+    } else {
+        Vec::new()
+    };
+    let (report, staged) = runner::run_staged(experiments, be.as_mut(), &cfg, &mut bar)
         .map_err(|e| interrupted(e, common, dump))?;
     drop(bar);
     if !reporting {
@@ -764,18 +820,19 @@ fn execute(
             .into())
         };
     }
-    if let Some(out) = &common.out {
-        report.write(out)?;
-    }
-    Ok(Some(report))
+    Ok(Some(Executed {
+        report,
+        dump: staged,
+        dump_path: dump.map(|d| d.to_path_buf()),
+        _locks: locks,
+    }))
 }
 
-fn write_junit(common: &Common, report: &Report, problems: &[String]) -> Result<()> {
-    if let Some(path) = &common.junit {
-        foldprint::atomic_write(path, foldprint::report::junit(report, problems).as_bytes())
-            .with_context(|| format!("{}: cannot write JUnit XML", path.display()))?;
-    }
-    Ok(())
+fn junit_of(common: &Common, report: &Report, problems: &[String]) -> Option<String> {
+    common
+        .junit
+        .as_ref()
+        .map(|_| foldprint::report::junit(report, problems))
 }
 
 fn cmd_run(a: RunArgs) -> Result<i32> {
@@ -784,10 +841,12 @@ fn cmd_run(a: RunArgs) -> Result<i32> {
     start_threads()?;
     foldprint::interrupt::install();
     let stream = !a.common.json;
-    let Some(report) = execute(&a.common, &exps, a.dump.as_deref(), stream)? else {
+    let Some(mut run) = execute(&a.common, &exps, a.dump.as_deref(), stream)? else {
         return Ok(0);
     };
-    write_junit(&a.common, &report, &[])?;
+    let junit = junit_of(&a.common, &run.report, &[]);
+    run.commit(&a.common, junit)?;
+    let report = run.report;
     if a.common.json {
         out!("{}", report.to_json());
     } else {
@@ -878,15 +937,17 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
     foldprint::interrupt::install();
     // Rows stream as cases finish, as for `run`, so a piped verify is not
     // silent until the end.
-    let Some(report) = execute(&a.common, &exps, None, !a.common.json)? else {
+    let Some(mut run) = execute(&a.common, &exps, None, !a.common.json)? else {
         return Ok(0);
     };
-    let mut problems: Vec<String> = golden::check(&goldens, &exps, &report)
+    let mut problems: Vec<String> = golden::check(&goldens, &exps, &run.report)
         .iter()
         .map(|p| p.to_string())
         .collect();
-    problems.extend(report.summary.failures.iter().cloned());
-    write_junit(&a.common, &report, &problems)?;
+    problems.extend(run.report.summary.failures.iter().cloned());
+    let junit = junit_of(&a.common, &run.report, &problems);
+    run.commit(&a.common, junit)?;
+    let report = run.report;
     if a.common.json {
         let v = serde_json::json!({ "ok": problems.is_empty(), "problems": problems, "report": report });
         outln!("{}", serde_json::to_string_pretty(&v)?);
@@ -928,8 +989,8 @@ fn cmd_attest(a: AttestArgs) -> Result<i32> {
             report.summary.failures.join("; ")
         )
     });
-    let bytes =
-        std::fs::read(&a.report).with_context(|| format!("{}: cannot read", a.report.display()))?;
+    let bytes = foldprint::env::read_capped(&a.report, foldprint::env::MAX_REPORT_BYTES)
+        .with_context(|| format!("{}: cannot read", a.report.display()))?;
     let name = a
         .report
         .file_name()
@@ -943,6 +1004,7 @@ fn cmd_attest(a: AttestArgs) -> Result<i32> {
             let code = match e {
                 attest::DumpMismatch::Unreadable(_) => ExitCode::BadInput,
                 attest::DumpMismatch::Contradicts(_) => ExitCode::CheckFailed,
+                attest::DumpMismatch::OutOfMemory(_) => ExitCode::Unavailable,
             };
             Exit(code, e.to_string())
         })?);
@@ -1092,8 +1154,9 @@ fn cmd_golden(a: GoldenArgs) -> Result<i32> {
         cuda: CudaArgs::default(),
         nccl: NcclArgs::default(),
     };
-    let report =
-        execute(&common, &exps, None, false)?.context("goldens come from the CPU oracle")?;
+    let report = execute(&common, &exps, None, false)?
+        .context("goldens come from the CPU oracle")?
+        .report;
     if !report.summary.ok {
         table::print_report(&report, None, None);
         return Err(Exit(

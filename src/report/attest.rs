@@ -23,12 +23,16 @@ pub enum DumpMismatch {
     Unreadable(String),
     /// A file, SHA256SUMS and the report do not all say the same thing.
     Contradicts(String),
+    /// Not enough memory to read a dump file (no verdict).
+    OutOfMemory(String),
 }
 
 impl std::fmt::Display for DumpMismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DumpMismatch::Unreadable(m) | DumpMismatch::Contradicts(m) => f.write_str(m),
+            DumpMismatch::Unreadable(m)
+            | DumpMismatch::Contradicts(m)
+            | DumpMismatch::OutOfMemory(m) => f.write_str(m),
         }
     }
 }
@@ -53,12 +57,13 @@ pub fn dump_subjects(report: &Report, dir: &Path) -> Result<Vec<Subject>, DumpMi
         .collect();
     let names = crate::dumpdir::dump_names(&cases).map_err(DumpMismatch::Unreadable)?;
     let mut expected: std::collections::BTreeMap<&str, &str> = std::collections::BTreeMap::new();
+    // Each file is read only up to the size the report gives its arena.
+    let mut sizes: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
     for c in &report.cases {
         for (k, a) in c.arenas.iter().enumerate() {
-            expected.insert(
-                names[&(c.experiment.as_str(), c.id.as_str(), k)].as_str(),
-                a.sha256.as_str(),
-            );
+            let name = names[&(c.experiment.as_str(), c.id.as_str(), k)].as_str();
+            expected.insert(name, a.sha256.as_str());
+            sizes.insert(name, a.len);
         }
     }
     let mut subjects = Vec::new();
@@ -82,8 +87,13 @@ pub fn dump_subjects(report: &Report, dir: &Path) -> Result<Vec<Subject>, DumpMi
             )));
         }
         let path = dir.join(file);
-        let data = std::fs::read(&path).map_err(|e| {
-            DumpMismatch::Contradicts(format!("{}: cannot read: {e}", path.display()))
+        let declared = sizes.get(file).map(|&n| (n as u64).saturating_mul(4));
+        let data = crate::dumpdir::read_dump_file(&path, declared).map_err(|e| {
+            let m = format!("{}: cannot read: {e}", path.display());
+            match e.kind() {
+                std::io::ErrorKind::OutOfMemory => DumpMismatch::OutOfMemory(m),
+                _ => DumpMismatch::Contradicts(m),
+            }
         })?;
         let actual = crate::digest::sha256_hex(&data);
         if actual != hash {
@@ -122,7 +132,7 @@ pub fn dump_subjects(report: &Report, dir: &Path) -> Result<Vec<Subject>, DumpMi
         .map_err(|e| DumpMismatch::Unreadable(format!("{}: cannot read: {e}", dir.display())))?;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name != "SHA256SUMS" && !listed.contains(name.as_str()) {
+        if !crate::dumpdir::is_bookkeeping(&name) && !listed.contains(name.as_str()) {
             return Err(DumpMismatch::Contradicts(format!(
                 "{}: {name} is not listed in SHA256SUMS",
                 dir.display()

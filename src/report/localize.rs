@@ -57,10 +57,11 @@ fn read_sums(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
     let sums = read_sums_file(dir)?;
     for (name, hash) in &sums {
         let path = dir.join(name);
-        let bytes = std::fs::read(&path).map_err(|source| ReportError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let bytes =
+            crate::dumpdir::read_dump_file(&path, None).map_err(|source| ReportError::Io {
+                path: path.clone(),
+                source,
+            })?;
         let actual = crate::digest::sha256_hex(&bytes);
         if actual != *hash {
             return Err(ReportError::Dump {
@@ -79,7 +80,7 @@ fn read_sums(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
             source,
         })?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name != "SHA256SUMS" && !sums.contains_key(&name) {
+        if !crate::dumpdir::is_bookkeeping(&name) && !sums.contains_key(&name) {
             return Err(ReportError::Dump {
                 path: dir.join(&name),
                 message: "not listed in SHA256SUMS".into(),
@@ -125,7 +126,7 @@ fn read_sums_file(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
 }
 
 fn read_f32(path: &Path) -> Result<Vec<u32>, ReportError> {
-    let bytes = std::fs::read(path).map_err(|source| ReportError::Io {
+    let bytes = crate::dumpdir::read_dump_file(path, None).map_err(|source| ReportError::Io {
         path: path.to_path_buf(),
         source,
     })?;
@@ -135,10 +136,19 @@ fn read_f32(path: &Path) -> Result<Vec<u32>, ReportError> {
             message: format!("{} bytes is not a whole number of f32 values", bytes.len()),
         });
     }
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    let mut out = Vec::new();
+    // Fallible: under a memory limit this is exit 3, not an abort.
+    out.try_reserve_exact(bytes.len() / 4)
+        .map_err(|_| ReportError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::OutOfMemory, "out of memory"),
+        })?;
+    out.extend(
+        bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+    );
+    Ok(out)
 }
 
 /// Compare two `--dump` directories file by file; `keep` first differences per file.
