@@ -471,7 +471,10 @@ mod tests {
             "nccl"
         }
         fn environment(&self) -> serde_json::Value {
-            self.0.environment()
+            // The kind a `nccl` report must carry (check.rs holds them together).
+            let mut env = self.0.environment();
+            env["kind"] = "nccl".into();
+            env
         }
         fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
             self.0.run_case(case, opts)
