@@ -246,6 +246,36 @@ mod tests {
         );
     }
 
+    /// A full disk while staging an output is "no space" (exit 3), not bad
+    /// input: the error keeps its errno through the temp-file wrapper.
+    #[test]
+    fn a_full_disk_while_staging_reads_as_missing_space() {
+        use crate::exit::{io_exit_code, ExitCode};
+        let dir = tempfile::tempdir().unwrap();
+        let path = tempfile::NamedTempFile::new_in(dir.path())
+            .unwrap()
+            .into_temp_path();
+        // /dev/full: every write fails with ENOSPC, as on a full disk.
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let mut tmp = tempfile::NamedTempFile::from_parts(full, path);
+        let e = fill(&mut tmp, b"{}").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+        assert_eq!(io_exit_code(&e), ExitCode::Unavailable);
+        // The wrapper's own write (which adds the path) keeps only the
+        // kind; that must map to exit 3 as well.
+        let wrapped = tmp.write_all(b"{}").unwrap_err();
+        assert_eq!(io_exit_code(&wrapped), ExitCode::Unavailable, "{wrapped}");
+        let run = crate::runner::RunError::Output {
+            path: "r.json".into(),
+            source: e,
+        };
+        use crate::exit::HasExitCode;
+        assert_eq!(run.exit_code(), ExitCode::Unavailable);
+    }
+
     #[test]
     fn same_file_sees_through_spellings() {
         let dir = tempfile::tempdir().unwrap();

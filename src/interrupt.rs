@@ -35,7 +35,7 @@ fn say(msg: &[u8]) {
 extern "C" fn record(sig: libc::c_int) {
     // Atomics, write(2), signal(2) and raise(3): all async-signal-safe.
     if RECEIVED.fetch_add(1, Ordering::SeqCst) == 0 {
-        match STATE.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst) {
+        match first_signal(&STATE, sig) {
             Ok(_) => say(b"\nfoldprint: stopping after the case in progress; nothing will be written (signal again to stop at once)\n"),
             Err(COMMITTING) => say(b"\nfoldprint: the run has finished and its outputs are being put in place; they will be complete\n"),
             Err(DONE) => say(b"\nfoldprint: the run has finished and its outputs are in place\n"),
@@ -130,7 +130,18 @@ pub fn pending() -> Option<i32> {
 /// The point of no return of a run: from here a signal no longer stops
 /// it. `Err(signal)` when one came first: then nothing may be written.
 pub fn begin_commit() -> Result<(), i32> {
-    match STATE.compare_exchange(0, COMMITTING, Ordering::SeqCst, Ordering::SeqCst) {
+    begin_commit_on(&STATE)
+}
+
+/// The one transition a first signal makes: running -> stopping.
+/// `Ok` when it stops the run (nothing will be written), else the state
+/// it found.
+fn first_signal(state: &AtomicI32, sig: i32) -> Result<i32, i32> {
+    state.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst)
+}
+
+fn begin_commit_on(state: &AtomicI32) -> Result<(), i32> {
+    match state.compare_exchange(0, COMMITTING, Ordering::SeqCst, Ordering::SeqCst) {
         Err(sig) if sig > 0 => Err(sig),
         _ => Ok(()),
     }
@@ -160,5 +171,50 @@ pub fn signal_name(sig: i32) -> String {
         libc::SIGTERM => "SIGTERM".into(),
         libc::SIGHUP => "SIGHUP".into(),
         s => format!("signal {s}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signal_before_the_commit_stops_it_and_after_it_is_ignored() {
+        let state = AtomicI32::new(0);
+        assert_eq!(first_signal(&state, libc::SIGINT), Ok(0));
+        assert_eq!(begin_commit_on(&state), Err(libc::SIGINT));
+
+        let state = AtomicI32::new(0);
+        assert_eq!(begin_commit_on(&state), Ok(()));
+        assert_eq!(first_signal(&state, libc::SIGINT), Err(COMMITTING));
+        assert_eq!(state.load(Ordering::SeqCst), COMMITTING);
+    }
+
+    /// The race of item 5: a signal and the commit at the same moment.
+    /// Exactly one wins: either the signal said "nothing will be written"
+    /// and the commit is refused, or the commit goes ahead and the signal
+    /// says the outputs are being put in place. Never both, never neither.
+    #[test]
+    fn signal_and_commit_racing_never_both_win() {
+        let (mut stopped, mut committed) = (0, 0);
+        for _ in 0..2000 {
+            let state = AtomicI32::new(0);
+            let go = std::sync::Barrier::new(2);
+            let (sig, commit) = std::thread::scope(|s| {
+                let a = s.spawn(|| {
+                    go.wait();
+                    first_signal(&state, libc::SIGINT)
+                });
+                go.wait();
+                let c = begin_commit_on(&state);
+                (a.join().unwrap(), c)
+            });
+            match (sig, commit) {
+                (Ok(0), Err(s)) if s == libc::SIGINT => stopped += 1,
+                (Err(COMMITTING), Ok(())) => committed += 1,
+                other => panic!("signal and commit both or neither won: {other:?}"),
+            }
+        }
+        assert_eq!(stopped + committed, 2000);
     }
 }

@@ -92,7 +92,13 @@ pub fn dump_subjects(report: &Report, dir: &Path) -> Result<Vec<Subject>, DumpMi
             let m = format!("{}: cannot read: {e}", path.display());
             match e.kind() {
                 std::io::ErrorKind::OutOfMemory => DumpMismatch::OutOfMemory(m),
-                _ => DumpMismatch::Contradicts(m),
+                // Missing, or larger than the report says: the directory
+                // contradicts the report. A fifo or device where a dump
+                // belongs, or no permission, is bad input.
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::InvalidData => {
+                    DumpMismatch::Contradicts(m)
+                }
+                _ => DumpMismatch::Unreadable(m),
             }
         })?;
         let actual = crate::digest::sha256_hex(&data);
