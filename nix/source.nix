@@ -9,7 +9,8 @@ let
 in
 {
   # Everything `cargo build` and `cargo test` read: the manifest and lock,
-  # the toolchain file, src/, tests/ (with tests/data), examples/, and the
+  # the toolchain file, build.rs (it finds no git in a build sandbox, so the
+  # binary says `unknown` and the wrappers carry the revision), src/, tests/ (with tests/data), examples/, and the
   # files the tests load (experiments/ and audits/).
   crate = fs.toSource {
     inherit root;
@@ -17,11 +18,34 @@ in
       ../Cargo.toml
       ../Cargo.lock
       ../rust-toolchain.toml
+      ../build.rs
       ../src
       ../tests
       ../examples
       ../experiments
       ../audits
+    ];
+  };
+
+  # What the test suite reads beyond the crate: the README (its examples and
+  # exit codes are checked against the code) and docs/audit (a recorded
+  # audit the environment parser is tested on). Only `checks.tests` sees
+  # these, so editing the documents reruns the tests but does not rebuild
+  # the package users run.
+  tests = fs.toSource {
+    inherit root;
+    fileset = fs.unions [
+      ../Cargo.toml
+      ../Cargo.lock
+      ../rust-toolchain.toml
+      ../build.rs
+      ../src
+      ../tests
+      ../examples
+      ../experiments
+      ../audits
+      ../README.md
+      ../docs/audit
     ];
   };
 
