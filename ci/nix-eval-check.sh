@@ -25,9 +25,14 @@
 #      binary is built with the pinned toolchain and holds no git revision;
 #      image licence labels name the CUDA EULA where NVRTC is inside.
 #
+# With --real, only step 2, against the pinned inputs themselves (a current
+# Nix with network: the nix-checks workflow's eval-and-build job).
+#
 # Needs nix (2.8 or newer) and python3; writes .drv files to /nix/store.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+real=false
+[ "${1:-}" = --real ] && real=true
 
 export NIX_CONFIG=${NIX_CONFIG:-'experimental-features = nix-command flakes
 build-users-group =
@@ -43,6 +48,7 @@ step() { echo "   $*"; }
 quiet() { grep -v -e "^warning: \(ignoring untrusted flake configuration\|not writing modified lock file\|Git tree .* is dirty\)" -e "^• Updated input" -e "^    '" -e "^  → " >&2 || true; }
 
 # --- 1. the stand-ins follow nixpkgs where it matters --------------------------
+if ! $real; then
 step "stand-ins: callPackage fills a defaulted formal; meta checks refuse unfree, broken, unsupported"
 nix-instantiate --eval --strict --json --expr "
   let
@@ -67,11 +73,13 @@ nix-instantiate --eval --strict --json --expr "
   true
 " 2> >(quiet) >"$tmp/self-test"
 [ "$(cat "$tmp/self-test")" = true ]
+fi
 
 # --- 2. every output of every system, through the flake -------------------------
 override=(--offline --no-write-lock-file
     --override-input nixpkgs "path:$stubs/nixpkgs"
     --override-input rust-overlay "path:$stubs/rust-overlay")
+$real && override=(--no-write-lock-file)
 # shellcheck disable=SC2016 # Nix's ${...}, not the shell's
 drvs='ps: builtins.mapAttrs (system: builtins.mapAttrs (name: p:
     if (p.type or null) == "derivation" then p.drvPath
@@ -89,11 +97,18 @@ for out in packages checks gpuChecks devShells apps; do
         exit 1
     fi
 done
+if $real; then
+    python3 -c 'import json, sys; print("   %d outputs evaluated over 2 systems" % sum(len(v) for o in sys.argv[1:] for v in json.load(open(o)).values()))' "$tmp"/{packages,checks,gpuChecks,devShells,apps}.json
+    exit 0
+fi
 nix eval "${override[@]}" --json ".#lib.matrix" >"$tmp/matrix.json" 2> >(quiet)
 # shellcheck disable=SC2016
 nix eval "${override[@]}" --json ".#packages" --apply 'ps: builtins.mapAttrs (s: p:
     let l = p.foldprint-unwrapped.meta.license; in
     map (x: x.spdxId or x.shortName) (if builtins.isList l then l else [ l ])) ps' >"$tmp/licenses.json" 2> >(quiet)
+# shellcheck disable=SC2016
+nix eval "${override[@]}" --json ".#packages" --apply 'ps: builtins.mapAttrs (s: builtins.mapAttrs (n: p:
+    p.meta.mainProgram or null)) ps' >"$tmp/mainProgram.json" 2> >(quiet)
 
 # --- 3. no defaulted formal in a file called through callPackage ---------------
 called=$(grep -oh 'callPackage \./[a-z-]*\.nix' nix/*.nix | sed 's|callPackage \./||' | sort -u)
@@ -217,6 +232,11 @@ for s in systems:
             continue
         g = show(p)
         check_wrappers(s, name, g, p)
+    # Every package but the images names the binary, so `nix run` and
+    # lib.getExe need not guess.
+    for name, prog in load("mainProgram")[s].items():
+        if not name.startswith("image") and prog != "foldprint":
+            fail(f"{s}: {name}'s meta.mainProgram is {prog!r}, not 'foldprint'")
     # Apps start the binary cargo builds.
     for name, prog in outs["apps"][s].items():
         if not prog.endswith("/bin/foldprint"):
