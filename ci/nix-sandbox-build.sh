@@ -68,7 +68,7 @@ if [ "$do_check" != true ]; then
 fi
 
 # --- 2. the sandbox's tools ----------------------------------------------------
-rm -rf "$work/bin" "$work/src" "$work/tmp" "$work/cargo-home"
+rm -rf "${work:?}/bin" "$work/src" "$work/tmp" "$work/cargo-home"
 mkdir -p "$work/bin" "$work/tmp" "$work/cargo-home" "$work/target" "$work/toolchain"
 toolchain=$(rustup run "$(sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.toml)" rustc --print sysroot)
 link() { # link NAME...: each from the host, resolved (the sandbox has no /etc/alternatives)
@@ -132,8 +132,10 @@ exec setpriv --reuid 65534 --regid 65534 --clear-groups -- env -i \
     NIX_BUILD_CORES="$SB_CORES" SB_WORK="$SB_WORK" SB_FLAGS="$SB_FLAGS" \
     bash -euo pipefail -c '
         cd "$SB_WORK/src"
-        [ ! -e .git ] && [ ! -e /etc/ld.so.cache ] && [ ! -e "$HOME" ]
-        ! mkdir "$HOME" 2>/dev/null
+        for p in .git /etc/ld.so.cache "$HOME"; do
+            if [ -e "$p" ]; then echo "nix-sandbox-build: $p exists in the sandbox" >&2; exit 1; fi
+        done
+        if mkdir "$HOME" 2>/dev/null; then echo "nix-sandbox-build: HOME is writable" >&2; exit 1; fi
         flags=()
         while read -r f; do [ -z "$f" ] || flags+=("$f"); done <<<"$SB_FLAGS"
         # Every skip names an existing test.
