@@ -68,8 +68,8 @@ if [ "$do_check" != true ]; then
 fi
 
 # --- 2. the sandbox's tools ----------------------------------------------------
-rm -rf "${work:?}/bin" "$work/src" "$work/tmp" "$work/cargo-home"
-mkdir -p "$work/bin" "$work/tmp" "$work/cargo-home" "$work/target" "$work/toolchain"
+rm -rf "${work:?}/bin" "$work/tmp" "$work/cargo-home"
+mkdir -p "$work/bin" "$work/tmp" "$work/cargo-home" "$work/toolchain"
 toolchain=$(rustup run "$(sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.toml)" rustc --print sysroot)
 link() { # link NAME...: each from the host, resolved (the sandbox has no /etc/alternatives)
     local n p
@@ -94,9 +94,42 @@ for i in "${inputs[@]}"; do
     esac
 done
 
-# --- 3. the source, the vendored crates ----------------------------------------
-cp -r "$src" "$work/src"
-chmod -R u+w "$work/src"
+# --- 3. the source, the vendored crates, the target directory -------------------
+# The source becomes exactly the store path's files. Files whose bytes are
+# unchanged keep their old mtime, so cargo rebuilds only what changed
+# (store files all have mtime 1, which would hide changes if copied as is).
+python3 - "$src" "$work/src" <<'PY'
+import filecmp, os, shutil, sys
+src, dst = sys.argv[1], sys.argv[2]
+want = set()
+for d, _, files in os.walk(src):
+    for f in files:
+        rel = os.path.relpath(os.path.join(d, f), src)
+        want.add(rel)
+        a, b = os.path.join(src, rel), os.path.join(dst, rel)
+        if not (os.path.isfile(b) and filecmp.cmp(a, b, shallow=False)):
+            os.makedirs(os.path.dirname(b), exist_ok=True)
+            if os.path.lexists(b):
+                os.remove(b)
+            shutil.copyfile(a, b)
+            os.chmod(b, 0o644 | (os.stat(a).st_mode & 0o111))
+for d, dirs, files in os.walk(dst, topdown=False):
+    for f in files:
+        p = os.path.join(d, f)
+        if os.path.relpath(p, dst) not in want:
+            os.remove(p)
+    if d != dst and not os.listdir(d):
+        os.rmdir(d)
+PY
+# A fresh target directory starts from the main build's (same profile, and
+# crates replaced by the vendored copies keep their crates.io identity), so
+# in CI only foldprint itself is compiled again.
+if ! [ -d "$work/target/release" ] && [ -d "$root/target/release/deps" ]; then
+    mkdir -p "$work/target/release"
+    cp -a "$root/target/release/deps" "$root/target/release/build" "$root/target/release/.fingerprint" \
+        "$work/target/release/"
+fi
+mkdir -p "$work/target"
 if ! [ -f "$work/vendor.lock" ] || ! cmp -s "$work/vendor.lock" "$work/src/Cargo.lock"; then
     rm -rf "$work/vendor"
     cargo vendor --locked --manifest-path "$work/src/Cargo.toml" "$work/vendor" >/dev/null
