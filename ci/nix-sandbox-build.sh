@@ -23,9 +23,10 @@
 # otherwise run unskipped here and fail only in Nix, or a stale entry hide
 # nothing).
 #
-# Cost: one release build of the crate and its tests into
-# target/nix-sandbox (kept between runs; dependencies are rebuilt only when
-# Cargo.lock changes).
+# Cost: one release build of the crate, its dependencies and its tests into
+# target/nix-sandbox, kept between runs: then only what changed is rebuilt.
+# (Seeding it with a copy of the main build's target/release did not help:
+# cargo rebuilt every dependency from the vendored sources.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -94,7 +95,7 @@ for i in "${inputs[@]}"; do
     esac
 done
 
-# --- 3. the source, the vendored crates, the target directory -------------------
+# --- 3. the source, the vendored crates -----------------------------------------
 # The source becomes exactly the store path's files. Files whose bytes are
 # unchanged keep their old mtime, so cargo rebuilds only what changed
 # (store files all have mtime 1, which would hide changes if copied as is).
@@ -121,14 +122,6 @@ for d, dirs, files in os.walk(dst, topdown=False):
     if d != dst and not os.listdir(d):
         os.rmdir(d)
 PY
-# A fresh target directory starts from the main build's (same profile, and
-# crates replaced by the vendored copies keep their crates.io identity), so
-# in CI only foldprint itself is compiled again.
-if ! [ -d "$work/target/release" ] && [ -d "$root/target/release/deps" ]; then
-    mkdir -p "$work/target/release"
-    cp -a "$root/target/release/deps" "$root/target/release/build" "$root/target/release/.fingerprint" \
-        "$work/target/release/"
-fi
 mkdir -p "$work/target"
 if ! [ -f "$work/vendor.lock" ] || ! cmp -s "$work/vendor.lock" "$work/src/Cargo.lock"; then
     rm -rf "$work/vendor"
