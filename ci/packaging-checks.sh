@@ -7,8 +7,11 @@
 # Debian's Nix is 2.8: it can parse the flake, read its lock offline and
 # evaluate the plain-data matrix, but not nixpkgs 25.11 (that needs Nix >=
 # 2.18 and the network). So the flake's own code is evaluated against
-# stand-ins of nixpkgs and rust-overlay (ci/nix-eval-check.sh, ci/nix-stubs);
-# nothing here builds a package.
+# stand-ins of nixpkgs and rust-overlay (ci/nix-eval-check.sh, ci/nix-stubs),
+# that evaluation must reject every known-bad edit of the flake
+# (ci/nix-mutate.py), and the test derivation's check phase runs with cargo
+# as the Nix build sandbox would see it (ci/nix-sandbox-build.sh, as root:
+# a release build into target/nix-sandbox). Nix builds no package here.
 #
 # FOLDPRINT names a built binary for the report-comparison test (default
 # target/release/foldprint, built if missing).
@@ -130,6 +133,12 @@ PY
 step "nix: evaluate every output of the flake against stand-ins of nixpkgs and rust-overlay"
 bash ci/nix-eval-check.sh
 
+step "nix: every known-bad edit of the flake is rejected by that evaluation (ci/nix-mutations.toml)"
+python3 ci/nix-mutate.py -j 2
+
+step "nix: the test derivation's check phase as the build sandbox sees it (ci/nix-sandbox-build.sh)"
+bash ci/nix-sandbox-build.sh
+
 step "nix: flake metadata --offline (the lock matches flake.nix)"
 nix flake metadata --offline --no-update-lock-file --json . >"$tmp/meta.json"
 python3 - "$tmp/meta.json" flake.lock <<'PY'
@@ -140,8 +149,9 @@ print("   " + meta["description"])
 PY
 
 # --- workflows, container, scripts ---------------------------------------------
-step "actionlint ci/workflows/*.yml ($(actionlint -version | head -n 1))"
-actionlint -config-file ci/actionlint.yaml ci/workflows/*.yml
+# actionlint reads the runner labels from .github/actionlint.yaml.
+step "actionlint .github/workflows/*.yml ($(actionlint -version | head -n 1))"
+actionlint -config-file .github/actionlint.yaml .github/workflows/*.yml
 
 step "hadolint containers/Dockerfile ($(hadolint --version))"
 hadolint containers/Dockerfile

@@ -11,14 +11,19 @@
   foldprint-cpu,
   combinations,
   crate,
+  testSource,
   experiments,
 }:
 {
-  # The test suite runs in the package's own build (doCheck).
-  tests = foldprint;
+  # The test suite, less nix/sandbox-skips.txt (package.nix says why it is
+  # not in the package's own build).
+  tests = foldprint.override {
+    mode = "tests";
+    src = testSource;
+  };
 
   # clippy with the vendored dependencies, as in .ci/run.
-  clippy = foldprint.override { lintOnly = true; };
+  clippy = foldprint.override { mode = "clippy"; };
 
   # rustfmt only reads sources; no dependencies needed.
   fmt = runCommand "foldprint-fmt" { nativeBuildInputs = [ toolchain ]; } ''

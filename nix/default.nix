@@ -41,8 +41,12 @@ let
       overlays = [ rust-overlay.overlays.default ];
       # A flake's `legacyPackages` never allows unfree packages, hence this
       # import.
+      # cudaSupport: nixpkgs' CUDA redistributables (NVRTC, and the
+      # compiler and runtime NCCL is built with) are `meta.broken`, so
+      # refused at evaluation, unless it is set.
       config = {
         inherit allowUnfreePredicate;
+        cudaSupport = true;
       }
       // extraConfig;
     };
@@ -80,7 +84,7 @@ let
   foldprint = pkgs.callPackage ./package.nix {
     inherit rustPlatform version;
     src = sources.crate;
-    lintOnly = false;
+    mode = "package";
   };
 
   # What every provenance file says about the build as a whole.
@@ -166,6 +170,7 @@ in
       combinations
       ;
     inherit (sources) crate experiments;
+    testSource = sources.tests;
   };
 
   gpuChecks = lib.mapAttrs (

@@ -118,6 +118,8 @@ os.waitpid(pid, 0)
 sys.stdout.write(out.decode("utf-8", "replace"))
 "#;
     let out = std::process::Command::new("python3")
+        // A terminal has a type; a build sandbox's environment names none.
+        .env("TERM", "xterm-256color")
         .arg("-c")
         .arg(script)
         .arg(bin())

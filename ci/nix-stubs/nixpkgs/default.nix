@@ -7,16 +7,24 @@
 # - `stdenv.mkDerivation` returns a real `derivation` (instantiable, never
 #   buildable: its builder only fails), with `meta`, `passthru`, outputs with
 #   `outputSpecified`, `overrideAttrs` (both `old:` and `final: prev:`
-#   forms, `finalAttrs` fixpoint), and nixpkgs' unfree check: `drvPath` and
-#   `outPath` of a package with an unfree licence throw unless
-#   `config.allowUnfree` or `config.allowUnfreePredicate` admits it;
+#   forms, `finalAttrs` fixpoint), and the meta checks nixpkgs'
+#   check-meta.nix applies when a derivation is instantiated: `drvPath`
+#   and `outPath` throw for an unfree licence that neither
+#   `config.allowUnfree` nor `config.allowUnfreePredicate` admits, for
+#   `meta.broken` without `config.allowBroken`, and for a system outside
+#   `meta.platforms` or inside `meta.badPlatforms` without
+#   `config.allowUnsupportedSystem`;
 # - an attribute set (not a derivation) left in a derivation's arguments is
-#   an error, as `builtins.derivation` makes it one;
+#   an error, as `builtins.derivation` makes it one, unless the derivation
+#   uses `__structuredAttrs` (then the attributes travel as JSON);
 # - `cudaPackages_12_{6,8,9}`: redistributable packages under the CUDA EULA
-#   (licence as nixpkgs sets it: `nvidiaCudaRedist` with its own `url`), a
+#   (licence as nixpkgs sets it: `nvidiaCudaRedist` with its own `url`),
+#   `meta.broken` unless `config.cudaSupport` (nixpkgs' redist builder
+#   has that among its brokenAssertions), `__structuredAttrs`; a
 #   `cuda_nvrtc` with a `lib` output, and `nccl` built from source with
-#   `NVCC_GENCODE` from `config.cudaCapabilities` (a capability newer than
-#   the set's nvcc knows is an error here);
+#   `__structuredAttrs` (so its `makeFlags` reach the derivation as a JSON
+#   list, as in nixpkgs) and `NVCC_GENCODE` from `config.cudaCapabilities`
+#   (a capability newer than the set's nvcc knows is an error here);
 # - `fetchFromGitHub` is a fixed-output derivation: a malformed hash, or both
 #   `rev` and `tag`, fails at evaluation;
 # - `dockerTools.streamLayeredImage` takes exactly the arguments nixpkgs'
@@ -41,6 +49,11 @@ let
 
   allowUnfree = config.allowUnfree or false;
   allowUnfreePredicate = config.allowUnfreePredicate or (_: false);
+  allowBroken = config.allowBroken or false;
+  allowUnsupportedSystem = config.allowUnsupportedSystem or false;
+  # nixpkgs' platform entries are system strings or patterns (sets); a
+  # pattern is taken as matching.
+  platformMatches = ps: builtins.any (p: !(builtins.isString p) || p == system) ps;
   isUnfree = licenses: builtins.any (l: !(l.free or true)) licenses;
   licenseNames = ls: concatStringsSep ", " (map (l: l.shortName or l.spdxId or "?") ls);
 
@@ -81,11 +94,22 @@ let
         isUnfree licenses
         && !allowUnfree
         && !(allowUnfreePredicate (attrs // { inherit name meta; }));
+      unsupported =
+        !allowUnsupportedSystem
+        && (
+          (meta ? platforms && !(platformMatches meta.platforms))
+          || platformMatches (builtins.filter builtins.isString (meta.badPlatforms or [ ]))
+        );
       valid =
         if refused then
           throw "stand-in nixpkgs: package ‘${name}’ has an unfree licence (${licenseNames licenses}) and config does not allow it, refusing to evaluate"
+        else if (meta.broken or false) && !allowBroken then
+          throw "stand-in nixpkgs: package ‘${name}’ is marked as broken, refusing to evaluate"
+        else if unsupported then
+          throw "stand-in nixpkgs: package ‘${name}’ is not available on the requested hostPlatform ${system} (meta.platforms, meta.badPlatforms), refusing to evaluate"
         else
           true;
+      structured = attrs.__structuredAttrs or false;
       drvArgs = removeAttrs attrs [
         "meta"
         "passthru"
@@ -97,14 +121,14 @@ let
       ) (attrNames drvArgs);
       clash = filter (n: drvArgs ? ${n}) (attrNames env);
       drv =
-        if sets != [ ] then
+        if sets != [ ] && !structured then
           throw "stand-in mkDerivation: ${name}: attribute(s) ${concatStringsSep ", " sets} are sets, which a derivation cannot take"
         else if clash != [ ] then
           throw "stand-in mkDerivation: ${name}: env.${builtins.head clash} is also a top-level attribute"
         else
           derivation (
             drvArgs
-            // env
+            // (if structured then lib.optionalAttrs (env != { }) { inherit env; } else env)
             // {
               inherit name system outputs;
               builder = "/bin/sh";
@@ -254,8 +278,19 @@ let
           name = "${prefix}-${pname}-${mm}.0";
           inherit pname outputs;
           version = "${mm}.0";
-          meta.license = lib.licenses.nvidiaCudaRedist // {
-            url = "https://developer.download.nvidia.com/compute/cuda/redist/${pname}/LICENSE.txt";
+          __structuredAttrs = true;
+          strictDeps = true;
+          meta = {
+            license = lib.licenses.nvidiaCudaRedist // {
+              url = "https://developer.download.nvidia.com/compute/cuda/redist/${pname}/LICENSE.txt";
+            };
+            # nixpkgs' redist builder: the first of its brokenAssertions.
+            broken = !(config.cudaSupport or false);
+            platforms = [
+              "x86_64-linux"
+              "aarch64-linux"
+            ];
+            badPlatforms = [ ];
           };
         };
       self = {
@@ -300,6 +335,8 @@ let
             tag = "v${finalAttrs.version}";
             hash = "sha256-NM19OiBBGmv3cGoVoRLKSh9Y59hiDoei9NIrRnTqWeA=";
           };
+          __structuredAttrs = true;
+          strictDeps = true;
           outputs = [
             "out"
             "dev"
@@ -317,7 +354,10 @@ let
             "PREFIX=$(out)"
             "NVCC_GENCODE=${self.flags.gencodeString}"
           ];
-          meta.license = lib.licenses.bsd3;
+          meta = {
+            license = lib.licenses.bsd3;
+            platforms = lib.platforms.linux;
+          };
         });
       };
     in
