@@ -1030,3 +1030,30 @@ fn a_data_coincidence_is_not_a_failed_control() {
         .success();
     assert!(gold.join("tiny1.json").is_file());
 }
+
+/// Issue 20: a failed CPU job (no NCCL log written) leaves no
+/// `foldprint-launch-*` directory behind.
+#[test]
+fn a_failed_cpu_launch_leaves_no_log_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    fp().args([
+        "launch",
+        "-n",
+        "2",
+        "--",
+        "run",
+        "no-such.toml",
+        "--backend",
+        "cpu",
+    ])
+    .env("TMPDIR", &tmp)
+    .env_remove("NCCL_DEBUG")
+    .env_remove("NCCL_DEBUG_FILE")
+    .assert()
+    .failure()
+    .stderr(predicate::str::contains("NCCL logs").not());
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().flatten().collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
+}
