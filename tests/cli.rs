@@ -1057,3 +1057,25 @@ fn a_failed_cpu_launch_leaves_no_log_directory() {
     let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().flatten().collect();
     assert!(left.is_empty(), "left in TMPDIR: {left:?}");
 }
+
+/// Issue 20: `--help` (and `--version`) to a full device fails, like any
+/// other output (3: no space), instead of exiting 0.
+#[test]
+fn help_to_a_full_device_fails() {
+    for arg in ["--help", "--version"] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let o = std::process::Command::new(assert_cmd::cargo::cargo_bin("foldprint"))
+            .arg(arg)
+            .stdout(full)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(3), "{arg}: {err}");
+        assert!(err.contains("standard output"), "{arg}: {err}");
+    }
+    // To a pipe it still succeeds.
+    fp().arg("--help").assert().success();
+}
