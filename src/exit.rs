@@ -136,6 +136,7 @@ impl HasExitCode for AuditError {
             AuditError::Input(e) => e.exit_code(),
             AuditError::WorkDir { .. } | AuditError::Oracle(_) => ExitCode::Unavailable,
             AuditError::Keep { .. } | AuditError::Write { .. } => ExitCode::BadInput,
+            AuditError::Interrupted { signal } => ExitCode::Interrupted(*signal),
         }
     }
 }

@@ -488,3 +488,87 @@ fn keep_must_be_a_new_or_empty_directory() {
         .code(2);
     assert!(text(&a.get_output().stderr).contains("must be a new or empty directory"));
 }
+
+/// The direct children of `pid` (from /proc).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid ...: comm may hold spaces, so split after ')'.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        if rest.split(' ').nth(1) == Some(&pid.to_string()) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Issue 20, medium 6: SIGTERM to `audit` reaches its running child, which
+/// is reaped; the temporary work directory goes; the exit is 128 + 15.
+#[test]
+fn sigterm_stops_the_child_removes_the_work_dir_and_exits_143() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    // Many short cases: the child stops at a case boundary, soon.
+    let seeds: Vec<String> = (1..=400).map(|s| s.to_string()).collect();
+    let slow = format!(
+        "name = \"many\"\n[defaults]\nworld = 8\narenas = [4096]\n\
+         [[sweep]]\nid = \"s\"\nseed = [{}]\n",
+        seeds.join(",")
+    );
+    write(dir.path(), "slow.toml", &slow);
+    let matrix = write(
+        dir.path(),
+        "m.toml",
+        "name = \"m\"\nexperiments = [\"slow.toml\"]\noracle = false\n\
+         [defaults]\nbackend = \"cpu\"\n[[config]]\nname = \"a\"\n[[config]]\nname = \"b\"\n",
+    );
+    let mut audit = std::process::Command::new(assert_cmd::cargo::cargo_bin("foldprint"))
+        .arg("audit")
+        .arg(&matrix)
+        .env("TMPDIR", &tmp)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    let child = loop {
+        if let Some(&c) = children_of(audit.id()).first() {
+            break c;
+        }
+        assert!(t.elapsed().as_secs() < 30, "no child started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // Let the child install its own handlers first.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        children_of(audit.id()).contains(&child),
+        "the child ended too soon"
+    );
+    // SAFETY: signalling the process this test started.
+    unsafe { libc::kill(audit.id() as i32, libc::SIGTERM) };
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = audit.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t.elapsed().as_secs() < 8, "audit did not stop");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(audit.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(143), "{status:?}: {err}");
+    assert!(err.contains("SIGTERM"), "{err}");
+    assert!(
+        !Path::new(&format!("/proc/{child}")).exists(),
+        "child {child} still there"
+    );
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().flatten().collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
+}

@@ -1030,3 +1030,52 @@ fn a_data_coincidence_is_not_a_failed_control() {
         .success();
     assert!(gold.join("tiny1.json").is_file());
 }
+
+/// Issue 20: a failed CPU job (no NCCL log written) leaves no
+/// `foldprint-launch-*` directory behind.
+#[test]
+fn a_failed_cpu_launch_leaves_no_log_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    fp().args([
+        "launch",
+        "-n",
+        "2",
+        "--",
+        "run",
+        "no-such.toml",
+        "--backend",
+        "cpu",
+    ])
+    .env("TMPDIR", &tmp)
+    .env_remove("NCCL_DEBUG")
+    .env_remove("NCCL_DEBUG_FILE")
+    .assert()
+    .failure()
+    .stderr(predicate::str::contains("NCCL logs").not());
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().flatten().collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
+}
+
+/// Issue 20: `--help` (and `--version`) to a full device fails, like any
+/// other output (3: no space), instead of exiting 0.
+#[test]
+fn help_to_a_full_device_fails() {
+    for arg in ["--help", "--version"] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let o = std::process::Command::new(assert_cmd::cargo::cargo_bin("foldprint"))
+            .arg(arg)
+            .stdout(full)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(3), "{arg}: {err}");
+        assert!(err.contains("standard output"), "{arg}: {err}");
+    }
+    // To a pipe it still succeeds.
+    fp().arg("--help").assert().success();
+}

@@ -30,7 +30,14 @@ pub enum Ending {
     TimedOut,
     /// Could not be started at all.
     SpawnFailed(String),
+    /// The audit was asked to stop by this signal: passed on to the child,
+    /// which was then waited for (killed after [`GRACE`]).
+    Interrupted(i32),
 }
+
+/// How long a child may take to stop after a forwarded signal (it stops
+/// at its next case boundary) before it is killed.
+const GRACE: Duration = Duration::from_secs(10);
 
 impl std::fmt::Display for Ending {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -39,6 +46,11 @@ impl std::fmt::Display for Ending {
             Ending::Signal(s) => write!(f, "killed by signal {s}"),
             Ending::TimedOut => f.write_str("timed out (killed)"),
             Ending::SpawnFailed(e) => write!(f, "could not start: {e}"),
+            Ending::Interrupted(s) => write!(
+                f,
+                "stopped: the audit got {}",
+                crate::interrupt::signal_name(*s)
+            ),
         }
     }
 }
@@ -96,6 +108,11 @@ pub fn run(mut cmd: Command, timeout: Duration) -> Output {
                 let _ = child.wait();
                 break Ending::TimedOut;
             }
+            Ok(None) if crate::interrupt::pending().is_some() => {
+                let sig = crate::interrupt::pending().unwrap_or(libc::SIGTERM);
+                stop(&mut child, sig);
+                break Ending::Interrupted(sig);
+            }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => {
                 let _ = child.kill();
@@ -110,6 +127,27 @@ pub fn run(mut cmd: Command, timeout: Duration) -> Output {
         stderr: err.join().unwrap_or_default(),
         duration: start.elapsed(),
     }
+}
+
+/// Pass `sig` on to `child` and reap it; kill it if it has not stopped
+/// within [`GRACE`], so that no child outlives the audit.
+fn stop(child: &mut std::process::Child, sig: i32) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: signalling our own child, not yet reaped (so the pid is
+        // still ours).
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+    let t = Instant::now();
+    while t.elapsed() < GRACE {
+        match child.try_wait() {
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            _ => return,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// The last `lines` lines of `text` (at most 4000 bytes of them).
@@ -271,6 +309,9 @@ pub(super) fn run_config(
     .run()
     .map_err(io)?;
     let out = done.output;
+    if let Ending::Interrupted(signal) = out.ending {
+        return Err(AuditError::Interrupted { signal });
+    }
     o.command = done.command;
     if !work.temporary {
         o.kept = Some(dir.display().to_string());

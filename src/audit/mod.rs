@@ -66,6 +66,21 @@ pub enum AuditError {
         #[source]
         source: std::io::Error,
     },
+    /// A signal asked the audit to stop: the running child got it too and
+    /// was reaped; the temporary work directory is removed.
+    #[error(
+        "interrupted by {}: the running child was stopped, no result written",
+        crate::interrupt::signal_name(*signal)
+    )]
+    Interrupted { signal: i32 },
+}
+
+/// Stop before starting another child when a signal asked to.
+fn check_signal() -> Result<(), AuditError> {
+    match crate::interrupt::pending() {
+        Some(signal) => Err(AuditError::Interrupted { signal }),
+        None => Ok(()),
+    }
 }
 
 /// Called as the audit proceeds (the CLI prints progress on stderr).
@@ -97,6 +112,7 @@ pub fn run(
     let work = WorkArea::new(opts.keep.as_deref())?;
     let base = m.baseline();
 
+    check_signal()?;
     let oracle = if m.oracle {
         progress.oracle_start(cases.len());
         let t = Instant::now();
@@ -116,6 +132,7 @@ pub fn run(
             results.push(Digests::default());
             continue;
         }
+        check_signal()?;
         progress.config_start(i, m.configs.len(), c);
         let (o, d) = child::run_config(m, c, i == base, &work, opts)?;
         progress.config_done(&o);
@@ -127,6 +144,7 @@ pub fn run(
         results.push(d);
     }
 
+    check_signal()?;
     let mut failures = Vec::new();
     let mut warnings = Vec::new();
     for o in &outcomes {

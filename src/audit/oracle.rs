@@ -260,6 +260,9 @@ fn run_child(
     .run()
     .map_err(io)?;
     let out = &done.output;
+    if let Ending::Interrupted(signal) = out.ending {
+        return Err(AuditError::Interrupted { signal });
+    }
     let stderr = || {
         let t = child::tail(&out.stderr, 20);
         if t.is_empty() {

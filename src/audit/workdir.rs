@@ -50,10 +50,12 @@ impl WorkArea {
             ));
             match std::fs::create_dir(&root) {
                 Ok(()) => {
+                    // A second signal ends the process at once: remove it then too.
+                    crate::interrupt::register_staging(&root);
                     return Ok(WorkArea {
                         root,
                         temporary: true,
-                    })
+                    });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
                 Err(source) => return Err(AuditError::WorkDir { path: root, source }),
@@ -70,6 +72,7 @@ impl Drop for WorkArea {
     fn drop(&mut self) {
         if self.temporary {
             let _ = std::fs::remove_dir_all(&self.root);
+            crate::interrupt::unregister_staging(&self.root);
         }
     }
 }

@@ -67,6 +67,9 @@ pub fn run(a: AuditArgs) -> Result<i32> {
     let matrix = audit::load(&a.matrix).map_err(|e| Exit(e.exit_code(), e.to_string()))?;
     let exe = std::env::current_exe().context("locating the foldprint binary")?;
     let opts = audit::Options { exe, keep: a.keep };
+    // A signal is recorded, passed on to the running child, and ends the
+    // audit (128 + N) once the child is reaped and the work area removed.
+    foldprint::interrupt::install();
     let result = audit::run(&matrix, &opts, &mut StderrProgress)
         .map_err(|e| Exit(e.exit_code(), e.to_string()))?;
     if let Some(out) = &a.out {

@@ -387,8 +387,20 @@ pub fn main() -> i32 {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() { 2 } else { 0 };
+            let printed = e.print();
+            if e.use_stderr() {
+                return 2;
+            }
+            // --help and --version: a failed write (a full disk) is an
+            // error, as for any other output; a closed pipe is not.
+            use std::io::Write;
+            return match printed.and_then(|()| std::io::stdout().flush()) {
+                Err(err) if err.kind() != std::io::ErrorKind::BrokenPipe => {
+                    eprintln!("error: cannot write to standard output: {err}");
+                    foldprint::exit::io_exit_code(&err).code()
+                }
+                _ => 0,
+            };
         }
     };
     let result = match cli.command {

@@ -182,6 +182,15 @@ fn log_dir(job: &str) -> Result<PathBuf, RankError> {
     Ok(dir)
 }
 
+/// Whether any rank wrote to its NCCL log (a CPU run writes none).
+fn has_logs(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.metadata().is_ok_and(|m| m.len() > 0))
+    })
+}
+
 /// The `NCCL WARN` lines of every log in `dir`, rank order, at most `max`.
 fn warnings(dir: &Path, ranks: usize, max: usize) -> Vec<String> {
     let mut out = Vec::new();
@@ -255,6 +264,9 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, RankError> {
             Ok(c) => children.push((r, c)),
             Err(e) => {
                 terminate(&mut children, spec.grace);
+                if let Some(dir) = &logs {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
                 return Err(RankError::Launch(format!(
                     "starting rank {r} ({:?}): {e}",
                     spec.program
@@ -285,10 +297,13 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, RankError> {
                 }
                 Ok(None) => i += 1,
                 Err(e) => {
+                    if let Some(dir) = &logs {
+                        let _ = std::fs::remove_dir_all(dir);
+                    }
                     return Err(RankError::Launch(format!(
                         "waiting for rank {}: {e}",
                         running[i].0
-                    )))
+                    )));
                 }
             }
         }
@@ -308,7 +323,8 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, RankError> {
     others.sort();
     let (mut kept_logs, mut warns) = (None, Vec::new());
     if let Some(dir) = logs {
-        if first_failure.is_some() || interrupted.is_some() {
+        // Kept only when there is something to read in it.
+        if (first_failure.is_some() || interrupted.is_some()) && has_logs(&dir) {
             warns = warnings(&dir, spec.ranks, 12);
             kept_logs = Some(dir);
         } else {
