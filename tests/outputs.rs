@@ -505,3 +505,47 @@ fn a_too_long_out_name_fails_before_the_dumps_are_touched() {
     assert_eq!(snapshot(&d), before);
     assert_eq!(listing(dir.path()), ["d", "one.toml"]);
 }
+
+/// Under an address-space limit just above what the preflight counts, a
+/// run used to abort (134, "memory allocation failed") with its staging
+/// directory left behind. Find the lowest limit that runs, then every limit
+/// in the 2 MiB below it must refuse cleanly (3) and leave nothing.
+#[test]
+fn a_tight_address_space_limit_refuses_and_never_aborts() {
+    let bin = assert_cmd::cargo::cargo_bin("foldprint");
+    let dir = tempfile::tempdir().unwrap();
+    let run = |kib: u64| -> i32 {
+        let _ = std::fs::remove_dir_all(dir.path().join("d"));
+        let st = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "ulimit -v {kib}; exec \"$0\" run experiments/smoke.toml --backend cpu --dump \"$1\" >/dev/null 2>&1"
+            ))
+            .arg(&bin)
+            .arg(dir.path().join("d"))
+            .status()
+            .unwrap();
+        st.code().unwrap_or(128 + 100)
+    };
+    // The lowest passing limit, to 100 KiB, between 4 MiB and 1 GiB.
+    let (mut lo, mut hi) = (4 << 10, 1 << 20);
+    assert_eq!(run(hi), 0, "the run must pass with 1 GiB of address space");
+    while hi - lo > 100 {
+        let mid = (lo + hi) / 2;
+        if run(mid) == 0 {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    for kib in (hi.saturating_sub(2048)..hi).step_by(50) {
+        let code = run(kib);
+        assert!(code == 0 || code == 3, "ulimit -v {kib}: exit {code}");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "d")
+            .collect();
+        assert!(left.is_empty(), "ulimit -v {kib}: left {left:?}");
+    }
+}
