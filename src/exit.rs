@@ -4,6 +4,7 @@
 //! code.
 
 use crate::audit::AuditError;
+use crate::backend::cuda::error::GpuFault;
 use crate::backend::BackendError;
 use crate::experiment::InputError;
 use crate::ranks::RankError;
@@ -83,11 +84,14 @@ pub fn io_exit_code(e: &std::io::Error) -> ExitCode {
 impl HasExitCode for BackendError {
     fn exit_code(&self) -> ExitCode {
         match self {
-            BackendError::Failed { .. } => ExitCode::CheckFailed,
             BackendError::Infrastructure { .. } => ExitCode::Infrastructure,
-            BackendError::Unavailable { .. } | BackendError::OutOfMemory { .. } => {
-                ExitCode::Unavailable
-            }
+            BackendError::Unavailable { .. }
+            | BackendError::OutOfMemory { .. }
+            | BackendError::Unsupported { .. } => ExitCode::Unavailable,
+            BackendError::Gpu { source, .. } => match source.fault() {
+                GpuFault::OutOfMemory | GpuFault::Unavailable => ExitCode::Unavailable,
+                GpuFault::Broken => ExitCode::Infrastructure,
+            },
         }
     }
 }

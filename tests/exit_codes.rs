@@ -191,7 +191,9 @@ fn inputs_have_a_size_cap() {
         .arg(&exp)
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("cannot read: larger than the 4 MiB"));
+        .stderr(predicate::str::contains(
+            "cannot read: larger than the 4 MiB",
+        ));
     let report = big("huge.json", (256 << 20) + 1);
     fp().arg("compare")
         .arg(&report)

@@ -930,7 +930,7 @@ fn chunk_digests_on_the_device_equal_the_hosts() {
             let arena = DeviceBuffer::alloc(&dev.ctx, n).unwrap();
             arena.upload(&host).unwrap();
             let chunks = n.div_ceil(CHUNK_ELEMS);
-            let out = DeviceBuffer::alloc(&dev.ctx, 8 * chunks).unwrap();
+            let out = DeviceBuffer::<u32>::alloc(&dev.ctx, 8 * chunks).unwrap();
             for policy in [NanPolicy::Canonical, NanPolicy::Preserve] {
                 // SAFETY: live buffers of this context; synchronized below.
                 unsafe {
@@ -938,13 +938,12 @@ fn chunk_digests_on_the_device_equal_the_hosts() {
                         .unwrap()
                 };
                 stream.synchronize().unwrap();
-                let mut words = vec![0f32; 8 * chunks];
-                out.download(0, &mut words).unwrap();
+                let words = out.to_host().unwrap();
                 let got: Vec<String> = words
                     .chunks_exact(8)
                     .map(|d| {
                         d.iter()
-                            .flat_map(|w| w.to_bits().to_be_bytes())
+                            .flat_map(|w| w.to_be_bytes())
                             .map(|b| format!("{b:02x}"))
                             .collect()
                     })
@@ -963,7 +962,7 @@ fn chunk_digests_on_the_device_equal_the_hosts() {
     let n = 2 * CHUNK_ELEMS;
     let host: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let arena = DeviceBuffer::alloc(&dev.ctx, n).unwrap();
-    let out = DeviceBuffer::alloc(&dev.ctx, 16).unwrap();
+    let out = DeviceBuffer::<u32>::alloc(&dev.ctx, 16).unwrap();
     let digest_now = |arena: &DeviceBuffer| {
         // SAFETY: as above.
         unsafe {
@@ -977,9 +976,7 @@ fn chunk_digests_on_the_device_equal_the_hosts() {
             .unwrap()
         };
         stream.synchronize().unwrap();
-        let mut w = vec![0f32; 16];
-        out.download(0, &mut w).unwrap();
-        w.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+        out.to_host().unwrap()
     };
     arena.upload(&host).unwrap();
     let before = digest_now(&arena);
@@ -1009,16 +1006,14 @@ fn nan_chunks_are_found_on_the_device_and_spare_the_host_scan() {
         let arena = DeviceBuffer::alloc(&dev.ctx, host.len()).unwrap();
         arena.upload(host).unwrap();
         let chunks = host.len().div_ceil(CHUNK_ELEMS);
-        let flags = DeviceBuffer::alloc(&dev.ctx, chunks).unwrap();
+        let flags = DeviceBuffer::<u32>::alloc(&dev.ctx, chunks).unwrap();
         // SAFETY: live buffers of this context; synchronized below.
         unsafe {
             dev.nan_chunks(arena.view(), CHUNK_ELEMS, flags.view(), &stream)
                 .unwrap()
         };
         stream.synchronize().unwrap();
-        let mut out = vec![0f32; chunks];
-        flags.download(0, &mut out).unwrap();
-        out.iter().map(|f| f.to_bits() != 0).collect()
+        flags.to_host().unwrap().iter().map(|&f| f != 0).collect()
     };
     // Infinities and the largest finite value are not NaNs: nothing flagged.
     let mut clean = base.clone();

@@ -57,10 +57,7 @@ impl Backend for CpuBackend {
 
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
         if let Some(why) = self.skip_reason(case) {
-            return Err(BackendError::Failed {
-                case: case.id.clone(),
-                message: why,
-            });
+            return Err(super::unsupported(&case.id, why));
         }
         check_memory(case, opts)?;
         super::repeat_rounds(case.rounds, || Ok(run_round(case, opts)))

@@ -50,8 +50,20 @@ pub enum BackendError {
         needed: u64,
         available: u64,
     },
-    #[error("case `{case}`: {message}")]
-    Failed { case: String, message: String },
+    /// This backend cannot run the case (a contract it lacks, a tree
+    /// deeper than the device's stack, a world it was not started with):
+    /// nothing was compared, so this is no failed check.
+    #[error("case `{case}`: {reason}")]
+    Unsupported { case: String, reason: String },
+    /// A GPU call failed mid-case; its code says whether a resource ran out
+    /// (device memory) or the device or driver broke.
+    #[error("case `{case}`: {phase}: {source}")]
+    Gpu {
+        case: String,
+        phase: &'static str,
+        #[source]
+        source: cuda::error::GpuError,
+    },
     /// The machinery around the numbers broke (an NCCL error, a dead peer,
     /// the watchdog, the rendezvous, a driver error mid-run): no digest was
     /// judged, so this is not a failed check.
@@ -138,11 +150,24 @@ pub trait Backend {
     }
 }
 
-/// A case that started but could not finish on a backend.
-pub(crate) fn failed(case: &str, message: impl Into<String>) -> BackendError {
-    BackendError::Failed {
+/// `case` is one this backend cannot run.
+pub(crate) fn unsupported(case: &str, reason: impl Into<String>) -> BackendError {
+    BackendError::Unsupported {
         case: case.to_string(),
-        message: message.into(),
+        reason: reason.into(),
+    }
+}
+
+/// A GPU call of `case` failed while doing `phase`.
+pub(crate) fn gpu_failed(
+    case: &str,
+    phase: &'static str,
+    source: cuda::error::GpuError,
+) -> BackendError {
+    BackendError::Gpu {
+        case: case.to_string(),
+        phase,
+        source,
     }
 }
 

@@ -2,7 +2,7 @@
 //! copy of the same number of bytes measured in the same run.
 
 use super::device::{Device, FoldArgs, LaunchTuning};
-use super::driver_error_text;
+use super::error::GpuError;
 use super::kernels::{CompileOptions, FoldMode, KernelVariant};
 use super::mem::{copy_d2d, DeviceBuffer};
 use super::world::row_stride;
@@ -89,11 +89,8 @@ pub struct BenchReport {
     pub kernel_cache: Vec<super::kernels::ModuleOrigin>,
 }
 
-fn err(e: impl Into<String>) -> BackendError {
-    BackendError::Failed {
-        case: "bench".into(),
-        message: e.into(),
-    }
+fn err(e: GpuError) -> BackendError {
+    super::super::gpu_failed("bench", "measuring", e)
 }
 
 fn median(mut v: Vec<f64>) -> (f64, f64) {
@@ -114,24 +111,30 @@ fn time_each(
     stream: &Arc<CudaStream>,
     warmup: usize,
     iters: usize,
-    mut launch: impl FnMut() -> Result<(), String>,
-) -> Result<Vec<f64>, String> {
+    mut launch: impl FnMut() -> Result<(), GpuError>,
+) -> Result<Vec<f64>, GpuError> {
+    let sync = |e| GpuError::driver("cuStreamSynchronize", e);
+    let record = |e| GpuError::driver("cuEventRecord", e);
     for _ in 0..warmup {
         launch()?;
     }
-    stream.synchronize().map_err(driver_error_text)?;
+    stream.synchronize().map_err(sync)?;
     let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
     let mut pairs = Vec::with_capacity(iters);
     for _ in 0..iters {
-        let a = stream.record_event(timed).map_err(driver_error_text)?;
+        let a = stream.record_event(timed).map_err(record)?;
         launch()?;
-        let b = stream.record_event(timed).map_err(driver_error_text)?;
+        let b = stream.record_event(timed).map_err(record)?;
         pairs.push((a, b));
     }
-    stream.synchronize().map_err(driver_error_text)?;
+    stream.synchronize().map_err(sync)?;
     pairs
         .iter()
-        .map(|(a, b)| a.elapsed_ms(b).map(f64::from).map_err(driver_error_text))
+        .map(|(a, b)| {
+            a.elapsed_ms(b)
+                .map(f64::from)
+                .map_err(|e| GpuError::driver("cuEventElapsedTime", e))
+        })
         .collect()
 }
 
@@ -149,7 +152,7 @@ pub fn bench_fold(cfg: &BenchConfig) -> Result<BenchReport, BackendError> {
     let mut dev =
         Device::open(cfg.ordinal, cfg.compile).map_err(|e| BackendError::Unavailable {
             backend: "cuda",
-            reason: e,
+            reason: e.to_string(),
         })?;
     dev.startup.probe = probe_ms;
     let stream = dev.new_stream().map_err(err)?;
@@ -185,16 +188,18 @@ fn bench_shape(
     cfg: &BenchConfig,
     w: usize,
     n: usize,
-) -> Result<Vec<BenchRow>, String> {
+) -> Result<Vec<BenchRow>, GpuError> {
     let bytes = ((w + 1) * n * 4) as u64;
     let (free, _) = dev.memory()?;
     let ld = row_stride(n);
     let copy_len = (w + 1) * n / 2;
     let need = ((w * ld + 2 * n + copy_len) * 4) as u64;
     if need > free {
-        return Err(format!("bench W={w} n={n} needs {need} bytes, {free} free"));
+        return Err(GpuError::missing(format!(
+            "bench W={w} n={n} needs {need} bytes of device memory, {free} free"
+        )));
     }
-    let stacked = DeviceBuffer::alloc(&dev.ctx, w * ld)?;
+    let stacked = DeviceBuffer::<f32>::alloc(&dev.ctx, w * ld)?;
     let out_seed = DeviceBuffer::alloc(&dev.ctx, n)?;
     let out_fast = DeviceBuffer::alloc(&dev.ctx, n)?;
     let copy_dst = DeviceBuffer::alloc(&dev.ctx, copy_len)?;
@@ -214,7 +219,9 @@ fn bench_shape(
             )?;
         }
     }
-    stream.synchronize().map_err(driver_error_text)?;
+    stream
+        .synchronize()
+        .map_err(|e| GpuError::driver("cuStreamSynchronize", e))?;
 
     let mut rows = Vec::new();
     let row = |what: &str, times: Vec<f64>, bits_ok| {
@@ -260,8 +267,7 @@ fn bench_shape(
             // SAFETY: buffers sized above, both at phase 0.
             unsafe { dev.fold(variant, FoldMode::Fixed, &args, &tuning, stream) }
         })?;
-        let mut host = vec![0f32; n];
-        out.download(0, &mut host)?;
+        let host = out.to_host()?;
         outputs.push((label, times, host));
     }
     // The copy: half the counted bytes read, half written.

@@ -1,7 +1,7 @@
 //! One opened GPU: its primary context, what it is, and the compiled
 //! generator and fold programs, plus the two launch helpers.
 
-use super::driver_error_text;
+use super::error::GpuError;
 use super::kernels::{
     self, CompileOptions, FoldKernels, FoldMode, KernelVariant, LoadedProgram, ProgramSpec,
     ResolvedTarget,
@@ -122,15 +122,10 @@ impl Device {
     /// primary context is created on one thread while the images are read
     /// from the disk cache or compiled by NVRTC on others, and finally the
     /// images are loaded into the context.
-    pub fn open(ordinal: usize, options: CompileOptions) -> Result<Device, String> {
+    pub fn open(ordinal: usize, options: CompileOptions) -> Result<Device, GpuError> {
         let started = Instant::now();
         probe::ensure_libraries()?;
-        let cannot_open = |e| {
-            format!(
-                "cannot open CUDA device {ordinal}: {}",
-                driver_error_text(e)
-            )
-        };
+        let cannot_open = |e| GpuError::driver(format!("cannot open CUDA device {ordinal}"), e);
         // What `CudaContext::new` would do first, so a missing device or
         // driver says the same as before the context moved to a thread.
         driver::result::init().map_err(cannot_open)?;
@@ -138,12 +133,12 @@ impl Device {
         let info = probe::device_info(ordinal)?;
         let uuid = driver::result::device::get_uuid(cu_device)
             .map(|u| uuid_text(&u))
-            .map_err(driver_error_text)?;
+            .map_err(|e| GpuError::driver("cuDeviceGetUuid", e))?;
         let mut driver_version = 0i32;
         // SAFETY: out-parameter; symbol checked by ensure_libraries.
         unsafe { sys::cuDriverGetVersion(&mut driver_version) }
             .result()
-            .map_err(driver_error_text)?;
+            .map_err(|e| GpuError::driver("cuDriverGetVersion", e))?;
         let nvrtc_version = probe::nvrtc_version()?;
         let nvrtc_archs = probe::nvrtc_supported_archs()?;
         let fold_target = kernels::resolve_target(
@@ -179,7 +174,7 @@ impl Device {
         ctx.bind_to_thread().map_err(cannot_open)?;
         let [fold, generator, rank_check]: [Arc<LoadedProgram>; 3] = programs
             .try_into()
-            .map_err(|_| "kernel cache: not one program per request".to_string())?;
+            .map_err(|_| GpuError::bounds("kernel cache: not one program per request"))?;
         let fold = FoldKernels { program: fold };
         // What was actually built (a flag check may have chosen PTX).
         let fold_target = fold.program.image.target;
@@ -210,14 +205,26 @@ impl Device {
         })
     }
 
-    pub fn new_stream(&self) -> Result<Arc<CudaStream>, String> {
-        self.ctx.new_stream().map_err(driver_error_text)
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>, GpuError> {
+        self.ctx
+            .new_stream()
+            .map_err(|e| GpuError::driver("cuStreamCreate", e))
+    }
+
+    /// Make this device's context current on the calling thread.
+    pub fn bind(&self) -> Result<(), GpuError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| GpuError::driver("making the context current", e))
     }
 
     /// Free and total device memory in bytes.
-    pub fn memory(&self) -> Result<(u64, u64), String> {
-        self.ctx.bind_to_thread().map_err(driver_error_text)?;
-        let (free, total) = self.ctx.mem_get_info().map_err(driver_error_text)?;
+    pub fn memory(&self) -> Result<(u64, u64), GpuError> {
+        self.bind()?;
+        let (free, total) = self
+            .ctx
+            .mem_get_info()
+            .map_err(|e| GpuError::driver("cuMemGetInfo", e))?;
         Ok((free as u64, total as u64))
     }
 
@@ -236,7 +243,7 @@ impl Device {
         rank: u32,
         arena: u32,
         stream: &CudaStream,
-    ) -> Result<(), String> {
+    ) -> Result<(), GpuError> {
         if n == 0 {
             return Ok(());
         }
@@ -264,7 +271,7 @@ impl Device {
         // SAFETY: argument list matches `fp_generate`; `out` per the contract.
         unsafe { b.launch(cfg) }
             .map(|_| ())
-            .map_err(|e| format!("fp_generate launch: {}", driver_error_text(e)))
+            .map_err(|e| GpuError::driver("fp_generate launch", e))
     }
 
     /// Enqueue the comparison of `other` with `reference`: `flags[c]` becomes
@@ -278,9 +285,9 @@ impl Device {
         reference: DeviceView<'_>,
         other: DeviceView<'_>,
         chunk: usize,
-        flags: DeviceView<'_>,
+        flags: DeviceView<'_, u32>,
         stream: &CudaStream,
-    ) -> Result<(), String> {
+    ) -> Result<(), GpuError> {
         let n = reference.len();
         let chunks = n.div_ceil(chunk.max(1));
         if other.len() != n
@@ -288,12 +295,12 @@ impl Device {
             || !chunk.is_multiple_of(4)
             || chunk > u32::MAX as usize
         {
-            return Err(format!(
+            return Err(GpuError::bounds(format!(
                 "rank check: {} vs {} elements, {} flags for {chunks} chunks of {chunk}",
                 n,
                 other.len(),
                 flags.len()
-            ));
+            )));
         }
         if n == 0 {
             return Ok(());
@@ -301,7 +308,8 @@ impl Device {
         let f = self.rank_check.function(kernels::RANK_DIFF_ENTRY)?;
         let cfg = LaunchConfig {
             grid_dim: (
-                u32::try_from(chunks).map_err(|_| "rank check: too many chunks")?,
+                u32::try_from(chunks)
+                    .map_err(|_| GpuError::bounds("rank check: too many chunks"))?,
                 1,
                 1,
             ),
@@ -315,7 +323,7 @@ impl Device {
         // SAFETY: arguments match `fp_rank_diff`; lengths checked above.
         unsafe { b.launch(cfg) }
             .map(|_| ())
-            .map_err(|e| format!("fp_rank_diff launch: {}", driver_error_text(e)))
+            .map_err(|e| GpuError::driver("fp_rank_diff launch", e))
     }
 
     /// Enqueue flags[c] = 1 if chunk c (of `chunk` elements) of `arena`
@@ -328,16 +336,16 @@ impl Device {
         &self,
         arena: DeviceView<'_>,
         chunk: usize,
-        flags: DeviceView<'_>,
+        flags: DeviceView<'_, u32>,
         stream: &CudaStream,
-    ) -> Result<(), String> {
+    ) -> Result<(), GpuError> {
         let n = arena.len();
         let chunks = n.div_ceil(chunk.max(1));
         if flags.len() != chunks || !chunk.is_multiple_of(4) || chunk > u32::MAX as usize {
-            return Err(format!(
+            return Err(GpuError::bounds(format!(
                 "NaN scan: {} flags for {chunks} chunks of {chunk}",
                 flags.len()
-            ));
+            )));
         }
         if n == 0 {
             return Ok(());
@@ -345,7 +353,7 @@ impl Device {
         let f = self.rank_check.function(kernels::NAN_CHUNKS_ENTRY)?;
         let cfg = LaunchConfig {
             grid_dim: (
-                u32::try_from(chunks).map_err(|_| "NaN scan: too many chunks")?,
+                u32::try_from(chunks).map_err(|_| GpuError::bounds("NaN scan: too many chunks"))?,
                 1,
                 1,
             ),
@@ -359,7 +367,7 @@ impl Device {
         // SAFETY: arguments match `fp_nan_chunks`; lengths checked above.
         unsafe { b.launch(cfg) }
             .map(|_| ())
-            .map_err(|e| format!("fp_nan_chunks launch: {}", driver_error_text(e)))
+            .map_err(|e| GpuError::driver("fp_nan_chunks launch", e))
     }
 
     /// Enqueue the SHA-256 of every `chunk`-element chunk of `arena` under
@@ -373,16 +381,16 @@ impl Device {
         arena: DeviceView<'_>,
         chunk: usize,
         policy: crate::digest::NanPolicy,
-        out: DeviceView<'_>,
+        out: DeviceView<'_, u32>,
         stream: &CudaStream,
-    ) -> Result<(), String> {
+    ) -> Result<(), GpuError> {
         let n = arena.len();
         let chunks = n.div_ceil(chunk.max(1));
         if out.len() != 8 * chunks || !chunk.is_multiple_of(16) || chunk > u32::MAX as usize {
-            return Err(format!(
+            return Err(GpuError::bounds(format!(
                 "chunk digests: {} output words for {chunks} chunks of {chunk}",
                 out.len()
-            ));
+            )));
         }
         if n == 0 {
             return Ok(());
@@ -390,7 +398,7 @@ impl Device {
         let f = self.rank_check.function(kernels::CHUNK_SHA_ENTRY)?;
         let block = 64u32;
         let blocks = u32::try_from(chunks.div_ceil(block as usize))
-            .map_err(|_| "chunk digests: too many chunks")?;
+            .map_err(|_| GpuError::bounds("chunk digests: too many chunks"))?;
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (block, 1, 1),
@@ -404,7 +412,7 @@ impl Device {
         // SAFETY: arguments match `fp_chunk_sha256`; sizes checked above.
         unsafe { b.launch(cfg) }
             .map(|_| ())
-            .map_err(|e| format!("fp_chunk_sha256 launch: {}", driver_error_text(e)))
+            .map_err(|e| GpuError::driver("fp_chunk_sha256 launch", e))
     }
 
     /// Enqueue one fold launch.
@@ -422,18 +430,20 @@ impl Device {
         a: &FoldArgs,
         tuning: &LaunchTuning,
         stream: &CudaStream,
-    ) -> Result<(), String> {
+    ) -> Result<(), GpuError> {
         if a.len == 0 {
             return Ok(());
         }
         if a.world == 0 || !a.ld.is_multiple_of(4) || a.ld < a.len {
-            return Err(format!(
+            return Err(GpuError::bounds(format!(
                 "fold launch refused: world {} ld {} len {}",
                 a.world, a.ld, a.len
-            ));
+            )));
         }
         if (a.out & 15) != (a.stacked & 15) || (a.out & 3) != 0 {
-            return Err("fold launch refused: out and stacked differ in 16-byte phase".into());
+            return Err(GpuError::bounds(
+                "fold launch refused: out and stacked differ in 16-byte phase",
+            ));
         }
         let f = self.fold.function(mode, variant)?;
         let (block, blocks) = match variant {
@@ -441,10 +451,10 @@ impl Device {
                 let block = tuning.seed_block.clamp(32, 1024);
                 let blocks = a.len.div_ceil(block as u64);
                 if blocks > i32::MAX as u64 {
-                    return Err(format!(
+                    return Err(GpuError::bounds(format!(
                         "arena shard of {} elements exceeds the seed grid",
                         a.len
-                    ));
+                    )));
                 }
                 (block, blocks as u32)
             }
@@ -479,7 +489,7 @@ impl Device {
         // per the contract above.
         unsafe { b.launch(cfg) }
             .map(|_| ())
-            .map_err(|e| format!("fold launch: {}", driver_error_text(e)))
+            .map_err(|e| GpuError::driver("fold launch", e))
     }
 
     /// What this device and its programs are, for reports.

@@ -352,20 +352,22 @@ impl HashMemo {
             .then_some(r.sha256)
     }
 
-    fn store(&self, path: &Path, identity: &FileIdentity, sha256: &str) -> Result<(), String> {
-        let path_text = path.to_str().ok_or("path is not UTF-8")?;
-        std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
+    /// Best effort: a memo that cannot be written is hashed again next time.
+    fn store(&self, path: &Path, identity: &FileIdentity, sha256: &str) -> std::io::Result<()> {
+        let path_text = path
+            .to_str()
+            .ok_or_else(|| std::io::Error::other("path is not UTF-8"))?;
+        std::fs::create_dir_all(&self.dir)?;
         let record = MemoRecord {
             path: path_text.to_string(),
             identity: *identity,
             sha256: sha256.to_string(),
         };
-        let json = serde_json::to_string(&record).map_err(|e| e.to_string())?;
+        let json = serde_json::to_string(&record).map_err(std::io::Error::other)?;
         crate::atomic::write(
             &self.record_path(path),
             format!("{MEMO_MAGIC}{json}\n").as_bytes(),
         )
-        .map_err(|e| e.to_string())
     }
 }
 

@@ -3,36 +3,64 @@
 //! Plain `cuMemAlloc` (context-scoped, not stream-ordered) so buffers are
 //! valid on every stream of the context without cudarc's per-slice event
 //! tracking; every slot is fully written before it is read, so nothing is
-//! memset.
+//! memset. Buffers are typed by their element ([`DeviceElem`]): flags and
+//! digest words are `u32`, arenas `f32`, and nothing travels as another
+//! type's bits.
 
-use super::driver_error_text;
-use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use super::error::GpuError;
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+/// Bytes of one arena element.
 pub const F32: u64 = 4;
 
-/// A device allocation of `len` f32s, freed on drop.
-pub struct DeviceBuffer {
+/// An element type that may cross between host and device as raw bytes.
+///
+/// # Safety
+/// Implementors are plain data: `Copy`, no padding, no pointers, and every
+/// bit pattern of their size is a valid value (a device write of any bits
+/// may be read back as one).
+pub unsafe trait DeviceElem: Copy + Default + Send + Sync + 'static {}
+
+// SAFETY: primitive numbers: no padding, every bit pattern valid.
+unsafe impl DeviceElem for f32 {}
+// SAFETY: as above.
+unsafe impl DeviceElem for u32 {}
+// SAFETY: as above.
+unsafe impl DeviceElem for u64 {}
+
+fn bytes_of<T>(len: usize) -> Result<usize, GpuError> {
+    len.max(1)
+        .checked_mul(std::mem::size_of::<T>())
+        .ok_or_else(|| GpuError::bounds(format!("an allocation of {len} elements overflows")))
+}
+
+fn bind(ctx: &CudaContext) -> Result<(), GpuError> {
+    ctx.bind_to_thread()
+        .map_err(|e| GpuError::driver("making the context current", e))
+}
+
+/// A device allocation of `len` elements, freed on drop.
+pub struct DeviceBuffer<T: DeviceElem = f32> {
     ptr: sys::CUdeviceptr,
     len: usize,
     ctx: Arc<CudaContext>,
+    _elem: PhantomData<T>,
 }
 
-impl DeviceBuffer {
-    pub fn alloc(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, String> {
-        ctx.bind_to_thread().map_err(driver_error_text)?;
-        let bytes = len
-            .max(1)
-            .checked_mul(4)
-            .ok_or("allocation size overflows")?;
+impl<T: DeviceElem> DeviceBuffer<T> {
+    pub fn alloc(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, GpuError> {
+        bind(ctx)?;
+        let bytes = bytes_of::<T>(len)?;
         // SAFETY: the context is current on this thread.
         let ptr = unsafe { result::malloc_sync(bytes) }
-            .map_err(|e| format!("cuMemAlloc of {bytes} bytes: {}", driver_error_text(e)))?;
+            .map_err(|e| GpuError::driver(format!("cuMemAlloc of {bytes} bytes"), e))?;
         Ok(DeviceBuffer {
             ptr,
             len,
             ctx: ctx.clone(),
+            _elem: PhantomData,
         })
     }
 
@@ -41,7 +69,7 @@ impl DeviceBuffer {
     }
 
     /// The whole allocation as a view.
-    pub fn view(&self) -> DeviceView<'_> {
+    pub fn view(&self) -> DeviceView<'_, T> {
         DeviceView {
             ptr: self.ptr,
             len: self.len,
@@ -50,7 +78,7 @@ impl DeviceBuffer {
     }
 
     /// Elements `start..start + len`, checked against the allocation.
-    pub fn slice(&self, start: usize, len: usize) -> Result<DeviceView<'_>, String> {
+    pub fn slice(&self, start: usize, len: usize) -> Result<DeviceView<'_, T>, GpuError> {
         self.view().slice(start, len)
     }
 
@@ -63,58 +91,66 @@ impl DeviceBuffer {
     }
 
     /// Blocking upload of `data` to the start of the buffer.
-    pub fn upload<T: Copy>(&self, data: &[T]) -> Result<(), String> {
-        if std::mem::size_of_val(data) > self.len.max(1) * 4 {
-            return Err("upload larger than the buffer".into());
-        }
-        if data.is_empty() {
-            return Ok(());
-        }
-        self.ctx.bind_to_thread().map_err(driver_error_text)?;
-        // SAFETY: size checked above; `cuMemcpyHtoD` is synchronous.
-        unsafe { result::memcpy_htod_sync(self.ptr, data) }.map_err(driver_error_text)
+    pub fn upload(&self, data: &[T]) -> Result<(), GpuError> {
+        self.upload_at(0, data)
     }
 
     /// Blocking upload of `data` over elements `start..start + data.len()`.
-    pub fn upload_at(&self, start: usize, data: &[f32]) -> Result<(), String> {
+    pub fn upload_at(&self, start: usize, data: &[T]) -> Result<(), GpuError> {
         let dst = self.slice(start, data.len())?;
         if data.is_empty() {
             return Ok(());
         }
-        self.ctx.bind_to_thread().map_err(driver_error_text)?;
-        // SAFETY: `dst` is a checked view of exactly `data.len()` f32s;
+        bind(&self.ctx)?;
+        // SAFETY: `dst` is a checked view of exactly `data.len()` elements;
         // `cuMemcpyHtoD` is synchronous.
-        unsafe { result::memcpy_htod_sync(dst.ptr(), data) }.map_err(driver_error_text)
+        unsafe { result::memcpy_htod_sync(dst.ptr(), data) }
+            .map_err(|e| GpuError::driver("cuMemcpyHtoD", e))
     }
 
-    /// Blocking download of the first `out.len()` f32s (device must be idle
-    /// for this range: the caller synchronized the writers).
-    pub fn download(&self, start: usize, out: &mut [f32]) -> Result<(), String> {
-        if start + out.len() > self.len {
-            return Err("download past the end of the buffer".into());
-        }
+    /// Blocking download of elements `start..start + out.len()` (the
+    /// device must be idle for this range: the caller synchronized the
+    /// writers).
+    pub fn download(&self, start: usize, out: &mut [T]) -> Result<(), GpuError> {
+        let src = self.slice(start, out.len())?;
         if out.is_empty() {
             return Ok(());
         }
-        self.ctx.bind_to_thread().map_err(driver_error_text)?;
-        // SAFETY: range checked above; synchronous copy.
-        unsafe { result::memcpy_dtoh_sync(out, self.slice(start, out.len())?.ptr()) }
-            .map_err(driver_error_text)
+        bind(&self.ctx)?;
+        // SAFETY: `src` is a checked view of exactly `out.len()` elements;
+        // synchronous copy.
+        unsafe { result::memcpy_dtoh_sync(out, src.ptr()) }
+            .map_err(|e| GpuError::driver("cuMemcpyDtoH", e))
+    }
+
+    /// The whole buffer read back (blocking, as [`DeviceBuffer::download`]).
+    pub fn to_host(&self) -> Result<Vec<T>, GpuError> {
+        let mut out = vec![T::default(); self.len];
+        self.download(0, &mut out)?;
+        Ok(out)
     }
 }
 
-/// A window of f32s inside one [`DeviceBuffer`], alive no longer than it.
-/// Device address arithmetic goes through [`DeviceView::slice`], which
+/// A window of elements inside one [`DeviceBuffer`], alive no longer than
+/// it. Device address arithmetic goes through [`DeviceView::slice`], which
 /// checks the bounds, so a wrong offset is an error rather than a write
 /// into a neighbouring allocation.
-#[derive(Debug, Clone, Copy)]
-pub struct DeviceView<'a> {
+#[derive(Debug)]
+pub struct DeviceView<'a, T: DeviceElem = f32> {
     ptr: sys::CUdeviceptr,
     len: usize,
-    _buf: PhantomData<&'a DeviceBuffer>,
+    _buf: PhantomData<&'a DeviceBuffer<T>>,
 }
 
-impl<'a> DeviceView<'a> {
+impl<T: DeviceElem> Clone for DeviceView<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T: DeviceElem> Copy for DeviceView<'_, T> {}
+
+impl<'a, T: DeviceElem> DeviceView<'a, T> {
     pub fn ptr(self) -> sys::CUdeviceptr {
         self.ptr
     }
@@ -128,23 +164,23 @@ impl<'a> DeviceView<'a> {
     }
 
     /// Elements `start..start + len` of this view.
-    pub fn slice(self, start: usize, len: usize) -> Result<DeviceView<'a>, String> {
+    pub fn slice(self, start: usize, len: usize) -> Result<DeviceView<'a, T>, GpuError> {
         match start.checked_add(len) {
             Some(end) if end <= self.len => Ok(DeviceView {
-                ptr: self.ptr + start as u64 * F32,
+                ptr: self.ptr + (start * std::mem::size_of::<T>()) as u64,
                 len,
                 _buf: PhantomData,
             }),
-            _ => Err(format!(
-                "device range {start}..{} outside a buffer of {} f32s",
+            _ => Err(GpuError::bounds(format!(
+                "device range {start}..{} outside a buffer of {} elements",
                 start as u128 + len as u128,
                 self.len
-            )),
+            ))),
         }
     }
 }
 
-impl Drop for DeviceBuffer {
+impl<T: DeviceElem> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
         // A failed free leaks device memory; nothing else to do in drop.
         if self.ctx.bind_to_thread().is_ok() {
@@ -154,26 +190,36 @@ impl Drop for DeviceBuffer {
     }
 }
 
-/// Page-locked host memory for async device-to-host copies.
+/// Page-locked host memory that asynchronous device-to-host copies fill.
+///
+/// The buffer remembers the event that marks the end of its last fill:
+/// [`PinnedBuffer::values`] waits for it before lending the memory out,
+/// and so does a new fill and the drop. Safe code therefore cannot read
+/// (or free) host memory a copy is still writing; that holds even if a
+/// caller forgets about the buffer, because the event is inside it.
 pub struct PinnedBuffer {
     ptr: *mut f32,
     len: usize,
+    /// Recorded after the last enqueued fill; `None` once waited for.
+    pending: Option<CudaEvent>,
     ctx: Arc<CudaContext>,
 }
 
-// SAFETY: plain host memory; access is coordinated by the owner.
+// SAFETY: plain host memory owned by this value; every access goes through
+// `&mut self` after the pending copy completed.
 unsafe impl Send for PinnedBuffer {}
 
 impl PinnedBuffer {
-    pub fn alloc(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, String> {
-        ctx.bind_to_thread().map_err(driver_error_text)?;
-        let bytes = len.max(1) * 4;
-        // SAFETY: context current; flags 0 = portable-less default pinning.
+    pub fn alloc(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, GpuError> {
+        bind(ctx)?;
+        let bytes = bytes_of::<f32>(len)?;
+        // SAFETY: context current; flags 0 = the default pinning.
         let ptr = unsafe { result::malloc_host(bytes, 0) }
-            .map_err(|e| format!("cuMemHostAlloc of {bytes} bytes: {}", driver_error_text(e)))?;
+            .map_err(|e| GpuError::driver(format!("cuMemHostAlloc of {bytes} bytes"), e))?;
         Ok(PinnedBuffer {
             ptr: ptr.cast(),
             len,
+            pending: None,
             ctx: ctx.clone(),
         })
     }
@@ -186,40 +232,70 @@ impl PinnedBuffer {
         self.len == 0
     }
 
-    /// Enqueue a copy of `src` into the buffer's start.
+    /// Block until the last fill has landed.
+    fn settle(&mut self) -> Result<(), GpuError> {
+        if let Some(done) = self.pending.take() {
+            done.synchronize()
+                .map_err(|e| GpuError::driver("waiting for a pinned copy", e))?;
+        }
+        Ok(())
+    }
+
+    /// Enqueue a copy of `src` into the buffer's start on `stream`. An
+    /// earlier fill is waited for first, so two copies never race over
+    /// the same host memory.
     ///
     /// # Safety
     /// `src` must stay allocated and unwritten until the stream has passed
-    /// this copy, and the buffer must not be read before then.
+    /// this copy. (Reading the buffer early is not possible: see
+    /// [`PinnedBuffer::values`].)
     pub unsafe fn fill_async(
         &mut self,
-        src: DeviceView<'_>,
+        src: DeviceView<'_, f32>,
         stream: &CudaStream,
-    ) -> Result<(), String> {
+    ) -> Result<(), GpuError> {
+        self.settle()?;
         let count = src.len();
         if count > self.len {
-            return Err("pinned copy larger than the buffer".into());
+            return Err(GpuError::bounds(format!(
+                "a pinned copy of {count} elements into a buffer of {}",
+                self.len
+            )));
         }
         if count == 0 {
             return Ok(());
         }
-        // SAFETY: per the contract above; the pinned region holds `count`.
+        // SAFETY: per the contract above; the pinned region holds `count`
+        // f32s and no earlier copy into it is in flight (settled above).
         let r = unsafe {
             sys::cuMemcpyDtoHAsync_v2(self.ptr.cast(), src.ptr(), count * 4, stream.cu_stream())
         };
-        r.result().map_err(driver_error_text)
+        r.result()
+            .map_err(|e| GpuError::driver("cuMemcpyDtoHAsync", e))?;
+        let done = stream
+            .record_event(None)
+            .map_err(|e| GpuError::driver("recording a pinned copy's event", e))?;
+        self.pending = Some(done);
+        Ok(())
     }
 
-    /// The first `count` values (only after the filling copy completed).
-    pub fn values(&self, count: usize) -> &[f32] {
+    /// The first `count` values, once the last fill has completed (this
+    /// waits for it).
+    pub fn values(&mut self, count: usize) -> Result<&[f32], GpuError> {
+        self.settle()?;
         let count = count.min(self.len);
-        // SAFETY: `ptr` holds `len` f32s for the buffer's lifetime.
-        unsafe { std::slice::from_raw_parts(self.ptr, count) }
+        // SAFETY: `ptr` holds `len` f32s for the buffer's lifetime, and no
+        // copy into it is in flight (settled above; a new one needs
+        // `&mut self`, which the returned borrow excludes).
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr, count) })
     }
 }
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
+        // Never free memory a copy is still writing; if the wait fails the
+        // context is broken, and freeing is what is left to try.
+        let _ = self.settle();
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: allocated by cuMemHostAlloc, freed once.
             let _ = unsafe { result::free_host(self.ptr.cast()) };
@@ -233,31 +309,32 @@ impl Drop for PinnedBuffer {
 /// Both views must belong to the stream's context, stay allocated until the
 /// stream has passed the copy, not overlap, and not be written by another
 /// stream meanwhile. (Bounds are the views' business.)
-pub unsafe fn copy_d2d(
-    dst: DeviceView<'_>,
-    src: DeviceView<'_>,
+pub unsafe fn copy_d2d<T: DeviceElem>(
+    dst: DeviceView<'_, T>,
+    src: DeviceView<'_, T>,
     stream: &CudaStream,
-) -> Result<(), String> {
+) -> Result<(), GpuError> {
     if dst.len() != src.len() {
-        return Err(format!(
-            "device-to-device copy of {} f32s into {}",
+        return Err(GpuError::bounds(format!(
+            "a device-to-device copy of {} elements into {}",
             src.len(),
             dst.len()
-        ));
+        )));
     }
     if src.is_empty() {
         return Ok(());
     }
+    let bytes = src.len() * std::mem::size_of::<T>();
     // SAFETY: per the contract above; lengths checked equal.
-    unsafe { result::memcpy_dtod_async(dst.ptr(), src.ptr(), src.len() * 4, stream.cu_stream()) }
-        .map_err(|e| format!("device-to-device copy: {}", driver_error_text(e)))
+    unsafe { result::memcpy_dtod_async(dst.ptr(), src.ptr(), bytes, stream.cu_stream()) }
+        .map_err(|e| GpuError::driver("device-to-device copy", e))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn view(ptr: u64, len: usize) -> DeviceView<'static> {
+    fn view<T: DeviceElem>(ptr: u64, len: usize) -> DeviceView<'static, T> {
         DeviceView {
             ptr,
             len,
@@ -267,7 +344,7 @@ mod tests {
 
     #[test]
     fn slices_are_checked_against_the_view() {
-        let v = view(0x1000, 10);
+        let v = view::<f32>(0x1000, 10);
         let s = v.slice(2, 8).unwrap();
         assert_eq!((s.ptr(), s.len()), (0x1000 + 8, 8));
         let t = s.slice(8, 0).unwrap();
@@ -276,6 +353,18 @@ mod tests {
         assert!(v.slice(2, 9).is_err());
         assert!(s.slice(1, 8).is_err());
         let e = v.slice(usize::MAX, 2).unwrap_err();
-        assert!(e.contains("outside a buffer of 10"), "{e}");
+        assert!(e.to_string().contains("outside a buffer of 10"), "{e}");
+        assert_eq!(
+            e.fault(),
+            crate::backend::cuda::error::GpuFault::Broken,
+            "a host-side range mistake is no missing resource"
+        );
+    }
+
+    #[test]
+    fn offsets_scale_with_the_element_size() {
+        assert_eq!(view::<u64>(0x1000, 4).slice(3, 1).unwrap().ptr(), 0x1018);
+        assert_eq!(view::<u32>(0x1000, 4).slice(3, 1).unwrap().ptr(), 0x100c);
+        assert!(bytes_of::<u64>(usize::MAX / 4).is_err());
     }
 }

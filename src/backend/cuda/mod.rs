@@ -7,6 +7,7 @@
 
 pub mod bench;
 pub mod device;
+pub mod error;
 pub mod host_driver;
 pub mod kernels;
 pub mod mapped;
@@ -19,9 +20,12 @@ pub use device::{Device, LaunchTuning, Startup};
 pub use kernels::{CompileOptions, KernelVariant, Target};
 pub use probe::{probe, CudaProbe};
 
-use super::{failed, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
+use super::{
+    gpu_failed, unsupported, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions,
+};
 use crate::experiment::Case;
 use crate::fold::{mean_scale, shard_plan, Contract};
+use error::GpuError;
 use kernels::FoldMode;
 use mem::DeviceBuffer;
 use serde::Serialize;
@@ -32,33 +36,6 @@ use std::time::Instant;
 use world::{Reader, RoundSpec, WorldBuffers};
 
 const NAME: &str = "cuda";
-
-/// A driver call failed mid-case. That is never a failed check: running
-/// out of device memory is a missing resource (exit 3), anything else the
-/// infrastructure failing (exit 4).
-fn driver_failed(case: &str, phase: &str, message: impl Into<String>) -> BackendError {
-    let message = message.into();
-    if message.contains("OUT_OF_MEMORY") {
-        BackendError::Unavailable {
-            backend: NAME,
-            reason: format!("case `{case}`: {phase}: {message}"),
-        }
-    } else {
-        super::infrastructure(case, phase, message)
-    }
-}
-
-/// `CUDA_ERROR_X: text` for a driver error.
-pub(crate) fn driver_error_text(e: cudarc::driver::DriverError) -> String {
-    let name = e
-        .error_name()
-        .map(|c| c.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| format!("{:?}", e.0));
-    match e.error_string() {
-        Ok(t) => format!("{name} ({})", t.to_string_lossy()),
-        Err(_) => name,
-    }
-}
 
 /// How the backend runs.
 #[derive(Debug, Clone, Serialize)]
@@ -109,10 +86,10 @@ pub struct CudaBackend {
     profiles: Vec<world::DigestProfile>,
 }
 
-fn unavailable(reason: impl Into<String>) -> BackendError {
+fn unavailable(reason: impl std::fmt::Display) -> BackendError {
     BackendError::Unavailable {
         backend: NAME,
-        reason: reason.into(),
+        reason: reason.to_string(),
     }
 }
 
@@ -182,7 +159,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn ensure_readers(&mut self, world: usize) -> Result<(), String> {
+    fn ensure_readers(&mut self, world: usize) -> Result<(), GpuError> {
         let cores = std::thread::available_parallelism().map_or(4, |c| c.get());
         let want = if self.cfg.readers == 0 {
             cores.min(16)
@@ -209,19 +186,19 @@ impl CudaBackend {
         if self.worlds.contains_key(&key) {
             return Ok(());
         }
-        let plan = shard_plan(n, case.world).ok_or_else(|| failed(&case.id, "world = 0"))?;
+        let plan = shard_plan(n, case.world).ok_or_else(|| unsupported(&case.id, "world = 0"))?;
         let needed = WorldBuffers::bytes_needed(case.world, n, &plan, nbuf);
         let (mut free, _) = self
             .dev
             .memory()
-            .map_err(|e| driver_failed(&case.id, "memory query", e))?;
+            .map_err(|e| gpu_failed(&case.id, "memory query", e))?;
         if needed > free && !self.worlds.is_empty() {
             // Give back other lengths' buffers before declaring defeat.
             self.worlds.clear();
             free = self
                 .dev
                 .memory()
-                .map_err(|e| driver_failed(&case.id, "memory query", e))?
+                .map_err(|e| gpu_failed(&case.id, "memory query", e))?
                 .0;
         }
         // Keep a margin for the driver, streams and kernels.
@@ -235,14 +212,14 @@ impl CudaBackend {
             });
         }
         let bufs = WorldBuffers::alloc(&self.dev, case.world, n, &plan, nbuf)
-            .map_err(|e| driver_failed(&case.id, "allocating rank arenas", e))?;
+            .map_err(|e| gpu_failed(&case.id, "allocating rank arenas", e))?;
         self.worlds.insert(key, bufs);
         Ok(())
     }
 
     fn check_case(&self, case: &Case, opts: &RunOptions) -> Result<(), BackendError> {
         if case.world == 0 || case.world > u32::MAX as usize {
-            return Err(failed(
+            return Err(unsupported(
                 &case.id,
                 format!("world {} is out of range", case.world),
             ));
@@ -268,7 +245,7 @@ impl CudaBackend {
         case: &Case,
         opts: &RunOptions,
         mode: FoldMode,
-        prog: &Option<DeviceBuffer>,
+        prog: &Option<DeviceBuffer<u32>>,
         prog_len: u32,
     ) -> Result<(Vec<ReducedArena>, RoundTimings), BackendError> {
         let start = Instant::now();
@@ -278,7 +255,8 @@ impl CudaBackend {
         let scale = case.mean.then(|| mean_scale(case.world));
         let racing = self.copy.len() >= 2;
         for (a, &n) in case.arenas.iter().enumerate() {
-            let plan = shard_plan(n, case.world).ok_or_else(|| failed(&case.id, "world = 0"))?;
+            let plan =
+                shard_plan(n, case.world).ok_or_else(|| unsupported(&case.id, "world = 0"))?;
             let nonempty = plan.iter().filter(|s| s.len > 0).count();
             let nbuf = if racing {
                 nonempty.min(2)
@@ -287,7 +265,7 @@ impl CudaBackend {
             };
             self.ensure_world(case, n, nbuf)?;
             self.ensure_readers(case.world)
-                .map_err(|e| driver_failed(&case.id, "read-back buffers", e))?;
+                .map_err(|e| gpu_failed(&case.id, "read-back buffers", e))?;
             let bufs = &self.worlds[&(case.world, n)];
             let spec = RoundSpec {
                 plan: &plan,
@@ -304,7 +282,7 @@ impl CudaBackend {
             };
             let (gen_ms, reduce_ms) =
                 world::run_round(&self.dev, &self.main, &self.copy, bufs, &spec)
-                    .map_err(|e| driver_failed(&case.id, "round", e))?;
+                    .map_err(|e| gpu_failed(&case.id, "round", e))?;
             t.generate_ms += gen_ms;
             t.reduce_ms += reduce_ms;
             let d = Instant::now();
@@ -316,7 +294,7 @@ impl CudaBackend {
                 opts.keep_values,
                 self.cfg.rank_check,
             )
-            .map_err(|e| driver_failed(&case.id, "digest", e))?;
+            .map_err(|e| gpu_failed(&case.id, "digest", e))?;
             t.digest_ms += d.elapsed().as_secs_f64() * 1e3;
             self.profiles.push(got.profile);
             out.push(ReducedArena {
@@ -343,7 +321,8 @@ impl CudaBackend {
         n: usize,
     ) -> Result<Vec<u32>, BackendError> {
         let id = "generate-lane";
-        let buf = DeviceBuffer::alloc(&self.dev.ctx, n).map_err(|e| failed(id, e))?;
+        let failed = |e| gpu_failed(id, "generating a lane", e);
+        let buf = DeviceBuffer::<f32>::alloc(&self.dev.ctx, n).map_err(failed)?;
         // SAFETY: `buf` holds `n` f32s.
         unsafe {
             self.dev
@@ -357,13 +336,12 @@ impl CudaBackend {
                     arena,
                     &self.main,
                 )
-                .map_err(|e| failed(id, e))?;
+                .map_err(failed)?;
         }
         self.main
             .synchronize()
-            .map_err(|e| failed(id, driver_error_text(e)))?;
-        let mut v = vec![0f32; n];
-        buf.download(0, &mut v).map_err(|e| failed(id, e))?;
+            .map_err(|e| failed(GpuError::driver("cuStreamSynchronize", e)))?;
+        let v = buf.to_host().map_err(failed)?;
         Ok(v.into_iter().map(f32::to_bits).collect())
     }
 
@@ -377,24 +355,25 @@ impl CudaBackend {
         mean: bool,
     ) -> Result<Vec<f32>, BackendError> {
         let id = "fold-slices";
+        let failed = |e| gpu_failed(id, "folding", e);
         let w = addends.len();
         let n = addends.first().map_or(0, |a| a.len());
         if w == 0 || addends.iter().any(|a| a.len() != n) || order.len() != w {
-            return Err(failed(
+            return Err(unsupported(
                 id,
                 "need W >= 1 equal-length addends and a W-long order",
             ));
         }
         let ld = world::row_stride(n);
-        let stacked = DeviceBuffer::alloc(&self.dev.ctx, w * ld).map_err(|e| failed(id, e))?;
-        let out = DeviceBuffer::alloc(&self.dev.ctx, n).map_err(|e| failed(id, e))?;
+        let stacked = DeviceBuffer::<f32>::alloc(&self.dev.ctx, w * ld).map_err(failed)?;
+        let out = DeviceBuffer::<f32>::alloc(&self.dev.ctx, n).map_err(failed)?;
         let mut host = vec![0f32; w * ld];
         for (r, a) in addends.iter().enumerate() {
             host[r * ld..r * ld + n].copy_from_slice(a);
         }
-        stacked.upload(&host).map_err(|e| failed(id, e))?;
-        let (mode, prog) = program_for(contract, w, order).map_err(|m| failed(id, m))?;
-        let prog_buf = upload_prog(&self.dev, &prog).map_err(|e| failed(id, e))?;
+        stacked.upload(&host).map_err(failed)?;
+        let (mode, prog) = program_for(contract, w, order).map_err(|m| unsupported(id, m))?;
+        let prog_buf = upload_prog(&self.dev, &prog).map_err(failed)?;
         let args = device::FoldArgs {
             out: out.ptr(),
             stacked: stacked.ptr(),
@@ -409,14 +388,12 @@ impl CudaBackend {
         unsafe {
             self.dev
                 .fold(self.cfg.variant, mode, &args, &self.cfg.tuning, &self.main)
-                .map_err(|e| failed(id, e))?;
+                .map_err(failed)?;
         }
         self.main
             .synchronize()
-            .map_err(|e| failed(id, driver_error_text(e)))?;
-        let mut v = vec![0f32; n];
-        out.download(0, &mut v).map_err(|e| failed(id, e))?;
-        Ok(v)
+            .map_err(|e| failed(GpuError::driver("cuStreamSynchronize", e)))?;
+        out.to_host().map_err(failed)
     }
 
     /// Write the inputs and output of `case`'s first arena for
@@ -425,27 +402,32 @@ impl CudaBackend {
     pub fn write_peer_files(&mut self, case: &Case, dir: &Path) -> Result<PeerFiles, BackendError> {
         use std::io::Write as _;
         let id = case.id.as_str();
+        let failed = |e| gpu_failed(id, "writing peer files", e);
+        let io = |path: &Path| {
+            let what = path.display().to_string();
+            move |source| GpuError::Io { what, source }
+        };
         let n = *case
             .arenas
             .first()
-            .ok_or_else(|| failed(id, "case has no arena"))?;
-        std::fs::create_dir_all(dir).map_err(|e| failed(id, format!("{}: {e}", dir.display())))?;
+            .ok_or_else(|| unsupported(id, "case has no arena"))?;
+        std::fs::create_dir_all(dir)
+            .map_err(io(dir))
+            .map_err(failed)?;
         let addends = dir.join("addends.f32");
         let reduced = dir.join("reduced.f32");
-        let write =
-            |path: &PathBuf,
-             vals: &mut dyn FnMut(&mut dyn std::io::Write) -> Result<(), String>| {
-                let f = std::fs::File::create(path)
-                    .map_err(|e| failed(id, format!("{}: {e}", path.display())))?;
-                let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
-                vals(&mut w).map_err(|e| failed(id, e))?;
-                w.flush()
-                    .map_err(|e| failed(id, format!("{}: {e}", path.display())))
-            };
+        let write = |path: &PathBuf,
+                     vals: &mut dyn FnMut(&mut dyn std::io::Write) -> Result<(), GpuError>|
+         -> Result<(), GpuError> {
+            let f = std::fs::File::create(path).map_err(io(path))?;
+            let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
+            vals(&mut w)?;
+            w.flush().map_err(io(path))
+        };
         {
             let chunk = 1usize << 22;
-            let buf = DeviceBuffer::alloc(&self.dev.ctx, chunk.min(n.max(1)))
-                .map_err(|e| failed(id, e))?;
+            let buf =
+                DeviceBuffer::<f32>::alloc(&self.dev.ctx, chunk.min(n.max(1))).map_err(failed)?;
             let mut host = vec![0f32; chunk.min(n.max(1))];
             let dev = &self.dev;
             let main = &self.main;
@@ -467,16 +449,18 @@ impl CudaBackend {
                                 main,
                             )?;
                         }
-                        main.synchronize().map_err(driver_error_text)?;
+                        main.synchronize()
+                            .map_err(|e| GpuError::driver("cuStreamSynchronize", e))?;
                         buf.download(0, &mut host[..k])?;
                         for v in &host[..k] {
-                            w.write_all(&v.to_le_bytes()).map_err(|e| e.to_string())?;
+                            w.write_all(&v.to_le_bytes()).map_err(io(&addends))?;
                         }
                         first += k;
                     }
                 }
                 Ok(())
-            })?;
+            })
+            .map_err(failed)?;
         }
         let mut one = case.clone();
         one.arenas = vec![n];
@@ -491,17 +475,18 @@ impl CudaBackend {
         let arena = run
             .arenas
             .first()
-            .ok_or_else(|| failed(id, "no arena came back"))?;
+            .ok_or_else(|| failed(GpuError::bounds("no arena came back")))?;
         let values = arena
             .values
             .as_ref()
-            .ok_or_else(|| failed(id, "values were not kept"))?;
+            .ok_or_else(|| failed(GpuError::bounds("values were not kept")))?;
         write(&reduced, &mut |w| {
             for v in values {
-                w.write_all(&v.to_le_bytes()).map_err(|e| e.to_string())?;
+                w.write_all(&v.to_le_bytes()).map_err(io(&reduced))?;
             }
             Ok(())
-        })?;
+        })
+        .map_err(failed)?;
         Ok(PeerFiles {
             addends,
             reduced,
@@ -526,7 +511,7 @@ pub struct PeerFiles {
 /// The fold mode and device program (order or postfix tree) of a case's contract.
 pub(crate) fn contract_program(case: &Case) -> Result<(FoldMode, Vec<u32>), BackendError> {
     let order = case.order.sequence(case.world);
-    program_for(case.contract, case.world, &order).map_err(|m| failed(&case.id, m))
+    program_for(case.contract, case.world, &order).map_err(|m| unsupported(&case.id, m))
 }
 
 /// The fold mode and device program of `contract` at world `w`, with the
@@ -550,11 +535,11 @@ fn program_for(
     })
 }
 
-fn upload_prog(dev: &Device, prog: &[u32]) -> Result<Option<DeviceBuffer>, String> {
+fn upload_prog(dev: &Device, prog: &[u32]) -> Result<Option<DeviceBuffer<u32>>, GpuError> {
     if prog.is_empty() {
         return Ok(None);
     }
-    let buf = DeviceBuffer::alloc(&dev.ctx, prog.len())?;
+    let buf = DeviceBuffer::<u32>::alloc(&dev.ctx, prog.len())?;
     buf.upload(prog)?;
     Ok(Some(buf))
 }
@@ -597,11 +582,12 @@ impl Backend for CudaBackend {
         let (_, total) = self
             .dev
             .memory()
-            .map_err(|e| driver_failed(&case.id, "memory query", e))?;
+            .map_err(|e| gpu_failed(&case.id, "memory query", e))?;
         let racing = self.copy.len() >= 2;
         let margin = 256u64 << 20;
         for &n in &case.arenas {
-            let plan = shard_plan(n, case.world).ok_or_else(|| failed(&case.id, "world = 0"))?;
+            let plan =
+                shard_plan(n, case.world).ok_or_else(|| unsupported(&case.id, "world = 0"))?;
             let nonempty = plan.iter().filter(|s| s.len > 0).count();
             let nbuf = nonempty.min(if racing { 2 } else { 1 });
             let needed = WorldBuffers::bytes_needed(case.world, n, &plan, nbuf) + margin;
@@ -625,7 +611,7 @@ impl Backend for CudaBackend {
         self.profiles.clear();
         let (mode, prog) = contract_program(case)?;
         let prog_buf = upload_prog(&self.dev, &prog)
-            .map_err(|e| driver_failed(&case.id, "uploading the fold program", e))?;
+            .map_err(|e| gpu_failed(&case.id, "uploading the fold program", e))?;
         super::repeat_rounds(case.rounds, || {
             self.round(case, opts, mode, &prog_buf, prog.len() as u32)
         })
@@ -634,25 +620,39 @@ impl Backend for CudaBackend {
 
 #[cfg(test)]
 mod driver_error_tests {
-    use super::driver_failed;
+    use super::{gpu_failed, GpuError};
     use crate::exit::{ExitCode, HasExitCode};
+    use cudarc::driver::sys::cudaError_enum as C;
+
+    fn driver(code: C) -> GpuError {
+        GpuError::Driver {
+            op: "cuMemAlloc of 4096 bytes".into(),
+            code,
+        }
+    }
 
     #[test]
     fn driver_errors_are_never_failed_checks() {
-        let oom = driver_failed(
+        let oom = gpu_failed(
             "c",
             "allocating rank arenas",
-            "CUDA_ERROR_OUT_OF_MEMORY (out of memory)",
+            driver(C::CUDA_ERROR_OUT_OF_MEMORY),
         );
         assert_eq!(oom.exit_code(), ExitCode::Unavailable);
-        let lost = driver_failed(
-            "c",
-            "round",
-            "CUDA_ERROR_LAUNCH_FAILED (unspecified launch failure)",
-        );
+        let lost = gpu_failed("c", "round", driver(C::CUDA_ERROR_LAUNCH_FAILED));
         assert_eq!(lost.exit_code(), ExitCode::Infrastructure);
         assert!(lost
             .to_string()
-            .contains("case `c`: round: CUDA_ERROR_LAUNCH_FAILED"));
+            .contains("case `c`: round: cuMemAlloc of 4096 bytes: CUDA_ERROR_LAUNCH_FAILED"));
+    }
+
+    #[test]
+    fn a_tree_the_device_cannot_fold_is_no_failed_check() {
+        let (_, e) = (
+            (),
+            super::program_for(crate::fold::Contract::NcclAllreduce, 3, &[0, 1, 2]).unwrap_err(),
+        );
+        let err = super::unsupported("c", e);
+        assert_eq!(err.exit_code(), ExitCode::Unavailable);
     }
 }

@@ -4,6 +4,7 @@
 //! time is measured on its own thread; a part that panics becomes an error
 //! naming it, never a panic of the caller.
 
+use super::error::GpuError;
 use std::time::Instant;
 
 /// What [`side_by_side`] gave: both results and the wall times.
@@ -23,10 +24,10 @@ pub struct SideBySide<A, B> {
 /// in `a` comes back as `Err` naming `a_name`; `b` runs on the calling
 /// thread, so it must not panic (callers pass code that returns errors).
 pub fn side_by_side<A, B>(
-    a_name: &str,
-    a: impl FnOnce() -> Result<A, String> + Send,
+    a_name: &'static str,
+    a: impl FnOnce() -> Result<A, GpuError> + Send,
     b: impl FnOnce() -> B,
-) -> SideBySide<Result<A, String>, B>
+) -> SideBySide<Result<A, GpuError>, B>
 where
     A: Send,
 {
@@ -54,13 +55,12 @@ where
     })
 }
 
-fn panicked(name: &str, payload: &(dyn std::any::Any + Send)) -> String {
+fn panicked(name: &'static str, payload: &(dyn std::any::Any + Send)) -> GpuError {
     let what = payload
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "no message".into());
-    format!("{name} panicked: {what}")
+        .or_else(|| payload.downcast_ref::<String>().cloned());
+    GpuError::panicked(name, what)
 }
 
 fn ms(since: Instant) -> f64 {
@@ -72,7 +72,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn sleep_then<T>(ms: u64, v: T) -> impl FnOnce() -> Result<T, String> {
+    fn sleep_then<T>(ms: u64, v: T) -> impl FnOnce() -> Result<T, GpuError> {
         move || {
             std::thread::sleep(Duration::from_millis(ms));
             Ok(v)
@@ -87,7 +87,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(100));
             2u32
         });
-        assert_eq!(r.a, Ok(1));
+        assert_eq!(*r.a.as_ref().unwrap(), 1);
         assert_eq!(r.b, 2);
         assert!(r.a_ms >= 150.0 && r.b_ms >= 100.0, "{r:?}");
         assert!(r.both_ms >= r.a_ms.max(r.b_ms), "{r:?}");
@@ -98,16 +98,16 @@ mod tests {
     fn a_panicking_side_becomes_an_error_naming_it() {
         let r = side_by_side(
             "the context thread",
-            || -> Result<u32, String> { panic!("driver exploded") },
+            || -> Result<u32, GpuError> { panic!("driver exploded") },
             || 7,
         );
         assert_eq!(
-            r.a,
-            Err("the context thread panicked: driver exploded".to_string())
+            r.a.unwrap_err().to_string(),
+            "the context thread panicked: driver exploded"
         );
         assert_eq!(r.b, 7);
         // Control: the same call without the panic gives the value.
         let ok = side_by_side("the context thread", || Ok(3u32), || 7);
-        assert_eq!(ok.a, Ok(3));
+        assert_eq!(ok.a.unwrap(), 3);
     }
 }

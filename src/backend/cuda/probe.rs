@@ -6,6 +6,7 @@
 //! handle) and look up every symbol this backend uses; only then is cudarc
 //! allowed to touch the library.
 
+use super::error::{GpuError, NvrtcError};
 use super::mapped;
 use serde::Serialize;
 
@@ -281,6 +282,7 @@ pub fn probe() -> CudaProbe {
         missing: Vec::new(),
     };
     if p.driver_library.usable() {
+        super::error::mark_driver_ready();
         query_driver(&mut p);
     } else {
         p.missing
@@ -289,13 +291,13 @@ pub fn probe() -> CudaProbe {
     if p.nvrtc_library.usable() {
         match nvrtc_version() {
             Ok(v) => p.nvrtc_version = Some(v),
-            Err(e) => p.nvrtc_error = Some(e),
+            Err(e) => p.nvrtc_error = Some(e.to_string()),
         }
         match nvrtc_supported_archs() {
             Ok(a) => p.nvrtc_supported_archs = a,
             Err(e) => {
                 if p.nvrtc_error.is_none() {
-                    p.nvrtc_error = Some(e);
+                    p.nvrtc_error = Some(e.to_string());
                 }
             }
         }
@@ -360,17 +362,22 @@ fn query_driver(p: &mut CudaProbe) {
 }
 
 /// Name, compute capability, SMs and memory of one device.
-pub(crate) fn device_info(ordinal: usize) -> Result<DeviceProbe, String> {
+pub(crate) fn device_info(ordinal: usize) -> Result<DeviceProbe, GpuError> {
     use cudarc::driver::{result, sys::CUdevice_attribute as A};
-    let dev = result::device::get(ordinal as i32).map_err(driver_err)?;
-    let name = result::device::get_name(dev).map_err(driver_err)?;
-    // SAFETY: `dev` came from cuDeviceGet above.
-    let attr = |a| unsafe { result::device::get_attribute(dev, a) }.map_err(driver_err);
+    let dev =
+        result::device::get(ordinal as i32).map_err(|e| GpuError::driver("cuDeviceGet", e))?;
+    let name = result::device::get_name(dev).map_err(|e| GpuError::driver("cuDeviceGetName", e))?;
+    let attr = |a| {
+        // SAFETY: `dev` came from cuDeviceGet above.
+        unsafe { result::device::get_attribute(dev, a) }
+            .map_err(|e| GpuError::driver("cuDeviceGetAttribute", e))
+    };
     let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
     let minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
     let sm_count = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
     // SAFETY: as above.
-    let total = unsafe { result::device::total_mem(dev) }.map_err(driver_err)?;
+    let total = unsafe { result::device::total_mem(dev) }
+        .map_err(|e| GpuError::driver("cuDeviceTotalMem", e))?;
     Ok(DeviceProbe {
         ordinal,
         name,
@@ -380,62 +387,75 @@ pub(crate) fn device_info(ordinal: usize) -> Result<DeviceProbe, String> {
     })
 }
 
-pub fn nvrtc_version() -> Result<(i32, i32), String> {
+fn nvrtc_failed(op: &'static str, r: cudarc::nvrtc::sys::nvrtcResult) -> GpuError {
+    GpuError::Nvrtc(NvrtcError {
+        op: op.into(),
+        code: Some(r),
+        log: String::new(),
+    })
+}
+
+pub fn nvrtc_version() -> Result<(i32, i32), GpuError> {
     ensure_nvrtc()?;
     let (mut major, mut minor) = (0i32, 0i32);
     // SAFETY: out-parameters only; the symbol was checked by the probe.
     let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
     if r != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(format!("nvrtcVersion failed: {r:?}"));
+        return Err(nvrtc_failed("nvrtcVersion", r));
     }
     Ok((major, minor))
 }
 
-pub fn nvrtc_supported_archs() -> Result<Vec<i32>, String> {
+pub fn nvrtc_supported_archs() -> Result<Vec<i32>, GpuError> {
     use cudarc::nvrtc::sys;
     ensure_nvrtc()?;
     let mut n = 0i32;
     // SAFETY: out-parameter; then a buffer of exactly `n` ints.
     let r = unsafe { sys::nvrtcGetNumSupportedArchs(&mut n) };
     if r != sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(format!("nvrtcGetNumSupportedArchs failed: {r:?}"));
+        return Err(nvrtc_failed("nvrtcGetNumSupportedArchs", r));
     }
     let mut archs = vec![0i32; n.max(0) as usize];
     if !archs.is_empty() {
         // SAFETY: `archs` holds `n` ints as NVRTC asked.
         let r = unsafe { sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) };
         if r != sys::nvrtcResult::NVRTC_SUCCESS {
-            return Err(format!("nvrtcGetSupportedArchs failed: {r:?}"));
+            return Err(nvrtc_failed("nvrtcGetSupportedArchs", r));
         }
     }
     Ok(archs)
 }
 
 /// Check NVRTC alone (host-only compilation needs no driver).
-pub(crate) fn ensure_nvrtc() -> Result<(), String> {
+pub(crate) fn ensure_nvrtc() -> Result<(), GpuError> {
     let n = nvrtc_library();
     if n.usable() {
         Ok(())
     } else {
-        Err(missing_library_line(
+        Err(GpuError::Missing(missing_library_line(
             "NVRTC",
             &n,
             &std::env::var("LD_LIBRARY_PATH").ok(),
-        ))
+        )))
     }
 }
 
 /// Check both libraries are loadable with all symbols, so that cudarc
 /// cannot panic; `Err` carries the sentence for `Unavailable`.
-pub(crate) fn ensure_libraries() -> Result<(), String> {
+pub(crate) fn ensure_libraries() -> Result<(), GpuError> {
     let ld = std::env::var("LD_LIBRARY_PATH").ok();
     let d = driver_library();
     if !d.usable() {
-        return Err(missing_library_line("CUDA driver", &d, &ld));
+        return Err(GpuError::Missing(missing_library_line(
+            "CUDA driver",
+            &d,
+            &ld,
+        )));
     }
+    super::error::mark_driver_ready();
     let n = nvrtc_library();
     if !n.usable() {
-        return Err(missing_library_line("NVRTC", &n, &ld));
+        return Err(GpuError::Missing(missing_library_line("NVRTC", &n, &ld)));
     }
     Ok(())
 }

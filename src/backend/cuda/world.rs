@@ -8,7 +8,7 @@
 //! rank. Cross-stream ordering uses events only: no per-rank synchronize.
 
 use super::device::{Device, FoldArgs, LaunchTuning};
-use super::driver_error_text;
+use super::error::GpuError;
 use super::kernels::{FoldMode, KernelVariant};
 use super::mem::{copy_d2d, DeviceBuffer, PinnedBuffer, F32};
 use crate::data::Distribution;
@@ -56,7 +56,7 @@ impl WorldBuffers {
         len: usize,
         plan: &[Shard],
         nbuf: usize,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, GpuError> {
         let max_shard = plan.iter().map(|s| s.len).max().unwrap_or(0);
         let ld = row_stride(max_shard);
         let ranks = (0..world)
@@ -96,17 +96,21 @@ pub struct RoundSpec<'a> {
     pub arena: u32,
 }
 
-fn ev(stream: &CudaStream, timed: bool) -> Result<CudaEvent, String> {
+fn ev(stream: &CudaStream, timed: bool) -> Result<CudaEvent, GpuError> {
     let flags = if timed {
         Some(CUevent_flags::CU_EVENT_DEFAULT)
     } else {
         None
     };
-    stream.record_event(flags).map_err(driver_error_text)
+    stream
+        .record_event(flags)
+        .map_err(|e| GpuError::driver("cuEventRecord", e))
 }
 
-fn wait(stream: &CudaStream, e: &CudaEvent) -> Result<(), String> {
-    stream.wait(e).map_err(driver_error_text)
+fn wait(stream: &CudaStream, e: &CudaEvent) -> Result<(), GpuError> {
+    stream
+        .wait(e)
+        .map_err(|e| GpuError::driver("cuStreamWaitEvent", e))
 }
 
 /// Generate, exchange, fold and redistribute one arena. Returns the
@@ -118,8 +122,8 @@ pub fn run_round(
     copy: &[Arc<CudaStream>],
     bufs: &WorldBuffers,
     spec: &RoundSpec<'_>,
-) -> Result<(f64, f64), String> {
-    dev.ctx.bind_to_thread().map_err(driver_error_text)?;
+) -> Result<(f64, f64), GpuError> {
+    dev.bind()?;
     let world = bufs.world;
     let n = bufs.len;
     let t0 = ev(main, true)?;
@@ -142,14 +146,20 @@ pub fn run_round(
     let result = exchange_fold_redistribute(dev, main, copy, bufs, spec, world, &t1);
     // Drain before returning on every path: copies in flight reference
     // buffers the caller may free next.
-    let synced = main.synchronize().map_err(driver_error_text);
+    let synced = main
+        .synchronize()
+        .map_err(|e| GpuError::driver("synchronizing the round", e));
     for s in copy {
         let _ = s.synchronize();
     }
     let t2 = result?;
     synced?;
-    let gen_ms = t0.elapsed_ms(&t1).map_err(driver_error_text)? as f64;
-    let reduce_ms = t1.elapsed_ms(&t2).map_err(driver_error_text)? as f64;
+    let gen_ms = t0
+        .elapsed_ms(&t1)
+        .map_err(|e| GpuError::driver("cuEventElapsedTime", e))? as f64;
+    let reduce_ms = t1
+        .elapsed_ms(&t2)
+        .map_err(|e| GpuError::driver("cuEventElapsedTime", e))? as f64;
     Ok((gen_ms, reduce_ms))
 }
 
@@ -161,7 +171,7 @@ fn exchange_fold_redistribute(
     spec: &RoundSpec<'_>,
     world: usize,
     generated: &CudaEvent,
-) -> Result<CudaEvent, String> {
+) -> Result<CudaEvent, GpuError> {
     let racing = copy.len() >= 2;
     if racing {
         for s in copy {
@@ -180,7 +190,7 @@ fn exchange_fold_redistribute(
         let scratch = bufs
             .scratch
             .get(b)
-            .ok_or("scratch missing for a non-empty shard")?;
+            .ok_or_else(|| GpuError::bounds("scratch missing for a non-empty shard"))?;
         let out = bufs.ranks[o].slice(shard.start, shard.len)?;
         // Rows start at the same 16-byte phase as the owner's shard, so the
         // fast kernel can use float4 on both sides.
@@ -270,7 +280,7 @@ pub struct Reader {
     stream: Arc<CudaStream>,
     bufs: [PinnedBuffer; 2],
     /// The device's NaN flags, one per `CHUNK_ELEMS` chunk (grown on demand).
-    nan_flags: Option<DeviceBuffer>,
+    nan_flags: Option<DeviceBuffer<u32>>,
     /// Where the last [`Reader::digest`] spent its time.
     last: ReadTimes,
 }
@@ -302,7 +312,7 @@ pub struct DigestProfile {
 }
 
 impl Reader {
-    pub fn new(dev: &Device, chunk: usize) -> Result<Reader, String> {
+    pub fn new(dev: &Device, chunk: usize) -> Result<Reader, GpuError> {
         Ok(Reader {
             stream: dev.new_stream()?,
             bufs: [
@@ -317,12 +327,15 @@ impl Reader {
     /// For each `CHUNK_ELEMS` chunk of `buf`, whether it holds a NaN, found
     /// on the device (a pass at HBM speed instead of a host scan at memory
     /// speed on the one hashing thread).
-    fn nan_map(&mut self, dev: &Device, buf: &DeviceBuffer) -> Result<Vec<bool>, String> {
+    fn nan_map(&mut self, dev: &Device, buf: &DeviceBuffer) -> Result<Vec<bool>, GpuError> {
         let chunks = buf.len().div_ceil(CHUNK_ELEMS);
         if self.nan_flags.as_ref().is_none_or(|f| f.len() < chunks) {
             self.nan_flags = Some(DeviceBuffer::alloc(&dev.ctx, chunks)?);
         }
-        let flags = self.nan_flags.as_ref().ok_or("NaN flags missing")?;
+        let flags = self
+            .nan_flags
+            .as_ref()
+            .ok_or_else(|| GpuError::bounds("NaN flags missing"))?;
         // SAFETY: views of this context's live buffers; the round has
         // finished writing the arena, and the flags are read only after
         // this stream synchronizes.
@@ -334,10 +347,12 @@ impl Reader {
                 &self.stream,
             )?
         };
-        self.stream.synchronize().map_err(driver_error_text)?;
-        let mut host = vec![0f32; chunks];
+        self.stream
+            .synchronize()
+            .map_err(|e| GpuError::driver("cuStreamSynchronize", e))?;
+        let mut host = vec![0u32; chunks];
         flags.download(0, &mut host)?;
-        Ok(host.iter().map(|f| f.to_bits() != 0).collect())
+        Ok(host.iter().map(|&f| f != 0).collect())
     }
 
     /// Where the last [`Reader::digest`] spent its time.
@@ -354,8 +369,8 @@ impl Reader {
         policy: NanPolicy,
         keep: bool,
         chunked: bool,
-    ) -> Result<(ChunkedDigest, Option<Vec<f32>>), String> {
-        dev.ctx.bind_to_thread().map_err(driver_error_text)?;
+    ) -> Result<(ChunkedDigest, Option<Vec<f32>>), GpuError> {
+        dev.bind()?;
         let n = buf.len();
         let chunk = self.bufs[0].len().max(1);
         let chunks = n.div_ceil(chunk);
@@ -385,20 +400,17 @@ impl Reader {
                 .as_ref()
                 .is_none_or(|m| m[lo / CHUNK_ELEMS..hi.div_ceil(CHUNK_ELEMS)].contains(&true))
         };
-        let mut done: [Option<CudaEvent>; 2] = [None, None];
         let (mut waited, mut hashing) = (Duration::ZERO, Duration::ZERO);
-        let result = (|| -> Result<(), String> {
+        let result = (|| -> Result<(), GpuError> {
             for k in 0..chunks.min(2) {
-                self.issue(buf, k, chunk, count(k), &mut done)?;
+                self.issue(buf, k, chunk, count(k))?;
             }
             for k in 0..chunks {
-                let slot = k % 2;
                 let t = Instant::now();
-                if let Some(e) = &done[slot] {
-                    e.synchronize().map_err(driver_error_text)?;
-                }
+                // Waits for this slot's copy: the buffer will not lend out
+                // memory a copy is still writing.
+                let vals = self.bufs[k % 2].values(count(k))?;
                 waited += t.elapsed();
-                let vals = self.bufs[slot].values(count(k));
                 let t = Instant::now();
                 if has_nan(k) {
                     hasher.update(vals);
@@ -410,13 +422,16 @@ impl Reader {
                     v.extend_from_slice(vals);
                 }
                 if k + 2 < chunks {
-                    self.issue(buf, k + 2, chunk, count(k + 2), &mut done)?;
+                    self.issue(buf, k + 2, chunk, count(k + 2))?;
                 }
             }
             Ok(())
         })();
         // Never leave a copy into our pinned memory in flight.
-        let synced = self.stream.synchronize().map_err(driver_error_text);
+        let synced = self
+            .stream
+            .synchronize()
+            .map_err(|e| GpuError::driver("cuStreamSynchronize", e));
         result?;
         synced?;
         let scan = hasher.scan_time();
@@ -430,20 +445,18 @@ impl Reader {
         Ok((hasher.finish_chunked(), kept))
     }
 
+    /// Start the copy of chunk `k` into its slot.
     fn issue(
         &mut self,
         buf: &DeviceBuffer,
         k: usize,
         chunk: usize,
         count: usize,
-        done: &mut [Option<CudaEvent>; 2],
-    ) -> Result<(), String> {
-        let slot = k % 2;
+    ) -> Result<(), GpuError> {
         let src = buf.slice(k * chunk, count)?;
-        // SAFETY: the slot is not read again until `done[slot]` has completed.
-        unsafe { self.bufs[slot].fill_async(src, &self.stream)? };
-        done[slot] = Some(ev(&self.stream, false)?);
-        Ok(())
+        // SAFETY: the round has finished writing `buf`, which outlives the
+        // copy (the stream is synchronized before `digest` returns).
+        unsafe { self.bufs[k % 2].fill_async(src, &self.stream) }
     }
 }
 
@@ -485,14 +498,14 @@ pub fn differing_chunks(
     stream: &CudaStream,
     bufs: &WorldBuffers,
     chunk: usize,
-) -> Result<Vec<Vec<usize>>, String> {
+) -> Result<Vec<Vec<usize>>, GpuError> {
     let (n, world) = (bufs.len, bufs.world);
     let chunks = n.div_ceil(chunk);
     if world < 2 || chunks == 0 {
         return Ok(vec![Vec::new(); world.saturating_sub(1)]);
     }
-    dev.ctx.bind_to_thread().map_err(driver_error_text)?;
-    let flags = DeviceBuffer::alloc(&dev.ctx, (world - 1) * chunks)?;
+    dev.bind()?;
+    let flags = DeviceBuffer::<u32>::alloc(&dev.ctx, (world - 1) * chunks)?;
     let reference = bufs.ranks[0].slice(0, n)?;
     for r in 1..world {
         let other = bufs.ranks[r].slice(0, n)?;
@@ -502,15 +515,16 @@ pub fn differing_chunks(
         // `flags` is read only after the stream synchronizes below.
         unsafe { dev.rank_diff(reference, other, chunk, mine, stream)? };
     }
-    stream.synchronize().map_err(driver_error_text)?;
-    let mut host = vec![0f32; (world - 1) * chunks];
-    flags.download(0, &mut host)?;
+    stream
+        .synchronize()
+        .map_err(|e| GpuError::driver("cuStreamSynchronize", e))?;
+    let host = flags.to_host()?;
     Ok(host
         .chunks(chunks)
         .map(|row| {
             row.iter()
                 .enumerate()
-                .filter(|(_, f)| f.to_bits() != 0)
+                .filter(|(_, &f)| f != 0)
                 .map(|(c, _)| c)
                 .collect()
         })
@@ -521,15 +535,15 @@ pub fn differing_chunks(
 /// stream so they run while the host hashes the arena stream.
 struct DeviceChunks {
     stream: Arc<CudaStream>,
-    out: DeviceBuffer,
+    out: DeviceBuffer<u32>,
 }
 
 impl DeviceChunks {
-    fn start(dev: &Device, arena: &DeviceBuffer, policy: NanPolicy) -> Result<Self, String> {
+    fn start(dev: &Device, arena: &DeviceBuffer, policy: NanPolicy) -> Result<Self, GpuError> {
         let n = arena.len();
         let chunks = n.div_ceil(crate::digest::CHUNK_ELEMS);
         let stream = dev.new_stream()?;
-        let out = DeviceBuffer::alloc(&dev.ctx, 8 * chunks)?;
+        let out = DeviceBuffer::<u32>::alloc(&dev.ctx, 8 * chunks)?;
         // SAFETY: views of this context's live buffers; the round has
         // finished writing the arena, and `out` is read after `finish`
         // synchronizes this stream.
@@ -546,14 +560,15 @@ impl DeviceChunks {
     }
 
     /// The digests as hex, chunk order.
-    fn finish(self) -> Result<Vec<String>, String> {
-        self.stream.synchronize().map_err(driver_error_text)?;
-        let mut words = vec![0f32; self.out.len()];
-        self.out.download(0, &mut words)?;
+    fn finish(self) -> Result<Vec<String>, GpuError> {
+        self.stream
+            .synchronize()
+            .map_err(|e| GpuError::driver("cuStreamSynchronize", e))?;
+        let words = self.out.to_host()?;
         Ok(words
             .chunks_exact(8)
             .map(|d| {
-                let bytes: Vec<u8> = d.iter().flat_map(|w| w.to_bits().to_be_bytes()).collect();
+                let bytes: Vec<u8> = d.iter().flat_map(|w| w.to_be_bytes()).collect();
                 hex::encode(bytes)
             })
             .collect())
@@ -573,10 +588,10 @@ pub fn digest_ranks(
     policy: NanPolicy,
     keep: bool,
     check: RankCheck,
-) -> Result<RankDigests, String> {
+) -> Result<RankDigests, GpuError> {
     let world = bufs.ranks.len();
     if readers.is_empty() {
-        return Err("no read-back workers".into());
+        return Err(GpuError::bounds("no read-back workers"));
     }
     let mut profile = DigestProfile::default();
     let compared = Instant::now();
@@ -610,7 +625,7 @@ pub fn digest_ranks(
     let mut digests: Vec<Option<String>> = vec![None; world];
     let mut chunks = Vec::new();
     let mut values = None;
-    let outcome: Result<(), String> = std::thread::scope(|scope| {
+    let outcome: Result<(), GpuError> = std::thread::scope(|scope| {
         let handles: Vec<_> = readers
             .iter_mut()
             .take(workers)
@@ -618,7 +633,7 @@ pub fn digest_ranks(
             .map(|(t, reader)| {
                 let ranks = &bufs.ranks;
                 let mine: Vec<usize> = hashed.iter().copied().skip(t).step_by(workers).collect();
-                scope.spawn(move || -> Result<Vec<RankDigest>, String> {
+                scope.spawn(move || -> Result<Vec<RankDigest>, GpuError> {
                     let mut out = Vec::new();
                     for r in mine {
                         let (d, v) = reader.digest(
@@ -637,7 +652,7 @@ pub fn digest_ranks(
         for h in handles {
             let part = h
                 .join()
-                .map_err(|_| "read-back thread panicked".to_string())??;
+                .map_err(|_| GpuError::panicked("a read-back thread", None))??;
             for (r, d, v, times) in part {
                 let slowest = &mut profile.read;
                 slowest.copy_wait_ms = slowest.copy_wait_ms.max(times.copy_wait_ms);
@@ -668,7 +683,7 @@ pub fn digest_ranks(
         .into_iter()
         .map(|d| {
             d.or_else(|| first.clone())
-                .ok_or_else(|| "a rank was not digested".to_string())
+                .ok_or_else(|| GpuError::bounds("a rank was not digested"))
         })
         .collect::<Result<Vec<_>, _>>()?;
     // A copy flagged for bits the NaN policy merges hashes equal: like the

@@ -61,9 +61,9 @@ impl NcclBackend {
                             opts: &RunOptions::default(),
                             timing_only,
                         };
-                        let (nccl, dog, timeout) = (&self.nccl, &self.watchdog, self.cfg.timeout);
+                        let (dog, timeout) = (&self.watchdog, self.cfg.timeout);
                         let outs = on_every_rank(&mut self.ranks, |ctx| {
-                            rank_arena(nccl, ctx, &job, 0, 0, dog, timeout)
+                            rank_arena(ctx, &job, 0, 0, dog, timeout)
                         });
                         let mut worst = 0f64;
                         for o in outs {

@@ -4,13 +4,17 @@
 //! and resolve the handful of entry points we use, so a missing library is
 //! an error message rather than a panic.
 
+use crate::backend::cuda::error::GpuError;
 use std::ffi::{c_char, c_int, c_void, CStr};
 
-pub type Comm = *mut c_void;
+pub use crate::backend::cuda::error::NcclError;
+
+/// `ncclComm_t`: owned and used only through [`super::comm::Comm`].
+pub type RawComm = *mut c_void;
 pub type Stream = *mut c_void;
 pub type NcclResult = c_int;
 
-pub const NCCL_UINT8: c_int = 1;
+pub const NCCL_UINT32: c_int = 3;
 pub const NCCL_FLOAT32: c_int = 7;
 pub const NCCL_SUM: c_int = 0;
 pub const NCCL_IN_PROGRESS: c_int = 7;
@@ -22,36 +26,39 @@ pub struct UniqueId {
     pub internal: [c_char; 128],
 }
 
-type Send = unsafe extern "C" fn(*const c_void, usize, c_int, c_int, Comm, Stream) -> NcclResult;
-type Recv = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Comm, Stream) -> NcclResult;
+type Send = unsafe extern "C" fn(*const c_void, usize, c_int, c_int, RawComm, Stream) -> NcclResult;
+type Recv = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, Stream) -> NcclResult;
 
+/// The loaded library: its entry points stay private to this module and
+/// [`super::comm`], which wrap every call.
 pub struct Nccl {
     _lib: libloading::Library,
     /// The name or path that opened.
     pub opened: String,
-    pub get_version: unsafe extern "C" fn(*mut c_int) -> NcclResult,
-    pub get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> NcclResult,
-    pub comm_init_rank: unsafe extern "C" fn(*mut Comm, c_int, UniqueId, c_int) -> NcclResult,
-    pub comm_destroy: unsafe extern "C" fn(Comm) -> NcclResult,
-    pub comm_abort: unsafe extern "C" fn(Comm) -> NcclResult,
-    pub comm_get_async_error: unsafe extern "C" fn(Comm, *mut NcclResult) -> NcclResult,
-    pub get_error_string: unsafe extern "C" fn(NcclResult) -> *const c_char,
-    pub send: Send,
-    pub recv: Recv,
-    pub all_reduce: unsafe extern "C" fn(
+    get_version: unsafe extern "C" fn(*mut c_int) -> NcclResult,
+    get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> NcclResult,
+    pub(super) comm_init_rank:
+        unsafe extern "C" fn(*mut RawComm, c_int, UniqueId, c_int) -> NcclResult,
+    pub(super) comm_destroy: unsafe extern "C" fn(RawComm) -> NcclResult,
+    pub(super) comm_abort: unsafe extern "C" fn(RawComm) -> NcclResult,
+    pub(super) comm_get_async_error: unsafe extern "C" fn(RawComm, *mut NcclResult) -> NcclResult,
+    get_error_string: unsafe extern "C" fn(NcclResult) -> *const c_char,
+    pub(super) send: Send,
+    pub(super) recv: Recv,
+    pub(super) all_reduce: unsafe extern "C" fn(
         *const c_void,
         *mut c_void,
         usize,
         c_int,
         c_int,
-        Comm,
+        RawComm,
         Stream,
     ) -> NcclResult,
-    pub group_start: unsafe extern "C" fn() -> NcclResult,
-    pub group_end: unsafe extern "C" fn() -> NcclResult,
+    pub(super) group_start: unsafe extern "C" fn() -> NcclResult,
+    pub(super) group_end: unsafe extern "C" fn() -> NcclResult,
     /// `ncclGetLastError` (NCCL >= 2.13): NCCL's own words on the last
     /// failure, often naming the peer.
-    pub get_last_error: Option<unsafe extern "C" fn(Comm) -> *const c_char>,
+    get_last_error: Option<unsafe extern "C" fn(RawComm) -> *const c_char>,
 }
 
 /// The names tried, in order.
@@ -66,7 +73,7 @@ pub fn candidates() -> Vec<String> {
 }
 
 impl Nccl {
-    pub fn load() -> Result<Nccl, String> {
+    pub fn load() -> Result<Nccl, GpuError> {
         let mut errors = Vec::new();
         for name in candidates() {
             // SAFETY: loading NCCL runs its (well-behaved) initializers.
@@ -75,21 +82,21 @@ impl Nccl {
                 Err(e) => errors.push(format!("{name}: {e}")),
             }
         }
-        Err(format!(
+        Err(GpuError::missing(format!(
             "NCCL library not found ({}); install NCCL, put its lib directory on LD_LIBRARY_PATH, or set FOLDPRINT_NCCL_LIBRARY=/path/to/libnccl.so.2",
             errors.join("; ")
-        ))
+        )))
     }
 
-    fn resolve(lib: libloading::Library, opened: String) -> Result<Nccl, String> {
+    fn resolve(lib: libloading::Library, opened: String) -> Result<Nccl, GpuError> {
         macro_rules! sym {
             ($name:literal) => {
                 // SAFETY: the type matches NCCL's public C prototype.
                 *unsafe { lib.get($name) }.map_err(|e| {
-                    format!(
+                    GpuError::missing(format!(
                         "{opened} lacks {}: {e}",
                         String::from_utf8_lossy(&$name[..$name.len() - 1])
-                    )
+                    ))
                 })?
             };
         }
@@ -113,28 +120,46 @@ impl Nccl {
         })
     }
 
-    /// `Ok` or the library's own error text.
-    pub fn check(&self, r: NcclResult, what: &str) -> Result<(), String> {
+    /// `Ok`, or the code with the library's own words for it.
+    pub fn check(&self, r: NcclResult, op: impl Into<String>) -> Result<(), NcclError> {
         if r == 0 {
             return Ok(());
         }
+        Err(NcclError {
+            op: op.into().into(),
+            code: r,
+            text: self.error_text(r),
+            detail: None,
+        })
+    }
+
+    /// `ncclGetErrorString` of `r`.
+    pub fn error_text(&self, r: NcclResult) -> String {
         // SAFETY: NCCL returns a static string for any result code.
-        let text = unsafe {
+        unsafe {
             let p = (self.get_error_string)(r);
             if p.is_null() {
                 String::new()
             } else {
                 CStr::from_ptr(p).to_string_lossy().into_owned()
             }
-        };
-        Err(format!("{what}: NCCL error {r} ({text})"))
+        }
+    }
+
+    /// A fresh `ncclUniqueId` for a new communicator.
+    pub fn unique_id(&self) -> Result<UniqueId, NcclError> {
+        let mut id = UniqueId { internal: [0; 128] };
+        // SAFETY: out-parameter of 128 bytes.
+        let r = unsafe { (self.get_unique_id)(&mut id) };
+        self.check(r, "ncclGetUniqueId")?;
+        Ok(id)
     }
 
     /// NCCL's last error text for `comm`, when the library offers one.
     ///
     /// # Safety
     /// `comm` must be a communicator of this library, not yet destroyed.
-    pub unsafe fn last_error(&self, comm: Comm) -> Option<String> {
+    pub(super) unsafe fn last_error(&self, comm: RawComm) -> Option<String> {
         let f = self.get_last_error?;
         // SAFETY: NCCL returns a string it owns, valid until the next call.
         let text = unsafe {
@@ -148,7 +173,7 @@ impl Nccl {
     }
 
     /// (major, minor, patch) from `ncclGetVersion`'s integer.
-    pub fn version(&self) -> Result<(i32, i32, i32), String> {
+    pub fn version(&self) -> Result<(i32, i32, i32), NcclError> {
         let mut v = 0;
         // SAFETY: out-parameter.
         self.check(unsafe { (self.get_version)(&mut v) }, "ncclGetVersion")?;

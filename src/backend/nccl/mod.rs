@@ -19,6 +19,7 @@
 //! GPU (`--gpus N`). Every blocking window runs under `ranks::watchdog`.
 
 pub mod bench;
+mod comm;
 mod dataflow;
 pub mod facts;
 pub mod loader;
@@ -26,14 +27,15 @@ pub mod loader;
 use super::cuda::mem::DeviceBuffer;
 use super::cuda::world::Reader;
 use super::cuda::{kernels::FoldMode, mapped, CudaConfig, Device};
-use super::{failed, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
+use super::{unsupported, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
 use crate::experiment::Case;
 use crate::fold::Contract;
 use crate::ranks::discover::RankEnv;
 use crate::ranks::rendezvous::{self, Plan};
 use crate::ranks::watchdog::Watchdog;
+use comm::{AbortHandle, Comm};
 use dataflow::{on_every_rank, rank_arena, ArenaJob};
-use loader::{Comm, Nccl, UniqueId};
+use loader::{Nccl, UniqueId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -55,32 +57,45 @@ pub struct NcclConfig {
     pub plan: Plan,
 }
 
-/// A communicator handle that may cross threads (NCCL allows that as long
-/// as one thread uses it at a time, which `RankCtx` ownership ensures).
-#[derive(Clone, Copy)]
-struct CommPtr(Comm);
-// SAFETY: NCCL lets a communicator move between threads when one thread at
-// a time uses it; the owning `RankCtx` is the only user. (Not `Sync`.)
-unsafe impl Send for CommPtr {}
-
 struct RankBufs {
-    arena: DeviceBuffer,
-    scratch: DeviceBuffer,
+    arena: DeviceBuffer<f32>,
+    scratch: DeviceBuffer<f32>,
     ld: usize,
+}
+
+/// One rank's device before it has a communicator.
+struct OpenedRank {
+    rank: usize,
+    dev: Device,
+    stream: Arc<cudarc::driver::CudaStream>,
+    reader: Reader,
 }
 
 struct RankCtx {
     rank: usize,
-    /// Set once this rank aborted its communicator: never destroy it then.
-    aborted: bool,
     dev: Device,
     stream: Arc<cudarc::driver::CudaStream>,
-    comm: CommPtr,
+    comm: Comm,
     reader: Reader,
     /// Per arena length; shared so a dataflow can hold views while it
     /// lends the rank context to the waits.
     bufs: HashMap<usize, Arc<RankBufs>>,
-    gather: Option<Arc<(DeviceBuffer, DeviceBuffer)>>,
+    /// The digest gather's send and receive words.
+    gather: Option<Arc<(DeviceBuffer<u32>, DeviceBuffer<u32>)>>,
+}
+
+impl RankCtx {
+    fn new(opened: OpenedRank, comm: Comm) -> RankCtx {
+        RankCtx {
+            rank: opened.rank,
+            dev: opened.dev,
+            stream: opened.stream,
+            comm,
+            reader: opened.reader,
+            bufs: HashMap::new(),
+            gather: None,
+        }
+    }
 }
 
 pub struct NcclBackend {
@@ -92,14 +107,14 @@ pub struct NcclBackend {
     cfg: NcclConfig,
     version: (i32, i32, i32),
     watchdog: Watchdog,
-    comms: Arc<Mutex<Vec<CommPtr>>>,
+    comms: Arc<Mutex<Vec<AbortHandle>>>,
     rendezvous: String,
 }
 
-fn unavailable(reason: impl Into<String>) -> BackendError {
+fn unavailable(reason: impl std::fmt::Display) -> BackendError {
     BackendError::Unavailable {
         backend: NAME,
-        reason: reason.into(),
+        reason: reason.to_string(),
     }
 }
 
@@ -107,9 +122,12 @@ fn id_bytes(id: &UniqueId) -> Vec<u8> {
     id.internal.iter().map(|&c| c as u8).collect()
 }
 
-fn id_from(bytes: &[u8]) -> Result<UniqueId, String> {
+fn id_from(bytes: &[u8]) -> Result<UniqueId, BackendError> {
     if bytes.len() != 128 {
-        return Err(format!("unique id of {} bytes, expected 128", bytes.len()));
+        return Err(unavailable(format!(
+            "the rendezvous gave a unique id of {} bytes, expected 128",
+            bytes.len()
+        )));
     }
     let mut id = UniqueId { internal: [0; 128] };
     for (d, s) in id.internal.iter_mut().zip(bytes) {
@@ -126,19 +144,17 @@ impl NcclBackend {
         }
         let nccl = Arc::new(Nccl::load().map_err(unavailable)?);
         let version = nccl.version().map_err(unavailable)?;
-        let env =
-            crate::ranks::discover::from_process_env().map_err(|e| unavailable(e.to_string()))?;
-        let comms: Arc<Mutex<Vec<CommPtr>>> = Arc::new(Mutex::new(Vec::new()));
+        let env = crate::ranks::discover::from_process_env().map_err(unavailable)?;
+        let comms: Arc<Mutex<Vec<AbortHandle>>> = Arc::new(Mutex::new(Vec::new()));
         let watchdog = {
-            let (nccl, comms) = (nccl.clone(), comms.clone());
+            let comms = comms.clone();
             let me = env
                 .as_ref()
                 .map_or("rank 0".to_string(), |e| format!("rank {}", e.rank));
             Watchdog::new(move |phase| {
                 eprintln!("error: {me}: watchdog: `{phase}` did not finish in time; aborting the communicator");
                 for c in comms.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-                    // SAFETY: abort is the one call NCCL allows from another thread.
-                    unsafe { (nccl.comm_abort)(c.0) };
+                    c.abort();
                 }
                 // If the blocked call still does not return, do not hang.
                 std::thread::spawn(|| {
@@ -166,36 +182,16 @@ impl NcclBackend {
         Ok(backend)
     }
 
-    fn open_rank(&self, rank: usize, ordinal: usize) -> Result<RankCtx, BackendError> {
+    fn open_rank(&self, rank: usize, ordinal: usize) -> Result<OpenedRank, BackendError> {
         let dev = Device::open(ordinal, self.cfg.cuda.compile).map_err(unavailable)?;
         let stream = dev.new_stream().map_err(unavailable)?;
         let reader = Reader::new(&dev, self.cfg.cuda.chunk.max(1024)).map_err(unavailable)?;
-        Ok(RankCtx {
+        Ok(OpenedRank {
             rank,
             dev,
             stream,
-            comm: CommPtr(std::ptr::null_mut()),
-            aborted: false,
             reader,
-            bufs: HashMap::new(),
-            gather: None,
         })
-    }
-
-    fn init_comm(nccl: &Nccl, ctx: &mut RankCtx, world: usize, id: UniqueId) -> Result<(), String> {
-        ctx.dev
-            .ctx
-            .bind_to_thread()
-            .map_err(super::cuda::driver_error_text)?;
-        let mut comm: Comm = std::ptr::null_mut();
-        // SAFETY: out-parameter; id is the job's unique id.
-        let r = unsafe { (nccl.comm_init_rank)(&mut comm, world as i32, id, ctx.rank as i32) };
-        nccl.check(
-            r,
-            &format!("ncclCommInitRank (rank {} of {world})", ctx.rank),
-        )?;
-        ctx.comm = CommPtr(comm);
-        Ok(())
     }
 
     /// One process, one thread and context per GPU.
@@ -209,7 +205,7 @@ impl NcclBackend {
                 probe.device_count
             )));
         }
-        let mut ranks = (0..gpus)
+        let mut opened = (0..gpus)
             .map(|r| self.open_rank(r, r))
             .collect::<Result<Vec<_>, _>>()?;
         let id = self.unique_id()?;
@@ -217,14 +213,22 @@ impl NcclBackend {
         let _g = self
             .watchdog
             .guard("communicator init", self.cfg.init_timeout);
-        let results = on_every_rank(&mut ranks, |ctx| Self::init_comm(nccl, ctx, gpus, id));
-        for r in results {
-            r.map_err(unavailable)?;
-        }
+        let results = on_every_rank(&mut opened, |o| {
+            Comm::init(nccl, &o.dev.ctx, gpus, o.rank, id)
+        });
+        let comms = results
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(unavailable)?;
         self.comms
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .extend(ranks.iter().map(|r| r.comm));
+            .extend(comms.iter().map(Comm::abort_handle));
+        let ranks: Vec<RankCtx> = opened
+            .into_iter()
+            .zip(comms)
+            .map(|(o, c)| RankCtx::new(o, c))
+            .collect();
         self.world = gpus;
         self.ranks = ranks;
         self.rendezvous = "in-process".into();
@@ -233,38 +237,34 @@ impl NcclBackend {
 
     /// One process per rank: rendezvous, agreement, init.
     fn init_process(&mut self, e: &RankEnv) -> Result<(), BackendError> {
-        let mut ctx = self.open_rank(e.rank, e.local_rank)?;
+        let opened = self.open_rank(e.rank, e.local_rank)?;
         let deadline = Instant::now() + self.cfg.init_timeout;
         let payload = if e.rank == 0 {
             id_bytes(&self.unique_id()?)
         } else {
             Vec::new()
         };
-        let (id_payload, how) = rendezvous::exchange(e, &self.cfg.plan, &payload, deadline)
-            .map_err(|err| unavailable(err.to_string()))?;
+        let (id_payload, how) =
+            rendezvous::exchange(e, &self.cfg.plan, &payload, deadline).map_err(unavailable)?;
         self.rendezvous = how;
-        let id = id_from(&id_payload).map_err(unavailable)?;
-        {
+        let id = id_from(&id_payload)?;
+        let comm = {
             let _g = self
                 .watchdog
                 .guard("communicator init", self.cfg.init_timeout);
-            Self::init_comm(&self.nccl, &mut ctx, e.world, id).map_err(unavailable)?;
-        }
+            Comm::init(&self.nccl, &opened.dev.ctx, e.world, e.rank, id).map_err(unavailable)?
+        };
         self.comms
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(ctx.comm);
+            .push(comm.abort_handle());
         self.world = e.world;
-        self.ranks = vec![ctx];
+        self.ranks = vec![RankCtx::new(opened, comm)];
         Ok(())
     }
 
     fn unique_id(&self) -> Result<UniqueId, BackendError> {
-        let mut id = UniqueId { internal: [0; 128] };
-        // SAFETY: out-parameter of 128 bytes.
-        let r = unsafe { (self.nccl.get_unique_id)(&mut id) };
-        self.nccl.check(r, "ncclGetUniqueId").map_err(unavailable)?;
-        Ok(id)
+        self.nccl.unique_id().map_err(unavailable)
     }
 
     /// The communicator's world size.
@@ -336,7 +336,7 @@ impl Backend for NcclBackend {
 
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
         if let Some(why) = self.skip_reason(case) {
-            return Err(failed(&case.id, why));
+            return Err(unsupported(&case.id, why));
         }
         // NCCL's own sum needs no fold program.
         let (mode, prog) = if case.contract == Contract::NcclAllreduce {
@@ -360,22 +360,20 @@ impl Backend for NcclBackend {
                     opts,
                     timing_only: false,
                 };
-                let (nccl, dog, timeout) = (&self.nccl, &self.watchdog, self.cfg.timeout);
+                let (dog, timeout) = (&self.watchdog, self.cfg.timeout);
                 let outs = on_every_rank(&mut self.ranks, |ctx| {
-                    ctx.dev
-                        .ctx
-                        .bind_to_thread()
-                        .map_err(super::cuda::driver_error_text)?;
+                    let upload = dataflow::gpu("uploading the fold program");
+                    ctx.dev.bind().map_err(&upload)?;
                     // Each rank's own copy of the fold program, in its context.
                     let buf = if prog.is_empty() {
                         None
                     } else {
-                        let b = DeviceBuffer::alloc(&ctx.dev.ctx, prog.len())?;
-                        b.upload(&prog)?;
+                        let b = DeviceBuffer::<u32>::alloc(&ctx.dev.ctx, prog.len())
+                            .map_err(&upload)?;
+                        b.upload(&prog).map_err(&upload)?;
                         Some(b)
                     };
                     rank_arena(
-                        nccl,
                         ctx,
                         &job,
                         buf.as_ref().map_or(0, |b| b.ptr()),
@@ -422,14 +420,12 @@ impl Backend for NcclBackend {
 
 impl Drop for NcclBackend {
     fn drop(&mut self) {
-        // Never destroy a communicator after an abort.
-        if self.watchdog.fired().is_some() || self.ranks.iter().any(|r| r.aborted) {
-            return;
-        }
-        for r in &self.ranks {
-            if !r.comm.0.is_null() && r.dev.ctx.bind_to_thread().is_ok() {
-                // SAFETY: a live communicator, destroyed once.
-                unsafe { (self.nccl.comm_destroy)(r.comm.0) };
+        // After one abort (the watchdog's or a rank's) the others may wait
+        // on it forever in a destroy: abort them all, which never blocks,
+        // and their drops then skip the destroy.
+        if self.watchdog.fired().is_some() || self.ranks.iter().any(|r| r.comm.aborted()) {
+            for r in &self.ranks {
+                r.comm.abort();
             }
         }
     }

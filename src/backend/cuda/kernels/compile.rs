@@ -4,6 +4,7 @@
 
 use super::nvrtc::{nvrtc_compile, Image};
 use super::target::{option_list, ResolvedTarget};
+use crate::backend::cuda::error::GpuError;
 
 /// What to build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,7 +27,7 @@ pub struct BuildRequest {
 /// the default CUBIN while its PTX differs, an `Auto` target falls back to
 /// that PTX (the driver compiles it) and says so; an explicit CUBIN target
 /// is refused.
-pub fn build_image(req: BuildRequest, src: &str) -> Result<Image, String> {
+pub fn build_image(req: BuildRequest, src: &str) -> Result<Image, GpuError> {
     let options = option_list(req.fmad, req.ftz, req.target);
     let mut image = nvrtc_compile(req.program, src, &options, req.target)?;
     let pinned = !req.fmad && !req.ftz;
@@ -67,10 +68,10 @@ pub fn build_image(req: BuildRequest, src: &str) -> Result<Image, String> {
         options[..2].join(" ")
     );
     if req.explicit {
-        return Err(format!(
+        return Err(GpuError::missing(format!(
             "{what}; choose a PTX target (e.g. compute_{}) for these options",
             req.target.arch
-        ));
+        )));
     }
     let mut ptx = ptx;
     ptx.note = Some(format!(

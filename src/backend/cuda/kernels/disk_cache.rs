@@ -10,6 +10,7 @@
 //! compiled again, never loaded. `--no-kernel-cache` (and every child run of
 //! `audit`) compiles fresh and leaves the cache alone.
 
+use super::super::error::GpuError;
 use super::super::mapped::HashMemo;
 use super::nvrtc::Image;
 use super::target::ResolvedTarget;
@@ -145,12 +146,16 @@ impl DiskCache {
     }
 
     /// Store `image` under `key`, atomically.
-    pub fn put(&self, key: &str, image: &Image) -> Result<PathBuf, String> {
-        std::fs::create_dir_all(&self.dir)
-            .map_err(|e| format!("cannot create {}: {e}", self.dir.display()))?;
+    pub fn put(&self, key: &str, image: &Image) -> Result<PathBuf, GpuError> {
+        std::fs::create_dir_all(&self.dir).map_err(|source| GpuError::Io {
+            what: format!("cannot create {}", self.dir.display()),
+            source,
+        })?;
         let path = self.entry_path(key);
-        crate::atomic::write(&path, &encode(key, image))
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        crate::atomic::write(&path, &encode(key, image)).map_err(|source| GpuError::Io {
+            what: format!("cannot write {}", path.display()),
+            source,
+        })?;
         Ok(path)
     }
 }
@@ -178,41 +183,58 @@ fn encode(key: &str, image: &Image) -> Vec<u8> {
     out
 }
 
-fn decode(bytes: &[u8], key: &str, program: &'static str) -> Result<Image, String> {
+/// Why an entry is not trusted: it is compiled again, and the note says why.
+#[derive(Debug)]
+struct Untrusted(String);
+
+impl std::fmt::Display for Untrusted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn untrusted(why: impl Into<String>) -> Untrusted {
+    Untrusted(why.into())
+}
+
+fn decode(bytes: &[u8], key: &str, program: &'static str) -> Result<Image, Untrusted> {
     let rest = bytes
         .strip_prefix(MAGIC)
-        .ok_or("not a foldprint kernel cache entry (v1)")?;
+        .ok_or_else(|| untrusted("not a foldprint kernel cache entry (v1)"))?;
     let nl = rest
         .iter()
         .position(|&b| b == b'\n')
-        .ok_or("header is cut short")?;
-    let header: Header =
-        serde_json::from_slice(&rest[..nl]).map_err(|e| format!("header unreadable: {e}"))?;
+        .ok_or_else(|| untrusted("header is cut short"))?;
+    let header: Header = serde_json::from_slice(&rest[..nl])
+        .map_err(|e| untrusted(format!("header unreadable: {e}")))?;
     let data = &rest[nl + 1..];
     if header.key != key {
-        return Err(format!("holds key {}, not {key}", header.key));
+        return Err(untrusted(format!("holds key {}, not {key}", header.key)));
     }
     if header.program != program {
-        return Err(format!("holds {}, not {program}", header.program));
+        return Err(untrusted(format!(
+            "holds {}, not {program}",
+            header.program
+        )));
     }
     if data.len() != header.data_len {
-        return Err(format!(
+        return Err(untrusted(format!(
             "image is {} bytes, the header says {} (truncated?)",
             data.len(),
             header.data_len
-        ));
+        )));
     }
     let digest = hex::encode(Sha256::digest(data));
     if digest != header.data_sha256 {
-        return Err(format!(
+        return Err(untrusted(format!(
             "image SHA-256 {digest} differs from the recorded {}",
             header.data_sha256
-        ));
+        )));
     }
     let kind = match header.target_kind.as_str() {
         "cubin" => "cubin",
         "ptx" => "ptx",
-        other => return Err(format!("unknown target kind `{other}`")),
+        other => return Err(untrusted(format!("unknown target kind `{other}`"))),
     };
     let mut image = Image {
         program,

@@ -13,6 +13,7 @@ use super::source::{
     RANK_CHECK_SRC, RANK_DIFF_ENTRY,
 };
 use super::target::{option_list, CompileOptions, ResolvedTarget, Target};
+use crate::backend::cuda::error::GpuError;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -52,10 +53,13 @@ pub struct LoadedProgram {
 }
 
 impl LoadedProgram {
-    pub fn function(&self, name: &'static str) -> Result<&CudaFunction, String> {
-        self.functions
-            .get(name)
-            .ok_or_else(|| format!("kernel `{name}` missing from {}", self.image.program))
+    pub fn function(&self, name: &'static str) -> Result<&CudaFunction, GpuError> {
+        self.functions.get(name).ok_or_else(|| {
+            GpuError::bounds(format!(
+                "kernel `{name}` missing from {}",
+                self.image.program
+            ))
+        })
     }
 }
 
@@ -64,29 +68,30 @@ fn load(
     image: Image,
     mut origin: ModuleOrigin,
     entries: &[&'static str],
-) -> Result<LoadedProgram, String> {
+) -> Result<LoadedProgram, GpuError> {
     let started = Instant::now();
     let ptx = if image.target.kind == "cubin" {
         cudarc::nvrtc::Ptx::from_binary(image.data.clone())
     } else {
         let text = image.data.strip_suffix(&[0]).unwrap_or(&image.data);
-        let text = String::from_utf8(text.to_vec()).map_err(|_| "PTX is not UTF-8".to_string())?;
+        let text = String::from_utf8(text.to_vec())
+            .map_err(|_| GpuError::bounds(format!("{}: PTX is not UTF-8", image.program)))?;
         cudarc::nvrtc::Ptx::from_src(text)
     };
     let module = ctx.load_module(ptx).map_err(|e| {
-        format!(
-            "the driver could not load the {} {} image for arch {}: {}",
-            image.program,
-            image.target.kind,
-            image.target.arch,
-            super::super::driver_error_text(e)
+        GpuError::driver(
+            format!(
+                "the driver could not load the {} {} image for arch {}",
+                image.program, image.target.kind, image.target.arch,
+            ),
+            e,
         )
     })?;
     let mut functions = HashMap::new();
     for &name in entries {
         let f = module
             .load_function(name)
-            .map_err(|e| format!("kernel `{name}`: {}", super::super::driver_error_text(e)))?;
+            .map_err(|e| GpuError::driver(format!("kernel `{name}`"), e))?;
         functions.insert(name, f);
     }
     origin.load_ms = ms(started);
@@ -116,10 +121,10 @@ fn cache() -> &'static Cache {
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-fn slot(key: CacheKey) -> Result<Slot, String> {
+fn slot(key: CacheKey) -> Result<Slot, GpuError> {
     let mut map = cache()
         .lock()
-        .map_err(|_| "kernel cache lock poisoned".to_string())?;
+        .map_err(|_| GpuError::panicked("a holder of the kernel cache lock", None))?;
     Ok(map.entry(key).or_default().clone())
 }
 
@@ -140,14 +145,14 @@ fn ms(since: Instant) -> f64 {
 /// warm start). With `--no-kernel-cache` (and in every audit child) nothing
 /// asks, and the report's library list hashes the files afresh, so the
 /// library-version audit never rests on a remembered hash.
-fn nvrtc_library_sha256(cache: &DiskCache) -> Result<String, String> {
+fn nvrtc_library_sha256(cache: &DiskCache) -> Result<String, GpuError> {
     let lib = super::super::probe::nvrtc_library();
-    let path = lib
-        .path
-        .ok_or("the NVRTC library's file is unknown (not in /proc/self/maps)")?;
+    let path = lib.path.ok_or_else(|| {
+        GpuError::missing("the NVRTC library's file is unknown (not in /proc/self/maps)")
+    })?;
     super::super::mapped::file_sha256(&path, Some(&cache.file_memo()))
         .0
-        .ok_or_else(|| format!("cannot read {path} to hash it"))
+        .ok_or_else(|| GpuError::missing(format!("cannot read {path} to hash it")))
 }
 
 /// Whether and where a build may use the on-disk cache.
@@ -182,7 +187,7 @@ pub fn image_for(
     request: BuildRequest,
     src: &str,
     choice: CacheChoice,
-) -> Result<(Image, ModuleOrigin), String> {
+) -> Result<(Image, ModuleOrigin), GpuError> {
     let mut origin = ModuleOrigin {
         program: request.program,
         from_cache: false,
@@ -330,7 +335,7 @@ impl ProgramSpec {
 
     /// The image, from the disk cache or NVRTC ([`image_for`]). Host-only:
     /// needs no context.
-    pub fn image(&self) -> Result<(Image, ModuleOrigin), String> {
+    pub fn image(&self) -> Result<(Image, ModuleOrigin), GpuError> {
         let built = image_for(self.request, self.src, CacheChoice::from_env(self.use_disk))?;
         COMPILES.fetch_add(1, Ordering::Relaxed);
         Ok(built)
@@ -341,7 +346,7 @@ impl ProgramSpec {
 /// runs beside the context's). Not one thread per program: on the H200 host
 /// three NVRTC compiles side by side took 77-220 ms of wall time where one
 /// after another took about 51 ms (docs/BENCHMARKS.md).
-pub fn images(specs: &[&ProgramSpec]) -> Vec<Result<(Image, ModuleOrigin), String>> {
+pub fn images(specs: &[&ProgramSpec]) -> Vec<Result<(Image, ModuleOrigin), GpuError>> {
     specs.iter().map(|s| s.image()).collect()
 }
 
@@ -375,9 +380,9 @@ pub struct OpenTimes {
 pub fn open_with_programs<C: Send>(
     ordinal: usize,
     specs: &[ProgramSpec],
-    open_context: impl FnOnce() -> Result<C, String> + Send,
-    load_into: impl Fn(&C, Image, ModuleOrigin, &[&'static str]) -> Result<LoadedProgram, String>,
-) -> Result<(C, Vec<Arc<LoadedProgram>>, OpenTimes), String> {
+    open_context: impl FnOnce() -> Result<C, GpuError> + Send,
+    load_into: impl Fn(&C, Image, ModuleOrigin, &[&'static str]) -> Result<LoadedProgram, GpuError>,
+) -> Result<(C, Vec<Arc<LoadedProgram>>, OpenTimes), GpuError> {
     let keys: Vec<CacheKey> = specs
         .iter()
         .map(|s| CacheKey {
@@ -397,7 +402,7 @@ pub fn open_with_programs<C: Send>(
         .iter()
         .map(|s| s.lock())
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| "kernel cache lock poisoned".to_string())?;
+        .map_err(|_| GpuError::panicked("a holder of the kernel cache lock", None))?;
     let todo: Vec<usize> = (0..order.len()).filter(|&k| guards[k].is_none()).collect();
     let todo_specs: Vec<&ProgramSpec> = todo.iter().map(|&k| &specs[order[k]]).collect();
     let side =
@@ -434,7 +439,7 @@ pub fn open_with_programs<C: Send>(
                 .expect("every key has a slot");
             guards[k]
                 .clone()
-                .ok_or_else(|| "kernel cache slot left empty".to_string())
+                .ok_or_else(|| GpuError::bounds("kernel cache slot left empty"))
         })
         .collect::<Result<Vec<_>, _>>()?;
     drop(guards);
@@ -447,7 +452,7 @@ pub fn load_into_context(
     image: Image,
     origin: ModuleOrigin,
     entries: &[&'static str],
-) -> Result<LoadedProgram, String> {
+) -> Result<LoadedProgram, GpuError> {
     load(ctx, image, origin, entries)
 }
 
@@ -462,7 +467,7 @@ impl FoldKernels {
         &self,
         mode: FoldMode,
         variant: KernelVariant,
-    ) -> Result<&CudaFunction, String> {
+    ) -> Result<&CudaFunction, GpuError> {
         self.program.function(fold_entry(mode, variant))
     }
 }
@@ -496,8 +501,8 @@ mod tests {
         _: Image,
         _: ModuleOrigin,
         _: &[&'static str],
-    ) -> Result<LoadedProgram, String> {
-        Err("nothing to load into without a device".into())
+    ) -> Result<LoadedProgram, GpuError> {
+        Err(GpuError::missing("nothing to load into without a device"))
     }
 
     #[test]
@@ -506,11 +511,15 @@ mod tests {
         let r = open_with_programs(
             usize::MAX,
             &specs,
-            || -> Result<(), String> { Err("cannot open CUDA device 7: no such device".into()) },
+            || -> Result<(), GpuError> {
+                Err(GpuError::missing(
+                    "cannot open CUDA device 7: no such device",
+                ))
+            },
             no_load,
         );
         assert_eq!(
-            r.err().as_deref(),
+            r.err().map(|e| e.to_string()).as_deref(),
             Some("cannot open CUDA device 7: no such device")
         );
     }
@@ -519,15 +528,18 @@ mod tests {
     fn a_failed_build_is_the_error_when_the_context_opens() {
         let spec = broken("foldprint_test_b");
         // What the same build says on its own, run on this thread.
-        let alone = spec.image().expect_err("the broken program has no image");
+        let alone = spec
+            .image()
+            .expect_err("the broken program has no image")
+            .to_string();
         // Twice the same program in one open: one slot, locked once (a
         // second lock of it would never return).
         let specs = [spec.clone(), spec];
         let r = open_with_programs(usize::MAX - 1, &specs, || Ok(()), no_load);
-        assert_eq!(r.err(), Some(alone.clone()));
+        assert_eq!(r.err().map(|e| e.to_string()), Some(alone.clone()));
         // The slot stays empty after the failure: the next open tries again
         // and fails the same way (a filled slot would give Ok here).
         let again = open_with_programs(usize::MAX - 1, &specs[..1], || Ok(()), no_load);
-        assert_eq!(again.err(), Some(alone));
+        assert_eq!(again.err().map(|e| e.to_string()), Some(alone));
     }
 }

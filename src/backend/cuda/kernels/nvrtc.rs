@@ -2,6 +2,7 @@
 //! out. Pure host work: needs no device, only the NVRTC library (which
 //! [`probe`] checks before cudarc may touch it).
 
+use super::super::error::{GpuError, NvrtcError};
 use super::super::probe;
 use super::target::ResolvedTarget;
 use serde::Serialize;
@@ -37,8 +38,21 @@ impl Image {
     }
 }
 
-fn nvrtc_err(what: &str, r: cudarc::nvrtc::sys::nvrtcResult) -> String {
-    format!("NVRTC {what} failed: {r:?}")
+fn nvrtc_err(what: &'static str, r: cudarc::nvrtc::sys::nvrtcResult) -> GpuError {
+    GpuError::Nvrtc(NvrtcError {
+        op: what.into(),
+        code: Some(r),
+        log: String::new(),
+    })
+}
+
+/// A refusal before NVRTC was called (a string it could not be given).
+fn refused(what: String) -> GpuError {
+    GpuError::Nvrtc(NvrtcError {
+        op: what.into(),
+        code: None,
+        log: String::new(),
+    })
 }
 
 /// Run NVRTC once.
@@ -47,16 +61,17 @@ pub fn nvrtc_compile(
     src: &str,
     options: &[String],
     target: ResolvedTarget,
-) -> Result<Image, String> {
+) -> Result<Image, GpuError> {
     use cudarc::nvrtc::sys;
     probe::ensure_nvrtc()?;
     let nvrtc_version = probe::nvrtc_version()?;
-    let c_src = CString::new(src).map_err(|_| "kernel source holds a NUL byte".to_string())?;
-    let c_name =
-        CString::new(format!("{program}.cu")).map_err(|_| "bad program name".to_string())?;
+    let c_src = CString::new(src)
+        .map_err(|_| refused(format!("{program}: the kernel source holds a NUL byte")))?;
+    let c_name = CString::new(format!("{program}.cu"))
+        .map_err(|_| refused(format!("program name `{program}` holds a NUL byte")))?;
     let c_opts: Vec<CString> = options
         .iter()
-        .map(|o| CString::new(o.as_str()).map_err(|_| format!("option `{o}` holds a NUL")))
+        .map(|o| CString::new(o.as_str()).map_err(|_| refused(format!("option `{o}` holds a NUL"))))
         .collect::<Result<_, _>>()?;
     let opt_ptrs: Vec<*const c_char> = c_opts.iter().map(|o| o.as_ptr()).collect();
 
@@ -81,10 +96,11 @@ pub fn nvrtc_compile(
         let compiled = sys::nvrtcCompileProgram(prog, opt_ptrs.len() as i32, opt_ptrs.as_ptr());
         let log = program_log(prog);
         if compiled != sys::nvrtcResult::NVRTC_SUCCESS {
-            Err(format!(
-                "NVRTC could not compile {program} with {}: {compiled:?}\n{log}",
-                options.join(" ")
-            ))
+            Err(GpuError::Nvrtc(NvrtcError {
+                op: format!("could not compile {program} with {}", options.join(" ")).into(),
+                code: Some(compiled),
+                log,
+            }))
         } else {
             fetch_image(prog, target).map(|data| (data, log))
         }
@@ -141,7 +157,7 @@ unsafe fn program_log(prog: cudarc::nvrtc::sys::nvrtcProgram) -> String {
 unsafe fn fetch_image(
     prog: cudarc::nvrtc::sys::nvrtcProgram,
     target: ResolvedTarget,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, GpuError> {
     use cudarc::nvrtc::sys;
     let mut size = 0usize;
     let cubin = target.kind == "cubin";
@@ -167,7 +183,7 @@ unsafe fn fetch_image(
         return Err(nvrtc_err("image fetch", r));
     }
     if data.is_empty() {
-        return Err("NVRTC returned an empty image".into());
+        return Err(refused("NVRTC returned an empty image".into()));
     }
     Ok(data)
 }

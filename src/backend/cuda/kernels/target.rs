@@ -1,6 +1,7 @@
 //! Target choice: what NVRTC is asked to emit (CUBIN for an `sm_XY`, or PTX
 //! for a `compute_XY` the driver JIT-compiles), and the pinned option list.
 
+use super::super::error::GpuError;
 use super::super::probe;
 use serde::Serialize;
 
@@ -117,7 +118,7 @@ pub fn resolve_target(
     supported: &[i32],
     nvrtc: (i32, i32),
     driver: Option<i32>,
-) -> Result<ResolvedTarget, String> {
+) -> Result<ResolvedTarget, GpuError> {
     let device_arch = (cc.0 * 10 + cc.1) as u32;
     let knows = |a: u32| supported.iter().any(|&s| s as u32 == a);
     let resolved = match target {
@@ -132,10 +133,10 @@ pub fn resolve_target(
                 .filter(|&s| s <= device_arch)
                 .max()
                 .ok_or_else(|| {
-                    format!(
+                    GpuError::missing(format!(
                         "NVRTC {}.{} supports none of the architectures up to the device's sm_{device_arch} (it knows {supported:?})",
                         nvrtc.0, nvrtc.1
-                    )
+                    ))
                 })?;
             ResolvedTarget {
                 kind: "ptx",
@@ -144,15 +145,15 @@ pub fn resolve_target(
         }
         Target::Cubin(a) | Target::Ptx(a) => {
             if !knows(a) {
-                return Err(format!(
+                return Err(GpuError::missing(format!(
                     "NVRTC {}.{} cannot target arch {a} (it knows {supported:?})",
                     nvrtc.0, nvrtc.1
-                ));
+                )));
             }
             if a > device_arch {
-                return Err(format!(
+                return Err(GpuError::missing(format!(
                     "target arch {a} is newer than the device's sm_{device_arch}"
-                ));
+                )));
             }
             ResolvedTarget {
                 kind: if matches!(target, Target::Cubin(_)) {
@@ -168,12 +169,12 @@ pub fn resolve_target(
         let nv = nvrtc.0 * 1000 + nvrtc.1 * 10;
         if let Some(d) = driver {
             if nv > d {
-                return Err(format!(
+                return Err(GpuError::missing(format!(
                     "NVRTC {}.{} emits PTX that the driver (CUDA {}) cannot load; use a CUBIN target, or put an NVRTC no newer than the driver first on LD_LIBRARY_PATH",
                     nvrtc.0,
                     nvrtc.1,
                     probe::version_text(d)
-                ));
+                )));
             }
         }
     }
@@ -195,7 +196,7 @@ mod tests {
         let t = resolve_target(Target::Ptx(75), (9, 0), &sup, (13, 0), Some(13000)).unwrap();
         assert_eq!(t.arch_option(), "-arch=compute_75");
         let e = resolve_target(Target::Ptx(75), (9, 0), &sup, (13, 0), Some(12080)).unwrap_err();
-        assert!(e.contains("cannot load"), "{e}");
+        assert!(e.to_string().contains("cannot load"), "{e}");
         // CUBIN from a newer NVRTC is not refused up front.
         assert!(resolve_target(Target::Cubin(90), (9, 0), &sup, (13, 0), Some(12080)).is_ok());
         assert!(resolve_target(Target::Cubin(100), (9, 0), &sup, (13, 0), Some(13000)).is_err());
