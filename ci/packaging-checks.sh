@@ -174,11 +174,23 @@ jq '.environment.provenance = {path: "test", content: {combination: "cuda12_9-nc
 FOLDPRINT=$foldprint ci/compare-reports.sh --expect 1 --junit "$tmp/junit.xml" "$tmp/reports" >"$tmp/ok.md"
 grep -q '^\*\*PASS\*\*' "$tmp/ok.md"
 grep -q 'failures="0"' "$tmp/junit.xml"
-# Consistently, as another machine would report it: the arena digest is
-# rank 0's and every rank agrees (an inconsistent report is refused, exit 2).
-jq '.cases[0].arenas[0] |= (.sha256 |= (if startswith("0") then "1" else "0" end) + .[1:]
-        | .sha256 as $d | .rank_sha256 |= map($d))' \
-    "$tmp/reports/report-h200-cuda12_9-nccl2_28_9.json" >"$tmp/reports/report-b200-cuda12_9-nccl2_28_9.json"
+# Consistently, as another machine would report it: the first non-empty
+# one-chunk arena gets another digest, which is then its one chunk digest,
+# every rank's digest and (hashed) its chunk root; an inconsistent report
+# would be refused with exit 2 and test nothing.
+python3 - "$tmp/reports/report-h200-cuda12_9-nccl2_28_9.json" \
+    "$tmp/reports/report-b200-cuda12_9-nccl2_28_9.json" <<'PY'
+import hashlib, json, sys
+report = json.load(open(sys.argv[1]))
+arena = next(a for c in report["cases"] for a in c["arenas"]
+             if 0 < a["len"] <= a["chunk_elems"])
+d = ("1" if arena["sha256"][0] == "0" else "0") + arena["sha256"][1:]
+arena["sha256"] = d
+arena["chunk_sha256"] = [d]
+arena["rank_sha256"] = [d] * len(arena["rank_sha256"])
+arena["chunk_root"] = hashlib.sha256(bytes.fromhex(d)).hexdigest()
+json.dump(report, open(sys.argv[2], "w"), indent=2)
+PY
 if FOLDPRINT=$foldprint ci/compare-reports.sh --expect 2 --junit "$tmp/junit.xml" "$tmp/reports" >"$tmp/bad.md"; then
     echo "compare-reports.sh passed reports that differ" >&2
     exit 1
