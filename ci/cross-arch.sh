@@ -82,7 +82,7 @@ EXCLUDED=(
     "outputs::sigterm_stops_at_a_case_boundary_and_keeps_old_outputs  $reason_exec"
     "host_driver::doctor_finds_and_loads_the_driver_by_path_when_the_loader_cannot  $reason_exec"
     "host_driver::the_loader_cache_leads_to_a_driver_directory_nothing_else_names  $reason_host_libs"
-    "lib::backend::cuda::host_driver::tests::cache_parser_agrees_with_ldconfig  $reason_host_libs"
+    "lib::gpu::host_driver::tests::cache_parser_agrees_with_ldconfig  $reason_host_libs"
 )
 
 usage() {

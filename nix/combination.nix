@@ -18,7 +18,7 @@
 #
 # What is not pinned: libcuda and the driver's other libraries. They must
 # match the kernel module, so they come from the host: foldprint looks for
-# them itself (src/backend/cuda/host_driver.rs: LD_LIBRARY_PATH, then
+# them itself (src/gpu/host_driver.rs: LD_LIBRARY_PATH, then
 # /run/opengl-driver/lib, the loader cache and the usual directories,
 # loading only the driver's own files), and `doctor` lists what it found.
 #

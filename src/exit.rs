@@ -4,9 +4,9 @@
 //! code.
 
 use crate::audit::AuditError;
-use crate::backend::cuda::error::GpuFault;
 use crate::backend::BackendError;
 use crate::experiment::InputError;
+use crate::gpu::error::{GpuError, GpuFault};
 use crate::ranks::RankError;
 use crate::report::ReportError;
 use crate::runner::RunError;
@@ -88,10 +88,16 @@ impl HasExitCode for BackendError {
             BackendError::Unavailable { .. }
             | BackendError::OutOfMemory { .. }
             | BackendError::Unsupported { .. } => ExitCode::Unavailable,
-            BackendError::Gpu { source, .. } => match source.fault() {
-                GpuFault::OutOfMemory | GpuFault::Unavailable => ExitCode::Unavailable,
-                GpuFault::Broken => ExitCode::Infrastructure,
-            },
+            BackendError::Gpu { source, .. } => source.exit_code(),
+        }
+    }
+}
+
+impl HasExitCode for GpuError {
+    fn exit_code(&self) -> ExitCode {
+        match self.fault() {
+            GpuFault::OutOfMemory | GpuFault::Unavailable => ExitCode::Unavailable,
+            GpuFault::Broken => ExitCode::Infrastructure,
         }
     }
 }
@@ -187,6 +193,9 @@ pub fn of_typed(err: &(dyn std::error::Error + 'static)) -> Option<ExitCode> {
         return Some(e.exit_code());
     }
     if let Some(e) = err.downcast_ref::<RankError>() {
+        return Some(e.exit_code());
+    }
+    if let Some(e) = err.downcast_ref::<GpuError>() {
         return Some(e.exit_code());
     }
     None

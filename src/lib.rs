@@ -17,6 +17,7 @@ pub mod environment;
 pub mod exit;
 pub mod experiment;
 pub mod fold;
+pub mod gpu;
 pub mod interrupt;
 pub mod memory;
 pub mod outputs;

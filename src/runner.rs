@@ -196,7 +196,7 @@ pub fn run_staged(
         environment["provenance"] = p;
     }
     // How the host's CUDA driver was found, when this process looked.
-    if let Some(d) = crate::backend::cuda::host_driver::state() {
+    if let Some(d) = crate::gpu::host_driver::state() {
         environment["host_driver"] = serde_json::json!(d);
     }
     if !notes.is_empty() {

@@ -3,15 +3,15 @@
 //! usable CUDA GPU and FAILS (never skips) without one. See docs/GPU-TESTING.md.
 
 use foldprint::backend::cpu::CpuBackend;
-use foldprint::backend::cuda::{
-    self, bench, kernels, CompileOptions, CudaBackend, CudaConfig, KernelVariant, LaunchTuning,
-    Target,
-};
+use foldprint::backend::cuda::{CudaBackend, CudaConfig};
 use foldprint::backend::{Backend, BackendError, CaseRun, RunOptions};
 use foldprint::data::{Distribution, Lane, ALL_DISTRIBUTIONS};
 use foldprint::digest::NanPolicy;
 use foldprint::experiment::{Case, DeliveryOrder};
 use foldprint::fold::{mean_scale, reference_fixed, Contract, ALL_CONTRACTS};
+use foldprint::gpu::{
+    self as cuda, bench, kernels, CompileOptions, KernelVariant, LaunchTuning, Target,
+};
 use std::sync::Mutex;
 
 /// Serializes the heavy tests so they do not fight over host memory.
@@ -829,10 +829,11 @@ fn dump_fold_images() {
 /// partial chunk (n is not a multiple of 4: the kernel's scalar tail).
 #[test]
 fn rank_copies_are_checked_on_the_device_as_the_host_would() {
-    use foldprint::backend::cuda::world::{self, RankCheck, Reader, RoundSpec, WorldBuffers};
-    use foldprint::backend::cuda::Device;
+    use foldprint::backend::cuda::world::{self, RankCheck, RoundSpec, WorldBuffers};
     use foldprint::digest::CHUNK_ELEMS;
     use foldprint::fold::shard_plan;
+    use foldprint::gpu::readback::Reader;
+    use foldprint::gpu::Device;
     let _g = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
     let dev = Device::open(0, CompileOptions::default()).expect("a usable CUDA GPU");
     let main = dev.new_stream().unwrap();
@@ -902,9 +903,9 @@ fn rank_copies_are_checked_on_the_device_as_the_host_would() {
 /// lengths around every padding case of the last block.
 #[test]
 fn chunk_digests_on_the_device_equal_the_hosts() {
-    use foldprint::backend::cuda::mem::DeviceBuffer;
-    use foldprint::backend::cuda::Device;
     use foldprint::digest::{digest_chunked, CHUNK_ELEMS};
+    use foldprint::gpu::mem::DeviceBuffer;
+    use foldprint::gpu::Device;
     let _g = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
     let dev = Device::open(0, CompileOptions::default()).expect("a usable CUDA GPU");
     let stream = dev.new_stream().unwrap();
@@ -993,10 +994,10 @@ fn chunk_digests_on_the_device_equal_the_hosts() {
 
 #[test]
 fn nan_chunks_are_found_on_the_device_and_spare_the_host_scan() {
-    use foldprint::backend::cuda::mem::DeviceBuffer;
-    use foldprint::backend::cuda::world::Reader;
-    use foldprint::backend::cuda::Device;
     use foldprint::digest::{digest_chunked, CHUNK_ELEMS};
+    use foldprint::gpu::mem::DeviceBuffer;
+    use foldprint::gpu::readback::Reader;
+    use foldprint::gpu::Device;
     let _g = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
     let dev = Device::open(0, CompileOptions::default()).expect("a usable CUDA GPU");
     let stream = dev.new_stream().unwrap();

@@ -475,7 +475,7 @@ fn a_second_nccl_build_gives_the_same_fixed_order_bits() {
 
 #[test]
 fn more_ranks_than_gpus_needs_emulated_hosts_and_threads_cannot_emulate() {
-    let gpus = foldprint::backend::cuda::probe().device_count;
+    let gpus = foldprint::gpu::probe().device_count;
     let n = (gpus + 1).to_string();
     let o = Command::new(bin())
         .current_dir(repo())

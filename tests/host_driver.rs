@@ -272,7 +272,7 @@ fn a_cpu_run_under_a_cuda_combination_says_it_is_not_a_gpu_result() {
 /// (`-X`: no links; unprivileged), leads the search to it.
 #[test]
 fn the_loader_cache_leads_to_a_driver_directory_nothing_else_names() {
-    use foldprint::backend::cuda::host_driver::{search, SearchPlan};
+    use foldprint::gpu::host_driver::{search, SearchPlan};
     let ldconfig = ["/sbin/ldconfig", "/usr/sbin/ldconfig"]
         .into_iter()
         .find(|p| Path::new(p).exists())

@@ -13,12 +13,12 @@
 //!
 //! Asked to run without that library, every test fails; it never skips.
 
-use foldprint::backend::cuda::kernels::{
+use foldprint::gpu::kernels::{
     self, build_image, fold_entries, nvrtc_compile, option_list, BuildRequest, Image,
     ResolvedTarget, CHUNK_SHA_ENTRY, FOLD_PROGRAM, FOLD_SRC, GENERATE_ENTRY, GENERATOR_PROGRAM,
     GENERATOR_SRC, NAN_CHUNKS_ENTRY, RANK_CHECK_PROGRAM, RANK_CHECK_SRC, RANK_DIFF_ENTRY,
 };
-use foldprint::backend::cuda::probe;
+use foldprint::gpu::probe;
 use rayon::prelude::*;
 use std::path::PathBuf;
 
@@ -267,7 +267,7 @@ fn a_syntax_error_fails_to_compile() {
         .expect_err("a syntax error compiled");
     // NVRTC's own code, not a message to search, says what went wrong.
     match &e {
-        foldprint::backend::cuda::error::GpuError::Nvrtc(n) => assert_eq!(
+        foldprint::gpu::error::GpuError::Nvrtc(n) => assert_eq!(
             n.code,
             Some(cudarc::nvrtc::sys::nvrtcResult::NVRTC_ERROR_COMPILATION)
         ),
@@ -278,10 +278,7 @@ fn a_syntax_error_fails_to_compile() {
     assert!(e.contains("error"), "no compiler log in: {e}");
     // NVRTC's log names the .cu file and a line past its end (the `#line`
     // directive maps the source back to fold.cu).
-    let past_end = foldprint::backend::cuda::kernels::source::FOLD_CU
-        .lines()
-        .count()
-        + 2;
+    let past_end = foldprint::gpu::kernels::source::FOLD_CU.lines().count() + 2;
     assert!(e.contains(&format!("fold.cu({past_end})")), "{e}");
     // The same call with the real source compiles (the control is the error).
     kernels::nvrtc_compile(FOLD_PROGRAM, &FOLD_SRC, &option_list(false, false, t), t)

@@ -4,10 +4,10 @@
 //! the same [`InputError`] as experiment files.
 
 use super::pins::{self, Family, LibRequest};
-use crate::backend::cuda::Target;
 use crate::backend::BackendChoice;
 use crate::digest::NanPolicy;
 use crate::experiment::InputError;
+use crate::gpu::Target;
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;

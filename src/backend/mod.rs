@@ -62,7 +62,7 @@ pub enum BackendError {
         case: String,
         phase: &'static str,
         #[source]
-        source: cuda::error::GpuError,
+        source: crate::gpu::error::GpuError,
     },
     /// The machinery around the numbers broke (an NCCL error, a dead peer,
     /// the watchdog, the rendezvous, a driver error mid-run): no digest was
@@ -162,7 +162,7 @@ pub(crate) fn unsupported(case: &str, reason: impl Into<String>) -> BackendError
 pub(crate) fn gpu_failed(
     case: &str,
     phase: &'static str,
-    source: cuda::error::GpuError,
+    source: crate::gpu::error::GpuError,
 ) -> BackendError {
     BackendError::Gpu {
         case: case.to_string(),
@@ -235,7 +235,7 @@ pub fn select(
             Ok((Box::new(nccl::NcclBackend::new(cfg)?), None))
         }
         BackendChoice::Auto => {
-            let probe = cuda::probe();
+            let probe = crate::gpu::probe();
             if !probe.usable {
                 return Ok((
                     Box::new(cpu::CpuBackend::new()),

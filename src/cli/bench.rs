@@ -156,7 +156,7 @@ fn end_to_end(world: usize, n: usize, rounds: u32, kernel_cache: bool) -> Result
 
 /// The GPU fold benchmark (src/backend/cuda/bench.rs), printed.
 fn run_cuda(json: bool, kernel_cache: bool, e2e_log2_len: u32) -> Result<i32> {
-    use foldprint::backend::cuda::bench::{bench_fold, BenchConfig};
+    use foldprint::gpu::bench::{bench_fold, BenchConfig};
     let mut cfg = BenchConfig::default();
     cfg.compile.disk_cache = kernel_cache;
     let report = bench_fold(&cfg)?;
@@ -419,7 +419,7 @@ pub fn run(a: BenchArgs) -> Result<i32> {
     match a.backend {
         BackendChoice::Cuda => return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len),
         BackendChoice::Nccl => return run_nccl(a.gpus, a.json),
-        BackendChoice::Auto if foldprint::backend::cuda::probe().usable => {
+        BackendChoice::Auto if foldprint::gpu::probe().usable => {
             return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len)
         }
         BackendChoice::Auto => {

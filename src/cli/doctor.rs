@@ -1,9 +1,9 @@
 //! `doctor`: which backends can run here, and what is missing.
 
 use anyhow::Result;
-use foldprint::backend::cuda::{host_driver, probe, probe::version_text};
+use foldprint::gpu::{host_driver, probe, probe::version_text};
 
-fn lib_line(name: &str, l: &foldprint::backend::cuda::probe::LibraryProbe) -> String {
+fn lib_line(name: &str, l: &foldprint::gpu::probe::LibraryProbe) -> String {
     match (&l.opened_name, &l.path) {
         (Some(n), Some(p)) => format!("{name}: {n} -> {p}"),
         (Some(n), None) => format!("{name}: {n}"),

@@ -157,8 +157,8 @@ struct CudaArgs {
     kernel: String,
     /// Compile target: `auto` (CUBIN for the device's sm_XY when NVRTC can),
     /// `sm_XY` (CUBIN) or `compute_XY` (PTX, JIT-compiled by the driver).
-    #[arg(long, default_value = "auto", value_parser = str::parse::<foldprint::backend::cuda::Target>)]
-    target: foldprint::backend::cuda::Target,
+    #[arg(long, default_value = "auto", value_parser = str::parse::<foldprint::gpu::Target>)]
+    target: foldprint::gpu::Target,
     /// Threads per block of the fold kernel.
     #[arg(long)]
     block: Option<u32>,
@@ -198,7 +198,7 @@ impl Default for CudaArgs {
     fn default() -> Self {
         CudaArgs {
             kernel: "fast".into(),
-            target: foldprint::backend::cuda::Target::Auto,
+            target: foldprint::gpu::Target::Auto,
             block: None,
             copy_streams: 0,
             ftz: false,
@@ -221,7 +221,8 @@ impl Default for NcclArgs {
 impl Common {
     fn options(&self, experiments: &[Experiment]) -> backend::BackendOptions {
         let (c, n) = (&self.cuda, &self.nccl);
-        use foldprint::backend::cuda::{CudaConfig, KernelVariant};
+        use foldprint::backend::cuda::CudaConfig;
+        use foldprint::gpu::KernelVariant;
         let mut cuda = CudaConfig {
             variant: if c.kernel == "seed" {
                 KernelVariant::PerElement
@@ -1059,7 +1060,7 @@ fn cmd_launch(a: LaunchArgs) -> Result<i32> {
     // One rank per GPU unless hosts are emulated; only NCCL ranks need one.
     let needs_gpus = !a.exec && ranks_use_nccl(&args);
     let gpus = if needs_gpus || a.emulate_hosts {
-        foldprint::backend::cuda::probe().device_count
+        foldprint::gpu::probe().device_count
     } else {
         0
     };

@@ -2,38 +2,26 @@
 //! device, the fold compiled by NVRTC at run time with pinned options,
 //! digests hashed on the host while the next chunk is copied back.
 //!
-//! Nothing here panics when CUDA is missing: [`probe`] opens the libraries
-//! cudarc would open and checks their symbols before cudarc is used.
+//! The device itself (probe, programs, memory, read-back) is the platform
+//! in [`crate::gpu`]; this module owns only the loopback world on it.
 
-pub mod bench;
-pub mod device;
-pub mod error;
-pub mod host_driver;
-pub mod kernels;
-pub mod mapped;
-pub mod mem;
-pub mod overlap;
-pub mod probe;
 pub mod world;
-
-pub use device::{Device, LaunchTuning, Startup};
-pub use kernels::{CompileOptions, KernelVariant, Target};
-pub use probe::{probe, CudaProbe};
 
 use super::{
     gpu_failed, unsupported, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions,
 };
 use crate::experiment::Case;
 use crate::fold::{mean_scale, shard_plan, Contract};
-use error::GpuError;
-use kernels::FoldMode;
-use mem::DeviceBuffer;
+use crate::gpu::kernels::{self, CompileOptions, FoldMode, KernelVariant};
+use crate::gpu::mem::DeviceBuffer;
+use crate::gpu::readback::Reader;
+use crate::gpu::{device, mapped, probe, Device, GpuError, LaunchTuning};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
-use world::{Reader, RoundSpec, WorldBuffers};
+use world::{RoundSpec, WorldBuffers};
 
 const NAME: &str = "cuda";
 
@@ -364,7 +352,7 @@ impl CudaBackend {
                 "need W >= 1 equal-length addends and a W-long order",
             ));
         }
-        let ld = world::row_stride(n);
+        let ld = device::row_stride(n);
         let stacked = DeviceBuffer::<f32>::alloc(&self.dev.ctx, w * ld).map_err(failed)?;
         let out = DeviceBuffer::<f32>::alloc(&self.dev.ctx, n).map_err(failed)?;
         let mut host = vec![0f32; w * ld];
@@ -372,7 +360,8 @@ impl CudaBackend {
             host[r * ld..r * ld + n].copy_from_slice(a);
         }
         stacked.upload(&host).map_err(failed)?;
-        let (mode, prog) = program_for(contract, w, order).map_err(|m| unsupported(id, m))?;
+        let (mode, prog) =
+            kernels::fold_program(contract, w, order).map_err(|m| unsupported(id, m))?;
         let prog_buf = upload_prog(&self.dev, &prog).map_err(failed)?;
         let args = device::FoldArgs {
             out: out.ptr(),
@@ -511,28 +500,7 @@ pub struct PeerFiles {
 /// The fold mode and device program (order or postfix tree) of a case's contract.
 pub(crate) fn contract_program(case: &Case) -> Result<(FoldMode, Vec<u32>), BackendError> {
     let order = case.order.sequence(case.world);
-    program_for(case.contract, case.world, &order).map_err(|m| unsupported(&case.id, m))
-}
-
-/// The fold mode and device program of `contract` at world `w`, with the
-/// delivery `order` (used by arrival-order only).
-fn program_for(
-    contract: Contract,
-    w: usize,
-    order: &[usize],
-) -> Result<(FoldMode, Vec<u32>), &'static str> {
-    Ok(match contract {
-        Contract::FixedOrder => (FoldMode::Fixed, Vec::new()),
-        Contract::ArrivalOrder => (FoldMode::Order, order.iter().map(|&r| r as u32).collect()),
-        Contract::NcclAllreduce => return Err("nccl-allreduce needs the NCCL backend"),
-        Contract::PairwiseTree => {
-            let prog = kernels::tree_program(w);
-            if kernels::program_depth(&prog) > kernels::TREE_STACK {
-                return Err("pairwise tree deeper than the device stack");
-            }
-            (FoldMode::Tree, prog)
-        }
-    })
+    kernels::fold_program(case.contract, case.world, &order).map_err(|m| unsupported(&case.id, m))
 }
 
 fn upload_prog(dev: &Device, prog: &[u32]) -> Result<Option<DeviceBuffer<u32>>, GpuError> {
@@ -650,7 +618,8 @@ mod driver_error_tests {
     fn a_tree_the_device_cannot_fold_is_no_failed_check() {
         let (_, e) = (
             (),
-            super::program_for(crate::fold::Contract::NcclAllreduce, 3, &[0, 1, 2]).unwrap_err(),
+            crate::gpu::kernels::fold_program(crate::fold::Contract::NcclAllreduce, 3, &[0, 1, 2])
+                .unwrap_err(),
         );
         let err = super::unsupported("c", e);
         assert_eq!(err.exit_code(), ExitCode::Unavailable);

@@ -7,17 +7,18 @@
 //! writes rank o's shard, and the reduced shards are copied to every other
 //! rank. Cross-stream ordering uses events only: no per-rank synchronize.
 
-use super::device::{Device, FoldArgs, LaunchTuning};
-use super::error::GpuError;
-use super::kernels::{FoldMode, KernelVariant};
-use super::mem::{copy_d2d, DeviceBuffer, PinnedBuffer, F32};
 use crate::data::Distribution;
-use crate::digest::{ArenaHasher, ChunkedDigest, NanPolicy, CHUNK_ELEMS};
+use crate::digest::{ChunkedDigest, NanPolicy};
 use crate::fold::Shard;
+use crate::gpu::device::{row_stride, Device, FoldArgs, LaunchTuning};
+use crate::gpu::error::GpuError;
+use crate::gpu::kernels::{FoldMode, KernelVariant};
+use crate::gpu::mem::{copy_d2d, DeviceBuffer, F32};
+use crate::gpu::readback::{ReadTimes, Reader};
 use cudarc::driver::{sys::CUevent_flags, CudaEvent, CudaStream};
 use serde::Serialize;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Rank arenas and reusable scratch for one (W, n).
 pub struct WorldBuffers {
@@ -28,13 +29,6 @@ pub struct WorldBuffers {
     pub scratch: Vec<DeviceBuffer>,
     /// Row stride of a scratch (elements; a multiple of 4, room for a phase).
     pub ld: usize,
-}
-
-/// Row stride for shards of up to `max_shard` elements placed at a phase
-/// of up to 3 elements: a multiple of 32 elements, so every row starts on
-/// a 128-byte line (a stride of n+4 costs an extra sector per warp load).
-pub fn row_stride(max_shard: usize) -> usize {
-    (max_shard + 3).div_ceil(32) * 32
 }
 
 impl WorldBuffers {
@@ -274,32 +268,6 @@ fn exchange_fold_redistribute(
     ev(main, true)
 }
 
-/// A host thread's staging for read-back: its own stream and two pinned
-/// chunks, so one chunk is copied while the other is hashed.
-pub struct Reader {
-    stream: Arc<CudaStream>,
-    bufs: [PinnedBuffer; 2],
-    /// The device's NaN flags, one per `CHUNK_ELEMS` chunk (grown on demand).
-    nan_flags: Option<DeviceBuffer<u32>>,
-    /// Where the last [`Reader::digest`] spent its time.
-    last: ReadTimes,
-}
-
-/// One read-back's time on its host thread, in ms.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct ReadTimes {
-    /// Blocked on a chunk's copy to arrive.
-    pub copy_wait_ms: f64,
-    /// Looking for NaNs on the host (the canonical policy's check before
-    /// hashing in place), in spans the device found a NaN in.
-    pub nan_scan_ms: f64,
-    /// The device's NaN scan of the arena, flags read back.
-    pub device_nan_scan_ms: f64,
-    /// SHA-256 (and chunk digests, when the host computes them), plus
-    /// canonicalising a chunk that holds a NaN.
-    pub hash_ms: f64,
-}
-
 /// Where one arena's digest time went, in ms (`bench` prints it).
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct DigestProfile {
@@ -309,155 +277,6 @@ pub struct DigestProfile {
     pub read: ReadTimes,
     /// Waiting for the device chunk digests once the host was done.
     pub device_chunks_wait_ms: f64,
-}
-
-impl Reader {
-    pub fn new(dev: &Device, chunk: usize) -> Result<Reader, GpuError> {
-        Ok(Reader {
-            stream: dev.new_stream()?,
-            bufs: [
-                PinnedBuffer::alloc(&dev.ctx, chunk)?,
-                PinnedBuffer::alloc(&dev.ctx, chunk)?,
-            ],
-            nan_flags: None,
-            last: ReadTimes::default(),
-        })
-    }
-
-    /// For each `CHUNK_ELEMS` chunk of `buf`, whether it holds a NaN, found
-    /// on the device (a pass at HBM speed instead of a host scan at memory
-    /// speed on the one hashing thread).
-    fn nan_map(&mut self, dev: &Device, buf: &DeviceBuffer) -> Result<Vec<bool>, GpuError> {
-        let chunks = buf.len().div_ceil(CHUNK_ELEMS);
-        if self.nan_flags.as_ref().is_none_or(|f| f.len() < chunks) {
-            self.nan_flags = Some(DeviceBuffer::alloc(&dev.ctx, chunks)?);
-        }
-        let flags = self
-            .nan_flags
-            .as_ref()
-            .ok_or_else(|| GpuError::bounds("NaN flags missing"))?;
-        // SAFETY: views of this context's live buffers; the round has
-        // finished writing the arena, and the flags are read only after
-        // this stream synchronizes.
-        unsafe {
-            dev.nan_chunks(
-                buf.slice(0, buf.len())?,
-                CHUNK_ELEMS,
-                flags.slice(0, chunks)?,
-                &self.stream,
-            )?
-        };
-        self.stream
-            .synchronize()
-            .map_err(|e| GpuError::driver("cuStreamSynchronize", e))?;
-        let mut host = vec![0u32; chunks];
-        flags.download(0, &mut host)?;
-        Ok(host.iter().map(|&f| f != 0).collect())
-    }
-
-    /// Where the last [`Reader::digest`] spent its time.
-    pub fn last_times(&self) -> ReadTimes {
-        self.last
-    }
-
-    /// Hash `buf` under `policy` (with chunk digests when `chunked`); also
-    /// return its values when `keep`.
-    pub fn digest(
-        &mut self,
-        dev: &Device,
-        buf: &DeviceBuffer,
-        policy: NanPolicy,
-        keep: bool,
-        chunked: bool,
-    ) -> Result<(ChunkedDigest, Option<Vec<f32>>), GpuError> {
-        dev.bind()?;
-        let n = buf.len();
-        let chunk = self.bufs[0].len().max(1);
-        let chunks = n.div_ceil(chunk);
-        let mut hasher = if chunked {
-            ArenaHasher::with_chunks(policy)
-        } else {
-            ArenaHasher::new(policy)
-        };
-        let mut kept = if keep {
-            Some(Vec::with_capacity(n))
-        } else {
-            None
-        };
-        let count = |k: usize| chunk.min(n - k * chunk);
-        // Under the canonical policy the host would scan every span for
-        // NaNs before hashing it in place; the device says which spans can
-        // skip that.
-        let scanned = Instant::now();
-        let nan_map = match policy {
-            NanPolicy::Canonical if n > 0 => Some(self.nan_map(dev, buf)?),
-            _ => None,
-        };
-        let device_scan = scanned.elapsed();
-        let has_nan = |k: usize| {
-            let (lo, hi) = (k * chunk, k * chunk + count(k));
-            nan_map
-                .as_ref()
-                .is_none_or(|m| m[lo / CHUNK_ELEMS..hi.div_ceil(CHUNK_ELEMS)].contains(&true))
-        };
-        let (mut waited, mut hashing) = (Duration::ZERO, Duration::ZERO);
-        let result = (|| -> Result<(), GpuError> {
-            for k in 0..chunks.min(2) {
-                self.issue(buf, k, chunk, count(k))?;
-            }
-            for k in 0..chunks {
-                let t = Instant::now();
-                // Waits for this slot's copy: the buffer will not lend out
-                // memory a copy is still writing.
-                let vals = self.bufs[k % 2].values(count(k))?;
-                waited += t.elapsed();
-                let t = Instant::now();
-                if has_nan(k) {
-                    hasher.update(vals);
-                } else {
-                    hasher.update_nan_free(vals);
-                }
-                hashing += t.elapsed();
-                if let Some(v) = kept.as_mut() {
-                    v.extend_from_slice(vals);
-                }
-                if k + 2 < chunks {
-                    self.issue(buf, k + 2, chunk, count(k + 2))?;
-                }
-            }
-            Ok(())
-        })();
-        // Never leave a copy into our pinned memory in flight.
-        let synced = self
-            .stream
-            .synchronize()
-            .map_err(|e| GpuError::driver("cuStreamSynchronize", e));
-        result?;
-        synced?;
-        let scan = hasher.scan_time();
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        self.last = ReadTimes {
-            copy_wait_ms: ms(waited),
-            nan_scan_ms: ms(scan),
-            device_nan_scan_ms: ms(device_scan),
-            hash_ms: ms(hashing.saturating_sub(scan)),
-        };
-        Ok((hasher.finish_chunked(), kept))
-    }
-
-    /// Start the copy of chunk `k` into its slot.
-    fn issue(
-        &mut self,
-        buf: &DeviceBuffer,
-        k: usize,
-        chunk: usize,
-        count: usize,
-    ) -> Result<(), GpuError> {
-        let src = buf.slice(k * chunk, count)?;
-        // SAFETY: the round has finished writing `buf`, which outlives the
-        // copy (the stream is synchronized before `digest` returns).
-        unsafe { self.bufs[k % 2].fill_async(src, &self.stream) }
-    }
 }
 
 /// Every rank's digest, rank 0's chunk digests, rank 0's values if kept,
@@ -598,7 +417,7 @@ pub fn digest_ranks(
     let mut differing: Vec<(usize, Vec<usize>)> = match check {
         RankCheck::Host => Vec::new(),
         RankCheck::Device => {
-            differing_chunks(dev, &readers[0].stream, bufs, crate::digest::CHUNK_ELEMS)?
+            differing_chunks(dev, readers[0].stream(), bufs, crate::digest::CHUNK_ELEMS)?
                 .into_iter()
                 .enumerate()
                 .filter(|(_, c)| !c.is_empty())

@@ -3,10 +3,10 @@
 
 use super::dataflow::{on_every_rank, rank_arena, ArenaJob};
 use super::NcclBackend;
-use crate::backend::cuda::kernels::FoldMode;
 use crate::backend::{BackendError, RunOptions};
 use crate::experiment::Case;
 use crate::fold::Contract;
+use crate::gpu::kernels::FoldMode;
 
 /// One size of the NCCL benchmark (nccl-tests conventions).
 #[derive(Debug, Clone, serde::Serialize)]

@@ -8,7 +8,7 @@ use super::loader::{
     Nccl, NcclError, RawComm, Stream, UniqueId, NCCL_FLOAT32, NCCL_IN_PROGRESS, NCCL_SUM,
     NCCL_UINT32,
 };
-use crate::backend::cuda::mem::{DeviceElem, DeviceView};
+use crate::gpu::mem::{DeviceElem, DeviceView};
 use cudarc::driver::{CudaContext, CudaStream};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,10 +82,9 @@ impl Comm {
         world: usize,
         rank: usize,
         id: UniqueId,
-    ) -> Result<Comm, crate::backend::cuda::error::GpuError> {
-        ctx.bind_to_thread().map_err(|e| {
-            crate::backend::cuda::error::GpuError::driver("making the context current", e)
-        })?;
+    ) -> Result<Comm, crate::gpu::error::GpuError> {
+        ctx.bind_to_thread()
+            .map_err(|e| crate::gpu::error::GpuError::driver("making the context current", e))?;
         let mut raw: RawComm = std::ptr::null_mut();
         // SAFETY: out-parameter; `id` is the job's unique id.
         let r = unsafe { (nccl.comm_init_rank)(&mut raw, world as i32, id, rank as i32) };

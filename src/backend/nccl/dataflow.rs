@@ -4,14 +4,15 @@
 //! asynchronous error state.
 
 use super::{NcclBackend, RankBufs, RankCtx, NAME};
-use crate::backend::cuda::error::GpuError;
-use crate::backend::cuda::kernels::FoldMode;
-use crate::backend::cuda::mem::{DeviceBuffer, F32};
-use crate::backend::cuda::world::row_stride;
-use crate::backend::cuda::{CudaConfig, KernelVariant};
+use crate::backend::cuda::CudaConfig;
 use crate::backend::{infrastructure, BackendError, RunOptions};
 use crate::experiment::Case;
 use crate::fold::{mean_scale, shard_plan, Contract, Shard};
+use crate::gpu::device::row_stride;
+use crate::gpu::error::GpuError;
+use crate::gpu::kernels::FoldMode;
+use crate::gpu::mem::{DeviceBuffer, F32};
+use crate::gpu::KernelVariant;
 use crate::ranks::watchdog::Watchdog;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -282,7 +283,7 @@ pub(super) fn rank_arena(
             });
             exchange.map_err(gpu("exchange"))?;
             phases.push((mark(&stream, "exchange")?, "exchange"));
-            let args = crate::backend::cuda::device::FoldArgs {
+            let args = crate::gpu::device::FoldArgs {
                 out: out.ptr(),
                 stacked: slots.ptr(),
                 ld: ld as u64,

@@ -4,10 +4,10 @@
 //! and resolve the handful of entry points we use, so a missing library is
 //! an error message rather than a panic.
 
-use crate::backend::cuda::error::GpuError;
+use crate::gpu::error::GpuError;
 use std::ffi::{c_char, c_int, c_void, CStr};
 
-pub use crate::backend::cuda::error::NcclError;
+pub use crate::gpu::error::NcclError;
 
 /// `ncclComm_t`: owned and used only through [`super::comm::Comm`].
 pub type RawComm = *mut c_void;

@@ -24,12 +24,14 @@ mod dataflow;
 pub mod facts;
 pub mod loader;
 
-use super::cuda::mem::DeviceBuffer;
-use super::cuda::world::Reader;
-use super::cuda::{kernels::FoldMode, mapped, CudaConfig, Device};
+use super::cuda::CudaConfig;
 use super::{unsupported, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
 use crate::experiment::Case;
 use crate::fold::Contract;
+use crate::gpu::kernels::FoldMode;
+use crate::gpu::mem::DeviceBuffer;
+use crate::gpu::readback::Reader;
+use crate::gpu::{mapped, Device};
 use crate::ranks::discover::RankEnv;
 use crate::ranks::rendezvous::{self, Plan};
 use crate::ranks::watchdog::Watchdog;
@@ -138,7 +140,7 @@ fn id_from(bytes: &[u8]) -> Result<UniqueId, BackendError> {
 
 impl NcclBackend {
     pub fn new(cfg: NcclConfig) -> Result<NcclBackend, BackendError> {
-        let probe = super::cuda::probe();
+        let probe = crate::gpu::probe();
         if !probe.usable {
             return Err(unavailable(probe.short_reason()));
         }
@@ -196,7 +198,7 @@ impl NcclBackend {
 
     /// One process, one thread and context per GPU.
     fn init_threads(&mut self, gpus: usize) -> Result<(), BackendError> {
-        let probe = super::cuda::probe();
+        let probe = crate::gpu::probe();
         if gpus > probe.device_count {
             return Err(unavailable(format!(
                 "--gpus {gpus} but the driver reports {} device(s). One process cannot emulate \

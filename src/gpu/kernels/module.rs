@@ -13,7 +13,7 @@ use super::source::{
     RANK_CHECK_SRC, RANK_DIFF_ENTRY,
 };
 use super::target::{option_list, CompileOptions, ResolvedTarget, Target};
-use crate::backend::cuda::error::GpuError;
+use crate::gpu::error::GpuError;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use serde::Serialize;
 use std::collections::HashMap;

@@ -42,6 +42,30 @@ pub fn program_depth(prog: &[u32]) -> usize {
     max
 }
 
+/// The fold mode and device program of `contract` at world `w`, with the
+/// delivery `order` (used by arrival-order only); `Err` says why the
+/// device cannot fold it.
+pub fn fold_program(
+    contract: crate::fold::Contract,
+    w: usize,
+    order: &[usize],
+) -> Result<(super::FoldMode, Vec<u32>), &'static str> {
+    use super::FoldMode;
+    use crate::fold::Contract;
+    Ok(match contract {
+        Contract::FixedOrder => (FoldMode::Fixed, Vec::new()),
+        Contract::ArrivalOrder => (FoldMode::Order, order.iter().map(|&r| r as u32).collect()),
+        Contract::NcclAllreduce => return Err("nccl-allreduce needs the NCCL backend"),
+        Contract::PairwiseTree => {
+            let prog = tree_program(w);
+            if program_depth(&prog) > TREE_STACK {
+                return Err("pairwise tree deeper than the device stack");
+            }
+            (FoldMode::Tree, prog)
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

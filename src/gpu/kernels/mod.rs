@@ -31,4 +31,4 @@ pub use source::{
     RANK_CHECK_SRC, RANK_DIFF_ENTRY,
 };
 pub use target::{option_list, resolve_target, CompileOptions, ResolvedTarget, Target};
-pub use tree::{program_depth, tree_program, TREE_ADD, TREE_STACK};
+pub use tree::{fold_program, program_depth, tree_program, TREE_ADD, TREE_STACK};

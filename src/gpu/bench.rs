@@ -1,12 +1,11 @@
 //! The fold kernel alone, timed with CUDA events, next to a device-to-device
 //! copy of the same number of bytes measured in the same run.
 
+use super::device::row_stride;
 use super::device::{Device, FoldArgs, LaunchTuning};
 use super::error::GpuError;
 use super::kernels::{CompileOptions, FoldMode, KernelVariant};
 use super::mem::{copy_d2d, DeviceBuffer};
-use super::world::row_stride;
-use super::BackendError;
 use crate::data::{Distribution, Lane};
 use crate::fold::fold_fixed;
 use cudarc::driver::{sys::CUevent_flags, CudaStream};
@@ -89,10 +88,6 @@ pub struct BenchReport {
     pub kernel_cache: Vec<super::kernels::ModuleOrigin>,
 }
 
-fn err(e: GpuError) -> BackendError {
-    super::super::gpu_failed("bench", "measuring", e)
-}
-
 fn median(mut v: Vec<f64>) -> (f64, f64) {
     v.sort_by(f64::total_cmp);
     let min = v.first().copied().unwrap_or(f64::NAN);
@@ -139,26 +134,22 @@ fn time_each(
 }
 
 /// Measure the fold (`seed` and `fast`) and a D2D copy for each shape.
-pub fn bench_fold(cfg: &BenchConfig) -> Result<BenchReport, BackendError> {
+pub fn bench_fold(cfg: &BenchConfig) -> Result<BenchReport, GpuError> {
     let started = std::time::Instant::now();
     let p = super::probe();
     let probe_ms = started.elapsed().as_secs_f64() * 1e3;
     if !p.usable {
-        return Err(BackendError::Unavailable {
-            backend: "cuda",
-            reason: p.reason(),
-        });
+        return Err(GpuError::missing(format!(
+            "CUDA is not usable here: {}",
+            p.reason()
+        )));
     }
-    let mut dev =
-        Device::open(cfg.ordinal, cfg.compile).map_err(|e| BackendError::Unavailable {
-            backend: "cuda",
-            reason: e.to_string(),
-        })?;
+    let mut dev = Device::open(cfg.ordinal, cfg.compile)?;
     dev.startup.probe = probe_ms;
-    let stream = dev.new_stream().map_err(err)?;
+    let stream = dev.new_stream()?;
     let mut rows = Vec::new();
     for &(w, n) in &cfg.shapes {
-        rows.extend(bench_shape(&dev, &stream, cfg, w, n).map_err(err)?);
+        rows.extend(bench_shape(&dev, &stream, cfg, w, n)?);
     }
     Ok(BenchReport {
         device: format!(

@@ -86,6 +86,13 @@ pub struct FoldArgs {
     pub scale: Option<f32>,
 }
 
+/// Row stride for shards of up to `max_shard` elements placed at a phase
+/// of up to 3 elements: a multiple of 32 elements, so every row starts on
+/// a 128-byte line (a stride of n+4 costs an extra sector per warp load).
+pub fn row_stride(max_shard: usize) -> usize {
+    (max_shard + 3).div_ceil(32) * 32
+}
+
 pub struct Device {
     pub ctx: Arc<CudaContext>,
     pub info: DeviceProbe,

@@ -356,7 +356,7 @@ mod tests {
         assert!(e.to_string().contains("outside a buffer of 10"), "{e}");
         assert_eq!(
             e.fault(),
-            crate::backend::cuda::error::GpuFault::Broken,
+            crate::gpu::error::GpuFault::Broken,
             "a host-side range mistake is no missing resource"
         );
     }

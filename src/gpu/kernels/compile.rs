@@ -4,7 +4,7 @@
 
 use super::nvrtc::{nvrtc_compile, Image};
 use super::target::{option_list, ResolvedTarget};
-use crate::backend::cuda::error::GpuError;
+use crate::gpu::error::GpuError;
 
 /// What to build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
