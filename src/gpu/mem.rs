@@ -102,10 +102,16 @@ impl<T: DeviceElem> DeviceBuffer<T> {
             return Ok(());
         }
         bind(&self.ctx)?;
-        // SAFETY: `dst` is a checked view of exactly `data.len()` elements;
-        // `cuMemcpyHtoD` is synchronous.
+        // SAFETY: `dst` is a checked view of exactly `data.len()` elements.
         unsafe { result::memcpy_htod_sync(dst.ptr(), data) }
-            .map_err(|e| GpuError::driver("cuMemcpyHtoD", e))
+            .map_err(|e| GpuError::driver("cuMemcpyHtoD", e))?;
+        // From pageable memory `cuMemcpyHtoD` returns once the data is
+        // staged, before the DMA into `dst` is done, and our streams do not
+        // wait for the legacy stream it ran on: a kernel launched next
+        // could read the old bytes. Wait for that stream here.
+        // SAFETY: the null stream of the current context.
+        unsafe { result::stream::synchronize(std::ptr::null_mut()) }
+            .map_err(|e| GpuError::driver("cuStreamSynchronize after cuMemcpyHtoD", e))
     }
 
     /// Blocking download of elements `start..start + out.len()` (the
