@@ -1,13 +1,16 @@
 //! Exit codes, the command line's contract with CI, and the one mapping
-//! from every typed error of the library to them. Each `match` below is
-//! exhaustive: a new error variant does not compile until it is given a
-//! code.
+//! from every way a command can fail to them: [`Failure`], which every
+//! command returns. Each `match` below is exhaustive: a new error type
+//! cannot reach the command line (`?` needs a `Failure` variant) and a new
+//! variant does not compile until it is given a code.
 
 use crate::audit::AuditError;
 use crate::backend::BackendError;
 use crate::experiment::InputError;
 use crate::gpu::error::{GpuError, GpuFault};
 use crate::ranks::RankError;
+use crate::report::attest::DumpMismatch;
+use crate::report::golden::GoldenError;
 use crate::report::ReportError;
 use crate::runner::RunError;
 
@@ -158,47 +161,170 @@ impl HasExitCode for RankError {
             | RankError::Rendezvous { .. }
             | RankError::Disagree(_)
             | RankError::Launch(_) => ExitCode::Infrastructure,
+            RankError::LaunchSize(_) => ExitCode::BadInput,
         }
     }
 }
 
-/// The exit code of an error chain: the first typed error in it decides;
-/// an error of no known type is bad input.
-pub fn of_error(e: &(dyn std::error::Error + 'static)) -> ExitCode {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if let Some(code) = of_typed(err) {
-            return code;
+impl HasExitCode for GoldenError {
+    fn exit_code(&self) -> ExitCode {
+        match self {
+            // No golden to compare with is a failed check: CI must not pass.
+            GoldenError::Missing { .. } | GoldenError::WrongExperiment { .. } => {
+                ExitCode::CheckFailed
+            }
+            GoldenError::NanPolicy { .. } => ExitCode::BadInput,
+            GoldenError::Read(e) => e.exit_code(),
         }
-        cur = err.source();
     }
-    ExitCode::BadInput
 }
 
-/// The exit code of `err` if it is one of the library's typed errors.
-pub fn of_typed(err: &(dyn std::error::Error + 'static)) -> Option<ExitCode> {
-    if let Some(e) = err.downcast_ref::<RunError>() {
-        return Some(e.exit_code());
+impl HasExitCode for DumpMismatch {
+    fn exit_code(&self) -> ExitCode {
+        match self {
+            DumpMismatch::Unreadable(_) => ExitCode::BadInput,
+            DumpMismatch::Contradicts(_) => ExitCode::CheckFailed,
+            DumpMismatch::OutOfMemory(_) => ExitCode::Unavailable,
+        }
     }
-    if let Some(e) = err.downcast_ref::<BackendError>() {
-        return Some(e.exit_code());
+}
+
+/// Every way a foldprint command can fail. The library's typed errors are
+/// carried as they are; the rest are what the command line itself refuses
+/// or runs out of.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    #[error(transparent)]
+    Run(Box<RunError>),
+    #[error(transparent)]
+    Backend(Box<BackendError>),
+    #[error(transparent)]
+    Gpu(Box<GpuError>),
+    #[error(transparent)]
+    Input(#[from] InputError),
+    #[error(transparent)]
+    Report(#[from] ReportError),
+    #[error(transparent)]
+    Golden(Box<GoldenError>),
+    #[error(transparent)]
+    Dump(#[from] DumpMismatch),
+    #[error(transparent)]
+    Audit(#[from] AuditError),
+    #[error(transparent)]
+    Rank(#[from] RankError),
+    /// A file could not be read or written; the message is in `context`
+    /// around it.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// JSON the command builds for printing (never a user's input).
+    #[error("building JSON output: {0}")]
+    Json(#[from] serde_json::Error),
+    /// An argument, a path or a combination the command refuses (exit 2).
+    #[error("{0}")]
+    Refused(String),
+    /// A check failed, or nothing was checked (exit 1).
+    #[error("{0}")]
+    CheckFailed(String),
+    /// Something this machine lacks: threads, address space, a GPU (exit 3).
+    #[error("{0}")]
+    Unavailable(String),
+    /// Stopped by signal `signal` before anything was written.
+    #[error("{message}")]
+    Interrupted { signal: i32, message: String },
+    /// What was being done when `source` failed; the code is the source's.
+    #[error("{context}")]
+    Context {
+        context: String,
+        #[source]
+        source: Box<Failure>,
+    },
+}
+
+// The larger errors are boxed, so a `Result<_, Failure>` stays small.
+macro_rules! boxed_from {
+    ($($variant:ident($t:ty)),*) => {$(
+        impl From<$t> for Failure {
+            fn from(e: $t) -> Self {
+                Failure::$variant(Box::new(e))
+            }
+        }
+    )*};
+}
+boxed_from!(
+    Run(RunError),
+    Backend(BackendError),
+    Gpu(GpuError),
+    Golden(GoldenError)
+);
+
+impl HasExitCode for Failure {
+    fn exit_code(&self) -> ExitCode {
+        match self {
+            Failure::Run(e) => e.exit_code(),
+            Failure::Backend(e) => e.exit_code(),
+            Failure::Gpu(e) => e.exit_code(),
+            Failure::Input(e) => e.exit_code(),
+            Failure::Report(e) => e.exit_code(),
+            Failure::Golden(e) => e.exit_code(),
+            Failure::Dump(e) => e.exit_code(),
+            Failure::Audit(e) => e.exit_code(),
+            Failure::Rank(e) => e.exit_code(),
+            Failure::Io(e) => io_exit_code(e),
+            Failure::Json(_) | Failure::Refused(_) => ExitCode::BadInput,
+            Failure::CheckFailed(_) => ExitCode::CheckFailed,
+            Failure::Unavailable(_) => ExitCode::Unavailable,
+            Failure::Interrupted { signal, .. } => ExitCode::Interrupted(*signal),
+            Failure::Context { source, .. } => source.exit_code(),
+        }
     }
-    if let Some(e) = err.downcast_ref::<InputError>() {
-        return Some(e.exit_code());
+}
+
+impl Failure {
+    /// The message as printed: each cause once, joined with `: ` (an I/O
+    /// error a message already quotes is not repeated).
+    pub fn message(&self) -> String {
+        let mut out = String::new();
+        let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(err) = cur {
+            let s = err.to_string();
+            if !s.is_empty() && !out.contains(&s) {
+                if !out.is_empty() {
+                    out.push_str(": ");
+                }
+                out.push_str(&s);
+            }
+            cur = err.source();
+        }
+        out
     }
-    if let Some(e) = err.downcast_ref::<ReportError>() {
-        return Some(e.exit_code());
+}
+
+/// `context` for results whose error is a [`Failure`] or becomes one, and
+/// for options (a missing value is refused input).
+pub trait Context<T> {
+    fn context(self, what: impl Into<String>) -> Result<T, Failure>;
+    fn with_context<S: Into<String>>(self, what: impl FnOnce() -> S) -> Result<T, Failure>;
+}
+
+impl<T, E: Into<Failure>> Context<T> for Result<T, E> {
+    fn context(self, what: impl Into<String>) -> Result<T, Failure> {
+        self.with_context(|| what)
     }
-    if let Some(e) = err.downcast_ref::<AuditError>() {
-        return Some(e.exit_code());
+    fn with_context<S: Into<String>>(self, what: impl FnOnce() -> S) -> Result<T, Failure> {
+        self.map_err(|e| Failure::Context {
+            context: what().into(),
+            source: Box::new(e.into()),
+        })
     }
-    if let Some(e) = err.downcast_ref::<RankError>() {
-        return Some(e.exit_code());
+}
+
+impl<T> Context<T> for Option<T> {
+    fn context(self, what: impl Into<String>) -> Result<T, Failure> {
+        self.ok_or_else(|| Failure::Refused(what.into()))
     }
-    if let Some(e) = err.downcast_ref::<GpuError>() {
-        return Some(e.exit_code());
+    fn with_context<S: Into<String>>(self, what: impl FnOnce() -> S) -> Result<T, Failure> {
+        self.ok_or_else(|| Failure::Refused(what().into()))
     }
-    None
 }
 
 #[cfg(test)]
@@ -223,26 +349,26 @@ mod tests {
             phase: "allreduce".into(),
             message: "peer died".into(),
         });
-        assert_eq!(of_error(&infra), ExitCode::Infrastructure);
+        assert_eq!(Failure::from(infra).exit_code(), ExitCode::Infrastructure);
         let oom = BackendError::OutOfMemory {
             case: "c".into(),
             what: "host memory",
             needed: 2,
             available: 1,
         };
-        assert_eq!(of_error(&oom), ExitCode::Unavailable);
+        assert_eq!(Failure::from(oom).exit_code(), ExitCode::Unavailable);
         let full = ReportError::Write {
             path: "r.json".into(),
             source: std::io::Error::from_raw_os_error(libc::ENOSPC),
         };
-        assert_eq!(of_error(&full), ExitCode::Unavailable);
+        assert_eq!(Failure::from(full).exit_code(), ExitCode::Unavailable);
         let denied = ReportError::Write {
             path: "r.json".into(),
             source: std::io::Error::from_raw_os_error(libc::EACCES),
         };
-        assert_eq!(of_error(&denied), ExitCode::BadInput);
+        assert_eq!(Failure::from(denied).exit_code(), ExitCode::BadInput);
         assert_eq!(
-            of_error(&RankError::Disagree("plan".into())),
+            Failure::from(RankError::Disagree("plan".into())).exit_code(),
             ExitCode::Infrastructure
         );
     }
@@ -252,18 +378,89 @@ mod tests {
         let bad = "experiments = [\"e.toml\"]\n[[config]]\nname = \"a\"\nbackend = 3\n";
         let e = crate::audit::parse(std::path::Path::new("m.toml"), bad, &|_| None).unwrap_err();
         assert!(matches!(e, InputError::Invalid { line: 4, .. }), "{e}");
-        assert_eq!(of_error(&e), ExitCode::BadInput);
+        assert_eq!(e.exit_code(), ExitCode::BadInput);
         let shown = e.to_string();
         assert!(shown.starts_with("m.toml:4:11: "), "{shown}");
         // Through the audit's error, unchanged.
         let a = AuditError::from(e);
         assert_eq!(a.to_string(), shown);
-        assert_eq!(of_error(&a), ExitCode::BadInput);
+        assert_eq!(Failure::from(a).exit_code(), ExitCode::BadInput);
         let x = crate::experiment::parse(std::path::Path::new("x.toml"), "name = 3\n").unwrap_err();
-        assert_eq!(of_error(&AuditError::from(x)), ExitCode::BadInput);
         assert_eq!(
-            of_error(&AuditError::Oracle("exit 3".into())),
+            Failure::from(AuditError::from(x)).exit_code(),
+            ExitCode::BadInput
+        );
+        assert_eq!(
+            Failure::from(AuditError::Oracle("exit 3".into())).exit_code(),
             ExitCode::Unavailable
+        );
+    }
+
+    #[test]
+    fn context_keeps_the_code_of_what_it_wraps() {
+        // Each code through two layers of context, so a wrapper that fell
+        // back to one default would be seen.
+        let cases: Vec<(Failure, ExitCode)> = vec![
+            (Failure::Unavailable("no GPU".into()), ExitCode::Unavailable),
+            (
+                Failure::CheckFailed("differs".into()),
+                ExitCode::CheckFailed,
+            ),
+            (
+                Failure::Interrupted {
+                    signal: libc::SIGTERM,
+                    message: "stopped".into(),
+                },
+                ExitCode::Interrupted(libc::SIGTERM),
+            ),
+            (
+                std::io::Error::from_raw_os_error(libc::ENOSPC).into(),
+                ExitCode::Unavailable,
+            ),
+            (
+                RankError::LaunchSize("-n must be at least 1".into()).into(),
+                ExitCode::BadInput,
+            ),
+            (
+                RankError::Launch("starting rank 1".into()).into(),
+                ExitCode::Infrastructure,
+            ),
+        ];
+        for (f, code) in cases {
+            let wrapped: Result<(), Failure> = Err(f);
+            let e = wrapped
+                .context("inner")
+                .with_context(|| "outer")
+                .unwrap_err();
+            assert_eq!(e.exit_code(), code, "{}", e.message());
+            assert!(e.message().starts_with("outer: inner: "), "{}", e.message());
+        }
+        assert_eq!(
+            None::<()>.context("missing").unwrap_err().exit_code(),
+            ExitCode::BadInput
+        );
+    }
+
+    #[test]
+    fn goldens_and_dumps_have_their_own_codes() {
+        let missing = GoldenError::Missing {
+            experiment: "smoke".into(),
+            experiment_path: "smoke.toml".into(),
+            dir: "golden".into(),
+            path: "golden/smoke.json".into(),
+        };
+        assert_eq!(Failure::from(missing).exit_code(), ExitCode::CheckFailed);
+        assert_eq!(
+            Failure::from(DumpMismatch::Contradicts("x".into())).exit_code(),
+            ExitCode::CheckFailed
+        );
+        assert_eq!(
+            Failure::from(DumpMismatch::OutOfMemory("x".into())).exit_code(),
+            ExitCode::Unavailable
+        );
+        assert_eq!(
+            Failure::from(DumpMismatch::Unreadable("x".into())).exit_code(),
+            ExitCode::BadInput
         );
     }
 }

@@ -2,13 +2,12 @@
 //! configurations, the digest matrix against the baseline and the negative
 //! controls, and exit 0 / 1 / 2 / 3 (docs/AUDIT.md).
 
-use super::Exit;
-use anyhow::{Context, Result};
+use foldprint::exit::{Context, Failure};
+type Result<T, E = Failure> = std::result::Result<T, E>;
 use clap::Args;
 use foldprint::audit::{
     self, AuditResult, CaseRow, Cell, Config, ConfigOutcome, ControlCell, Status,
 };
-use foldprint::exit::HasExitCode;
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -64,18 +63,15 @@ pub fn run(a: AuditArgs) -> Result<i32> {
     if let Some(out) = &a.out {
         super::check_output("--out", out)?;
     }
-    let matrix = audit::load(&a.matrix).map_err(|e| Exit(e.exit_code(), e.to_string()))?;
+    let matrix = audit::load(&a.matrix)?;
     let exe = std::env::current_exe().context("locating the foldprint binary")?;
     let opts = audit::Options { exe, keep: a.keep };
     // A signal is recorded, passed on to the running child, and ends the
     // audit (128 + N) once the child is reaped and the work area removed.
     foldprint::interrupt::install();
-    let result = audit::run(&matrix, &opts, &mut StderrProgress)
-        .map_err(|e| Exit(e.exit_code(), e.to_string()))?;
+    let result = audit::run(&matrix, &opts, &mut StderrProgress)?;
     if let Some(out) = &a.out {
-        result
-            .write(out)
-            .map_err(|e| Exit(e.exit_code(), e.to_string()))?;
+        result.write(out)?;
     }
     if a.json {
         out!("{}", result.to_json());

@@ -1,7 +1,8 @@
 //! `bench`: host throughput of generate + fold and of SHA-256, with
 //! `openssl speed -evp sha256` measured in the same run as the baseline.
 
-use anyhow::{Context, Result};
+use foldprint::exit::{Context, Failure};
+type Result<T, E = Failure> = std::result::Result<T, E>;
 use clap::Args;
 use foldprint::backend::{cpu::CpuBackend, Backend, RunOptions};
 use foldprint::data::Distribution;
@@ -306,7 +307,7 @@ fn fold_row(case: &Case, threads: usize) -> Result<Row> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
-        .context("building a thread pool")?;
+        .map_err(|e| Failure::Unavailable(format!("building a thread pool: {e}")))?;
     let mut be = CpuBackend::new();
     let run = pool.install(|| be.run_case(case, &RunOptions::default()))?;
     let best = run

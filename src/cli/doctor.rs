@@ -1,6 +1,7 @@
 //! `doctor`: which backends can run here, and what is missing.
 
-use anyhow::Result;
+use foldprint::exit::Failure;
+type Result<T, E = Failure> = std::result::Result<T, E>;
 use foldprint::gpu::{host_driver, probe, probe::version_text};
 
 fn lib_line(name: &str, l: &foldprint::gpu::probe::LibraryProbe) -> String {

@@ -22,13 +22,14 @@ mod bench;
 mod doctor;
 mod table;
 
-use anyhow::{Context, Result};
+use foldprint::exit::{Context, Failure, HasExitCode};
+type Result<T, E = Failure> = std::result::Result<T, E>;
 use clap::{Args, Parser, Subcommand};
 use foldprint::backend::{self, BackendChoice};
 use foldprint::digest::NanPolicy;
 use foldprint::exit::ExitCode;
 use foldprint::experiment::{self, Experiment};
-use foldprint::report::{golden, Golden, GoldenError, Report};
+use foldprint::report::{golden, Golden, Report};
 use foldprint::runner::{self, RunConfig};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -327,18 +328,6 @@ fn parse_nan_policy(s: &str) -> Result<NanPolicy, String> {
     s.parse()
 }
 
-/// An error that carries its exit code.
-#[derive(Debug)]
-pub struct Exit(pub ExitCode, pub String);
-
-impl std::fmt::Display for Exit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.1)
-    }
-}
-
-impl std::error::Error for Exit {}
-
 /// What went wrong writing stdout, if anything (a closed pipe is not an error).
 static STDOUT_STATE: std::sync::Mutex<(bool, Option<std::io::Error>)> =
     std::sync::Mutex::new((false, None));
@@ -418,43 +407,11 @@ pub fn main() -> i32 {
     let code = match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", foldprint::report::printable(&message(&e)));
-            exit_code(&e).code()
+            eprintln!("error: {}", foldprint::report::printable(&e.message()));
+            e.exit_code().code()
         }
     };
     finish_stdout(code)
-}
-
-/// The error chain joined with `: `, each message once: an I/O error that
-/// a message already quotes is not repeated.
-fn message(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let s = cause.to_string();
-        if s.is_empty() || out.contains(&s) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&s);
-    }
-    out
-}
-
-fn exit_code(e: &anyhow::Error) -> ExitCode {
-    for cause in e.chain() {
-        if let Some(Exit(code, _)) = cause.downcast_ref::<Exit>() {
-            return *code;
-        }
-        if let Some(code) = foldprint::exit::of_typed(cause) {
-            return code;
-        }
-        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            return foldprint::exit::io_exit_code(io);
-        }
-    }
-    ExitCode::BadInput
 }
 
 /// Start the worker threads now, so that a machine that cannot start them
@@ -475,35 +432,26 @@ pub(crate) fn start_threads() -> Result<()> {
     let need = threads.saturating_mul(stack + (64 << 10));
     if let Some(left) = foldprint::memory::address_space_left() {
         if need > left {
-            return Err(Exit(
-                ExitCode::Unavailable,
-                format!(
-                    "cannot start worker threads: {threads} threads need {} MiB of address space, \
+            return Err(Failure::Unavailable(format!(
+                "cannot start worker threads: {threads} threads need {} MiB of address space, \
                      the limit (RLIMIT_AS) leaves {} MiB; lower RAYON_NUM_THREADS",
-                    need >> 20,
-                    left >> 20
-                ),
-            )
-            .into());
+                need >> 20,
+                left >> 20
+            )));
         }
     }
-    rayon::ThreadPoolBuilder::new().build_global().map_err(|e| {
-        Exit(
-            ExitCode::Unavailable,
-            format!("cannot start worker threads: {e}"),
-        )
-        .into()
-    })
+    rayon::ThreadPoolBuilder::new()
+        .build_global()
+        .map_err(|e| Failure::Unavailable(format!("cannot start worker threads: {e}")))
 }
 
 /// Check an output path before any work (exit 2 when it cannot be used).
 pub(crate) fn check_output(flag: &str, path: &std::path::Path) -> Result<()> {
     foldprint::check_writable(path).map_err(|e| {
-        Exit(
-            ExitCode::BadInput,
-            format!("{flag} {}: cannot write there: {e}", path.display()),
-        )
-        .into()
+        Failure::Refused(format!(
+            "{flag} {}: cannot write there: {e}",
+            path.display()
+        ))
     })
 }
 
@@ -515,15 +463,11 @@ fn refuse_same(
     path: &std::path::Path,
 ) -> Result<()> {
     if foldprint::same_file(out, path) {
-        return Err(Exit(
-            ExitCode::BadInput,
-            format!(
-                "{flag} {} is {other} {}; refusing to overwrite it",
-                out.display(),
-                path.display()
-            ),
-        )
-        .into());
+        return Err(Failure::Refused(format!(
+            "{flag} {} is {other} {}; refusing to overwrite it",
+            out.display(),
+            path.display()
+        )));
     }
     Ok(())
 }
@@ -559,15 +503,11 @@ fn check_outputs(
         }
         if let Some(d) = dump {
             if inside(path, d) || foldprint::same_file(path, d) {
-                return Err(Exit(
-                    ExitCode::BadInput,
-                    format!(
-                        "{flag} {} is inside the --dump directory {}, which a run replaces whole",
-                        path.display(),
-                        d.display()
-                    ),
-                )
-                .into());
+                return Err(Failure::Refused(format!(
+                    "{flag} {} is inside the --dump directory {}, which a run replaces whole",
+                    path.display(),
+                    d.display()
+                )));
             }
         }
     }
@@ -581,27 +521,19 @@ fn check_outputs(
             .flat_map(|e| &e.cases)
             .map(|c| (c.experiment.as_str(), c.id.as_str(), c.arenas.len()))
             .collect();
-        let bad = |e: String| -> anyhow::Error {
-            Exit(
-                ExitCode::BadInput,
-                format!("--dump {}: cannot use it: {e}", d.display()),
-            )
-            .into()
+        let bad = |e: String| -> Failure {
+            Failure::Refused(format!("--dump {}: cannot use it: {e}", d.display()))
         };
         let names = foldprint::dumpdir::dump_names(&cases).map_err(bad)?;
         foldprint::dumpdir::preflight(d, names.values().map(|n| n.as_str()))
             .map_err(|e| bad(e.to_string()))?;
         for e in experiments {
             if inside(&e.path, d) {
-                return Err(Exit(
-                    ExitCode::BadInput,
-                    format!(
-                        "--dump {}: the experiment {} is inside it",
-                        d.display(),
-                        e.path.display()
-                    ),
-                )
-                .into());
+                return Err(Failure::Refused(format!(
+                    "--dump {}: the experiment {} is inside it",
+                    d.display(),
+                    e.path.display()
+                )));
             }
         }
     }
@@ -609,11 +541,7 @@ fn check_outputs(
 }
 
 /// An interruption says which outputs were left as they were.
-fn interrupted(
-    e: runner::RunError,
-    common: &Common,
-    dump: Option<&std::path::Path>,
-) -> anyhow::Error {
+fn interrupted(e: runner::RunError, common: &Common, dump: Option<&std::path::Path>) -> Failure {
     if let runner::RunError::Interrupted { signal, .. } = &e {
         let kept: Vec<String> = [common.out.as_deref(), common.junit.as_deref(), dump]
             .into_iter()
@@ -625,7 +553,10 @@ fn interrupted(
         } else {
             format!("; {} left as they were", kept.join(", "))
         };
-        return Exit(ExitCode::Interrupted(*signal), format!("{e}{tail}")).into();
+        return Failure::Interrupted {
+            signal: *signal,
+            message: format!("{e}{tail}"),
+        };
     }
     e.into()
 }
@@ -823,14 +754,10 @@ fn execute(
         return if report.summary.ok {
             Ok(None)
         } else {
-            Err(Exit(
-                ExitCode::CheckFailed,
-                format!(
-                    "this rank's checks failed: {}",
-                    report.summary.failures.join("; ")
-                ),
-            )
-            .into())
+            Err(Failure::CheckFailed(format!(
+                "this rank's checks failed: {}",
+                report.summary.failures.join("; ")
+            )))
         };
     }
     Ok(Some(Executed {
@@ -896,15 +823,12 @@ fn cmd_compare(a: CompareArgs) -> Result<i32> {
     }
     if let Some(dir) = a.reports.iter().find(|p| p.is_dir()) {
         let file = a.reports.iter().find(|p| !p.is_dir()).unwrap_or(dir);
-        return Err(Exit(
-            ExitCode::BadInput,
-            format!(
+        return Err(Failure::Refused(format!(
                 "{} is a dump directory and {} is a report: compare reports with reports, dump directories with dump directories",
                 dir.display(),
                 file.display()
             ),
-        )
-        .into());
+        ));
     }
     let mut sources = Vec::new();
     for p in &a.reports {
@@ -939,13 +863,7 @@ fn cmd_verify(a: VerifyArgs) -> Result<i32> {
         .collect();
     check_outputs(&a.common, &exps, None, &golden_files)?;
     // Read every golden before running anything: a missing one is known early.
-    let goldens = golden::load(&exps, &a.golden, a.common.nan_policy).map_err(|e| match e {
-        GoldenError::Missing { .. } | GoldenError::WrongExperiment { .. } => {
-            Exit(ExitCode::CheckFailed, e.to_string()).into()
-        }
-        GoldenError::NanPolicy { .. } => Exit(ExitCode::BadInput, e.to_string()).into(),
-        GoldenError::Read(e) => anyhow::Error::from(e),
-    })?;
+    let goldens = golden::load(&exps, &a.golden, a.common.nan_policy)?;
     start_threads()?;
     foldprint::interrupt::install();
     // Rows stream as cases finish, as for `run`, so a piped verify is not
@@ -981,15 +899,11 @@ fn cmd_attest(a: AttestArgs) -> Result<i32> {
     refuse_same("--out", &a.out, "the report", &a.report)?;
     if let Some(d) = &a.dump {
         if inside(&a.out, d) {
-            return Err(Exit(
-                ExitCode::BadInput,
-                format!(
-                    "--out {} is inside the dump directory {}; refusing to write there",
-                    a.out.display(),
-                    d.display()
-                ),
-            )
-            .into());
+            return Err(Failure::Refused(format!(
+                "--out {} is inside the dump directory {}; refusing to write there",
+                a.out.display(),
+                d.display()
+            )));
         }
     }
     let report = Report::read(&a.report)?;
@@ -1013,14 +927,7 @@ fn cmd_attest(a: AttestArgs) -> Result<i32> {
         sha256: foldprint::digest::sha256_hex(&bytes),
     }];
     if let Some(dir) = &a.dump {
-        subjects.extend(attest::dump_subjects(&report, dir).map_err(|e| {
-            let code = match e {
-                attest::DumpMismatch::Unreadable(_) => ExitCode::BadInput,
-                attest::DumpMismatch::Contradicts(_) => ExitCode::CheckFailed,
-                attest::DumpMismatch::OutOfMemory(_) => ExitCode::Unavailable,
-            };
-            Exit(code, e.to_string())
-        })?);
+        subjects.extend(attest::dump_subjects(&report, dir)?);
     }
     let text = attest::canonical(&attest::statement(&report, &subjects));
     foldprint::atomic_write(&a.out, text.as_bytes())
@@ -1065,24 +972,19 @@ fn cmd_launch(a: LaunchArgs) -> Result<i32> {
         0
     };
     if needs_gpus && gpus == 0 {
-        return Err(Exit(
-            ExitCode::Unavailable,
+        return Err(Failure::Unavailable(
             "launch: no GPU is visible, and every NCCL rank needs one (see `foldprint doctor`)"
                 .into(),
-        )
-        .into());
+        ));
     }
     if needs_gpus && a.ranks > gpus && !a.emulate_hosts {
-        return Err(Exit(
-            ExitCode::BadInput,
-            format!(
+        return Err(Failure::Refused(format!(
                 "launch -n {n}: {gpus} GPU(s) visible, and NCCL refuses two ranks of one host on one GPU. \
                  To run {n} ranks here anyway, add --emulate-hosts: each rank becomes its own NCCL host \
                  and NCCL uses its network transport over loopback (a correctness run, not a bandwidth one)",
                 n = a.ranks
             ),
-        )
-        .into());
+        ));
     }
     let spec = LaunchSpec {
         ranks: a.ranks,
@@ -1097,12 +999,7 @@ fn cmd_launch(a: LaunchArgs) -> Result<i32> {
         }),
         nccl_logs: !a.exec,
     };
-    let outcome = launch(&spec).map_err(|e| match e {
-        foldprint::ranks::RankError::Launch(m) if m.starts_with("-n ") => {
-            anyhow::Error::new(Exit(ExitCode::BadInput, format!("launch: {m}")))
-        }
-        other => other.into(),
-    })?;
+    let outcome = launch(&spec)?;
     if let Some(sig) = outcome.interrupted {
         eprintln!("launch: stopped every rank on signal {sig}");
     }
@@ -1142,14 +1039,11 @@ fn cmd_golden(a: GoldenArgs) -> Result<i32> {
         let path = Golden::path_in(&a.golden, &e.name);
         old.push(if path.exists() {
             Some(Golden::read(&path).map_err(|err| {
-                Exit(
-                    ExitCode::BadInput,
-                    format!(
-                        "{err}\nrefusing to overwrite {}: it is not a golden this foldprint reads; \
+                Failure::Refused(format!(
+                    "{err}\nrefusing to overwrite {}: it is not a golden this foldprint reads; \
                          look at it, then fix or delete it",
-                        path.display()
-                    ),
-                )
+                    path.display()
+                ))
             })?)
         } else {
             None
@@ -1172,11 +1066,9 @@ fn cmd_golden(a: GoldenArgs) -> Result<i32> {
         .report;
     if !report.summary.ok {
         table::print_report(&report, None, None);
-        return Err(Exit(
-            ExitCode::CheckFailed,
+        return Err(Failure::CheckFailed(
             "the run failed its own checks; no goldens written".into(),
-        )
-        .into());
+        ));
     }
     // A golden of no case would vouch for nothing: check every experiment
     // before writing any.
@@ -1186,17 +1078,14 @@ fn cmd_golden(a: GoldenArgs) -> Result<i32> {
         .collect();
     for (e, g) in exps.iter().zip(&goldens) {
         if g.cases.is_empty() {
-            return Err(Exit(
-                ExitCode::CheckFailed,
-                format!(
+            return Err(Failure::CheckFailed(format!(
                     "{}: the CPU oracle skipped all {} case(s) of experiment `{}` ({}); no goldens written",
                     foldprint::report::NOTHING_CHECKED,
                     e.cases.len(),
                     e.name,
                     e.path.display()
                 ),
-            )
-            .into());
+            ));
         }
     }
     std::fs::create_dir_all(&a.golden)

@@ -210,10 +210,10 @@ fn warnings(dir: &Path, ranks: usize, max: usize) -> Vec<String> {
 
 pub fn launch(spec: &LaunchSpec) -> Result<Outcome, RankError> {
     if spec.ranks == 0 {
-        return Err(RankError::Launch("-n must be at least 1".into()));
+        return Err(RankError::LaunchSize("-n must be at least 1".into()));
     }
     if spec.ranks > MAX_RANKS {
-        return Err(RankError::Launch(format!(
+        return Err(RankError::LaunchSize(format!(
             "-n {} is more than {MAX_RANKS} local ranks",
             spec.ranks
         )));

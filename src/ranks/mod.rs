@@ -21,4 +21,7 @@ pub enum RankError {
     Disagree(String),
     #[error("launch: {0}")]
     Launch(String),
+    /// `launch` was asked for a world it will not start (bad input).
+    #[error("launch: {0}")]
+    LaunchSize(String),
 }

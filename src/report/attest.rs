@@ -37,6 +37,8 @@ impl std::fmt::Display for DumpMismatch {
     }
 }
 
+impl std::error::Error for DumpMismatch {}
+
 /// The dumped arenas as subjects, after checking that each file hashes to
 /// its SHA256SUMS line and to the digest the report gives its arena, that
 /// every arena of the report has its file, and that nothing else is there.
