@@ -4,7 +4,7 @@
 
 use super::matrix::Matrix;
 use super::oracle::OracleCase;
-use super::read::{CaseId, Digests};
+use super::read::{first_difference, CaseId, Digests};
 use super::result::{CaseRow, Cell, ConfigOutcome, ControlCell, NamedCell, OracleRow, Status};
 use crate::experiment::Case;
 
@@ -57,11 +57,6 @@ fn indent(s: &str) -> String {
         .map(|l| format!("    | {l}"))
         .collect::<Vec<_>>()
         .join("\n")
-}
-
-/// First arena whose digest differs (a missing arena counts).
-pub(super) fn first_difference(base: &[String], other: &[String]) -> Option<usize> {
-    (0..base.len().max(other.len())).find(|&i| base.get(i) != other.get(i))
 }
 
 fn digest_at(d: &[String], i: usize) -> &str {
@@ -292,18 +287,5 @@ pub(super) fn collect_control_warnings(
                 some_cases(&still)
             ));
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn differences_are_located_by_arena() {
-        let a = vec!["x".to_string(), "y".to_string()];
-        assert_eq!(first_difference(&a, &a), None);
-        assert_eq!(first_difference(&a, &["x".into(), "z".into()]), Some(1));
-        assert_eq!(first_difference(&a, &["x".into()]), Some(1));
     }
 }

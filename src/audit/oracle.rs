@@ -6,7 +6,7 @@
 //! in the child's report like any configuration's.
 
 use super::child::{self, Ending, Launch};
-use super::compare::first_difference;
+use super::read::first_difference;
 use super::result::ControlCell;
 use super::workdir::WorkArea;
 use super::{AuditError, Options};

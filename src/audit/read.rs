@@ -50,6 +50,13 @@ impl Digests {
     }
 }
 
+/// First arena whose digest differs (a missing arena counts). Here, beside
+/// the digests, so the comparison and the oracle's controls share it
+/// without depending on each other.
+pub(super) fn first_difference(base: &[String], other: &[String]) -> Option<usize> {
+    (0..base.len().max(other.len())).find(|&i| base.get(i) != other.get(i))
+}
+
 /// Fill `o` and `d` from configuration `c`'s report; nothing is filled
 /// when its backend environment cannot be read.
 pub(super) fn read_report(
@@ -76,4 +83,17 @@ pub(super) fn read_report(
     o.cases = d.cases.len();
     o.skipped = d.skipped.len();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn differences_are_located_by_arena() {
+        let a = vec!["x".to_string(), "y".to_string()];
+        assert_eq!(first_difference(&a, &a), None);
+        assert_eq!(first_difference(&a, &["x".into(), "z".into()]), Some(1));
+        assert_eq!(first_difference(&a, &["x".into()]), Some(1));
+    }
 }

@@ -290,10 +290,10 @@ impl HashMemo {
         self
     }
 
-    /// The memo of the default kernel cache, if there is a cache directory.
+    /// The memo beside the default kernel cache (`file-sha256` in
+    /// foldprint's cache directory), if there is a cache directory.
     pub fn default_location() -> Option<Self> {
-        use super::kernels::disk_cache::{default_dir, DiskCache};
-        Some(DiskCache::at(default_dir()?).file_memo())
+        Some(Self::at(super::cache_dir::root()?.join("file-sha256")))
     }
 
     pub fn dir(&self) -> &Path {

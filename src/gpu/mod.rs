@@ -9,6 +9,7 @@
 //! cudarc would open and checks their symbols before cudarc is used.
 
 pub mod bench;
+pub mod cache_dir;
 pub mod device;
 pub mod error;
 pub mod host_driver;

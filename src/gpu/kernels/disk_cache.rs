@@ -10,6 +10,7 @@
 //! compiled again, never loaded. `--no-kernel-cache` (and every child run of
 //! `audit`) compiles fresh and leaves the cache alone.
 
+use super::super::cache_dir;
 use super::super::error::GpuError;
 use super::super::mapped::HashMemo;
 use super::nvrtc::Image;
@@ -21,21 +22,10 @@ use std::path::{Path, PathBuf};
 /// First line of every entry; a new layout gets a new line (and so misses).
 const MAGIC: &[u8] = b"foldprint kernel cache entry v1\n";
 
-/// Where the cache lives for this process, if anywhere: an absolute
-/// `XDG_CACHE_HOME` (the XDG rule ignores relative ones), else `$HOME/.cache`.
+/// Where the cache lives for this process, if anywhere: `kernels` in
+/// foldprint's cache directory ([`cache_dir::root`]).
 pub fn default_dir() -> Option<PathBuf> {
-    dir_from(
-        std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from),
-        std::env::var_os("HOME").map(PathBuf::from),
-    )
-}
-
-fn dir_from(xdg: Option<PathBuf>, home: Option<PathBuf>) -> Option<PathBuf> {
-    let base = match xdg {
-        Some(x) if x.is_absolute() => x,
-        _ => home.filter(|h| h.is_absolute())?.join(".cache"),
-    };
-    Some(base.join("foldprint").join("kernels"))
+    Some(cache_dir::root()?.join("kernels"))
 }
 
 /// Everything that decides a compiled image's bytes.
@@ -483,22 +473,8 @@ mod tests {
     }
 
     #[test]
-    fn the_directory_follows_xdg_then_home() {
-        let p = |s: &str| Some(PathBuf::from(s));
-        assert_eq!(
-            dir_from(p("/x/cache"), p("/home/u")),
-            p("/x/cache/foldprint/kernels")
-        );
-        assert_eq!(
-            dir_from(None, p("/home/u")),
-            p("/home/u/.cache/foldprint/kernels")
-        );
-        // A relative XDG_CACHE_HOME is ignored, as the XDG rule says.
-        assert_eq!(
-            dir_from(p("rel"), p("/home/u")),
-            p("/home/u/.cache/foldprint/kernels")
-        );
-        assert_eq!(dir_from(None, None), None);
+    fn the_kernels_and_the_memo_share_the_cache_directory() {
+        assert_eq!(default_dir(), cache_dir::root().map(|r| r.join("kernels")));
         // The file-hash memo sits beside the kernels.
         assert_eq!(
             DiskCache::at("/x/cache/foldprint/kernels")
@@ -506,6 +482,10 @@ mod tests {
                 .dir(),
             Path::new("/x/cache/foldprint/file-sha256")
         );
-        assert_eq!(dir_from(None, p("")), None);
+        // The memo library provenance finds by itself is the default cache's.
+        assert_eq!(
+            HashMemo::default_location().map(|m| m.dir().to_path_buf()),
+            default_dir().map(|d| DiskCache::at(d).file_memo().dir().to_path_buf())
+        );
     }
 }
