@@ -16,6 +16,11 @@ pub fn headroom() -> Option<Headroom> {
     least(mem_available(), address_space_left(), cgroup_left())
 }
 
+/// [`headroom`]'s bytes, for callers that need no reason.
+pub fn available_memory() -> Option<u64> {
+    headroom().map(|h| h.bytes)
+}
+
 /// The tightest of the three readings; a reading of `None` sets no limit.
 fn least(host: Option<u64>, address_space: Option<u64>, cgroup: Option<u64>) -> Option<Headroom> {
     [

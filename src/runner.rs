@@ -195,9 +195,9 @@ pub fn run_staged(
         }
         environment["provenance"] = p;
     }
-    // How the host's CUDA driver was found, when this process looked.
-    if let Some(d) = crate::gpu::host_driver::state() {
-        environment["host_driver"] = serde_json::json!(d);
+    // E.g. how the host's CUDA driver was found, when the backend looked.
+    for (key, value) in backend.platform_facts() {
+        environment[key.as_str()] = value;
     }
     if !notes.is_empty() {
         environment["notes"] = serde_json::json!(notes);
@@ -217,4 +217,26 @@ pub fn run_staged(
     };
     report.summarize();
     Ok((report, dump))
+}
+
+#[cfg(test)]
+mod tests {
+    /// ARCHITECTURE.md: the runner and the CPU oracle stand on no GPU code;
+    /// GPU facts reach the report through `Backend::platform_facts`.
+    #[test]
+    fn a_cpu_run_touches_no_gpu_code() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        // (Spelled in pieces, so that this test does not find itself.)
+        let forbidden = [["gpu", "::"], ["host", "_driver"]];
+        for file in ["src/runner.rs", "src/backend/cpu.rs"] {
+            let text = std::fs::read_to_string(root.join(file)).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                assert!(
+                    !forbidden.iter().any(|w| line.contains(&w.concat())),
+                    "{file}:{}: {line}",
+                    n + 1
+                );
+            }
+        }
+    }
 }

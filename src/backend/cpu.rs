@@ -22,13 +22,21 @@ const CHUNK: usize = 4 * 1024;
 
 pub struct CpuBackend {
     threads: usize,
+    /// What `auto`'s GPU probe found before falling back here, passed on
+    /// to the report; the oracle itself never looks.
+    platform: serde_json::Map<String, serde_json::Value>,
 }
 
 impl CpuBackend {
     pub fn new() -> Self {
         CpuBackend {
             threads: rayon::current_num_threads(),
+            platform: serde_json::Map::new(),
         }
+    }
+
+    pub fn with_platform_facts(self, platform: serde_json::Map<String, serde_json::Value>) -> Self {
+        CpuBackend { platform, ..self }
     }
 }
 
@@ -49,6 +57,10 @@ impl Backend for CpuBackend {
 
     fn skip_reason(&self, case: &Case) -> Option<String> {
         super::nccl_only(case)
+    }
+
+    fn platform_facts(&self) -> serde_json::Map<String, serde_json::Value> {
+        self.platform.clone()
     }
 
     fn preflight(&self, case: &Case, opts: &RunOptions) -> Result<(), BackendError> {
@@ -91,11 +103,6 @@ fn check_memory(case: &Case, opts: &RunOptions) -> Result<(), BackendError> {
         }
     }
     Ok(())
-}
-
-/// What this process may still allocate (see [`crate::memory::headroom`]).
-pub fn available_memory() -> Option<u64> {
-    crate::memory::headroom().map(|h| h.bytes)
 }
 
 fn run_round(case: &Case, opts: &RunOptions) -> (Vec<ReducedArena>, RoundTimings) {

@@ -148,6 +148,22 @@ pub trait Backend {
     fn is_reporting_rank(&self) -> bool {
         true
     }
+    /// Entries of the report's environment from the platform under the
+    /// backend (the GPU backends' `host_driver`), so that the runner never
+    /// asks the GPU platform itself and a CPU run never touches it.
+    fn platform_facts(&self) -> serde_json::Map<String, serde_json::Value> {
+        serde_json::Map::new()
+    }
+}
+
+/// The GPU platform's facts: how the host's CUDA driver was found, if this
+/// process looked.
+pub(crate) fn gpu_platform_facts() -> serde_json::Map<String, serde_json::Value> {
+    let mut facts = serde_json::Map::new();
+    if let Some(d) = crate::gpu::host_driver::state() {
+        facts.insert("host_driver".into(), serde_json::json!(d));
+    }
+    facts
 }
 
 /// `case` is one this backend cannot run.
@@ -236,9 +252,11 @@ pub fn select(
         }
         BackendChoice::Auto => {
             let probe = crate::gpu::probe();
+            // The oracle then reports what the probe found.
+            let fallback = || cpu::CpuBackend::new().with_platform_facts(gpu_platform_facts());
             if !probe.usable {
                 return Ok((
-                    Box::new(cpu::CpuBackend::new()),
+                    Box::new(fallback()),
                     Some(format!(
                         "auto: CUDA not usable ({}); using the CPU oracle",
                         probe.short_reason()
@@ -248,7 +266,7 @@ pub fn select(
             match cuda::CudaBackend::new(opts.cuda.clone()) {
                 Ok(b) => Ok((Box::new(b), None)),
                 Err(e) => Ok((
-                    Box::new(cpu::CpuBackend::new()),
+                    Box::new(fallback()),
                     Some(format!("auto: {e}; using the CPU oracle")),
                 )),
             }

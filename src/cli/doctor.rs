@@ -98,7 +98,7 @@ pub fn run(json: bool) -> Result<i32> {
     let cpu = serde_json::json!({
         "usable": true,
         "threads": rayon::current_num_threads(),
-        "available_memory": foldprint::backend::cpu::available_memory(),
+        "available_memory": foldprint::memory::available_memory(),
     });
     let cuda = probe();
     if json {

@@ -214,7 +214,7 @@ impl CudaBackend {
         }
         if opts.keep_values {
             let n = case.arenas.iter().copied().max().unwrap_or(0) as u64 * 4;
-            if let Some(avail) = super::cpu::available_memory() {
+            if let Some(avail) = crate::memory::available_memory() {
                 if n > avail {
                     return Err(BackendError::OutOfMemory {
                         case: case.id.clone(),
@@ -536,6 +536,10 @@ impl Backend for CudaBackend {
         ));
         env.env = Some(mapped::relevant_env());
         env.to_value()
+    }
+
+    fn platform_facts(&self) -> serde_json::Map<String, serde_json::Value> {
+        super::gpu_platform_facts()
     }
 
     fn skip_reason(&self, case: &Case) -> Option<String> {

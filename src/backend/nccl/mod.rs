@@ -336,6 +336,10 @@ impl Backend for NcclBackend {
         self.process_rank().unwrap_or(0) == 0
     }
 
+    fn platform_facts(&self) -> serde_json::Map<String, serde_json::Value> {
+        super::gpu_platform_facts()
+    }
+
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
         if let Some(why) = self.skip_reason(case) {
             return Err(unsupported(&case.id, why));
