@@ -16,6 +16,14 @@ pub const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 /// The canonical quiet NaN every NaN is mapped to under the default policy.
 pub const CANONICAL_NAN_BITS: u32 = 0x7FC0_0000;
 
+/// The bits of +infinity; every f32 whose magnitude bits exceed them is a NaN.
+pub const INFINITY_BITS: u32 = 0x7F80_0000;
+
+/// Whether f32 `bits` are a NaN, of either sign and any payload.
+pub const fn is_nan_bits(bits: u32) -> bool {
+    bits & !0x8000_0000 > INFINITY_BITS
+}
+
 /// The two multipliers of [`mix64`] (the device generator gets them from here).
 pub const MIX64_M1: u64 = 0xBF58_476D_1CE4_E5B9;
 pub const MIX64_M2: u64 = 0x94D0_49BB_1331_11EB;
@@ -228,7 +236,12 @@ impl Lane {
                     rank,
                 )
             }),
-            d => run(out, start, key, |u, _| addend_bits(d, u, 0, rank)),
+            d @ (Distribution::Uniform
+            | Distribution::SubnormalHeavy
+            | Distribution::Specials
+            | Distribution::ExactIntegers) => {
+                run(out, start, key, |u, _| addend_bits(d, u, 0, rank))
+            }
         }
     }
 }
@@ -241,6 +254,32 @@ pub fn value(dist: Distribution, seed: u64, rank: u32, arena: u32, index: u64) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nan_bits_are_the_ieee_nans_and_nothing_else() {
+        for bits in [
+            0x7FC0_0000,
+            0xFFC0_0000,
+            0x7F80_0001,
+            0xFFFF_FFFF,
+            0x7FC0_0ABC,
+        ] {
+            assert!(is_nan_bits(bits), "{bits:#x}");
+            assert!(f32::from_bits(bits).is_nan());
+        }
+        // Infinities, the largest finite values and zeros are not NaNs.
+        for bits in [
+            0x7F80_0000,
+            0xFF80_0000,
+            0x7F7F_FFFF,
+            0xFF7F_FFFF,
+            0,
+            0x8000_0000,
+        ] {
+            assert!(!is_nan_bits(bits), "{bits:#x}");
+            assert!(!f32::from_bits(bits).is_nan());
+        }
+    }
     use crate::fold::{fold_fixed, fold_in_order};
 
     fn reversed_changed(dist: Distribution, world: usize, n: u64) -> f64 {

@@ -6,7 +6,7 @@ use sha2::{Digest as _, Sha256};
 use std::fmt;
 use std::str::FromStr;
 
-use crate::data::CANONICAL_NAN_BITS;
+use crate::data::{is_nan_bits, CANONICAL_NAN_BITS, INFINITY_BITS};
 
 /// What happens to NaN bit patterns before hashing. CPUs propagate NaN
 /// payloads, GPUs return their own canonical NaN: hashing raw payloads
@@ -33,7 +33,7 @@ impl NanPolicy {
     #[inline(always)]
     pub fn apply(self, bits: u32) -> u32 {
         match self {
-            NanPolicy::Canonical if bits & 0x7FFF_FFFF > 0x7F80_0000 => CANONICAL_NAN_BITS,
+            NanPolicy::Canonical if is_nan_bits(bits) => CANONICAL_NAN_BITS,
             _ => bits,
         }
     }
@@ -253,9 +253,9 @@ impl ArenaHasher {
 fn has_nan(values: &[f32]) -> bool {
     values
         .iter()
-        .map(|v| v.to_bits() & 0x7FFF_FFFF)
+        .map(|v| v.to_bits() & !0x8000_0000)
         .fold(0, u32::max)
-        > 0x7F80_0000
+        > INFINITY_BITS
 }
 
 /// Digest and chunk digests of one arena under `policy`.

@@ -9,8 +9,8 @@ use std::path::Path;
 /// Distance in units in the last place between two f32 bit patterns, on the
 /// ordered line where -0.0 and +0.0 are adjacent-equal. `None` if either is NaN.
 pub fn ulp_distance(a: u32, b: u32) -> Option<u64> {
-    let nan = |x: u32| x & 0x7FFF_FFFF > 0x7F80_0000;
-    if nan(a) || nan(b) {
+    use crate::data::is_nan_bits;
+    if is_nan_bits(a) || is_nan_bits(b) {
         return None;
     }
     let ordered = |x: u32| -> i64 {

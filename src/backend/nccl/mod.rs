@@ -8,10 +8,10 @@
 //! veto nor change the fixed-order path; only the `nccl-allreduce` control
 //! uses a collective.
 //!
-//! Every wait polls the stream and `ncclCommGetAsyncError` together, so a
-//! dead peer or a broken socket ends the case within milliseconds as an
-//! infrastructure failure, naming the phase, instead of sitting out the
-//! watchdog.
+//! Every wait polls the stream and `ncclCommGetAsyncError` together (at
+//! most 0.5 ms apart), so a dead peer or a broken socket ends the case as
+//! an infrastructure failure, naming the phase, as soon as NCCL reports
+//! it, instead of sitting out the watchdog.
 //!
 //! Two launch modes: one process per rank (rank, world and local device
 //! from the launcher's environment, the unique id and the case agreement
