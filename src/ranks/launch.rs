@@ -208,6 +208,14 @@ fn warnings(dir: &Path, ranks: usize, max: usize) -> Vec<String> {
     out
 }
 
+/// Whether rank arguments select the NCCL backend (`--backend nccl` or
+/// `--backend=nccl`), whose ranks need a GPU each.
+pub fn ranks_need_gpus(args: &[OsString]) -> bool {
+    args.windows(2)
+        .any(|w| w[0] == "--backend" && w[1] == "nccl")
+        || args.iter().any(|a| a == "--backend=nccl")
+}
+
 pub fn launch(spec: &LaunchSpec) -> Result<Outcome, RankError> {
     if spec.ranks == 0 {
         return Err(RankError::LaunchSize("-n must be at least 1".into()));
@@ -356,6 +364,24 @@ mod tests {
             emulate: None,
             nccl_logs: false,
         }
+    }
+
+    #[test]
+    fn only_the_nccl_backend_needs_gpus() {
+        let need =
+            |args: &[&str]| ranks_need_gpus(&args.iter().map(OsString::from).collect::<Vec<_>>());
+        assert!(need(&["run", "--backend", "nccl", "e.toml"]));
+        assert!(need(&["run", "--backend=nccl", "e.toml"]));
+        assert!(!need(&["run", "--backend", "cpu", "e.toml"]));
+        assert!(!need(&["run", "--backend=cuda", "--out", "nccl", "nccl"]));
+        assert!(!need(&[
+            "run",
+            "--backend",
+            "auto",
+            "--junit",
+            "--backend=nccl.xml"
+        ]));
+        assert!(!need(&[]));
     }
 
     #[test]

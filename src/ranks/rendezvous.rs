@@ -14,6 +14,7 @@
 
 use super::discover::RankEnv;
 use super::{job, RankError};
+use crate::experiment::Experiment;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -47,6 +48,29 @@ impl Plan {
             summary: summary.into(),
         }
     }
+}
+
+/// What every NCCL rank must be about to run, bit for bit, as the lines of
+/// a [`Plan`] and its summary: each experiment's name and file digest, then
+/// each case's key and id. Ranks given different files, or the same files
+/// in another order, disagree before any collective can hang.
+pub fn experiment_plan(experiments: &[Experiment]) -> (Vec<String>, String) {
+    let mut lines: Vec<String> = experiments
+        .iter()
+        .map(|e| format!("experiment\t{}\t{}", e.name, e.sha256))
+        .collect();
+    lines.extend(
+        experiments
+            .iter()
+            .flat_map(|e| &e.cases)
+            .map(|c| format!("{}\t{}", c.key(), c.id)),
+    );
+    let names: Vec<String> = experiments
+        .iter()
+        .map(|e| format!("{}@{}", e.name, &e.sha256[..12]))
+        .collect();
+    let cases: usize = experiments.iter().map(|e| e.cases.len()).sum();
+    (lines, format!("{cases} cases of {}", names.join(", ")))
 }
 
 fn err(role: &str, message: impl Into<String>) -> RankError {
@@ -436,6 +460,42 @@ mod tests {
 
     fn plan(s: &str) -> Plan {
         Plan::new(&[s.to_string()], s)
+    }
+
+    fn experiment_plan_of(texts: &[&str]) -> Plan {
+        let exps: Vec<Experiment> = texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let path = std::path::PathBuf::from(format!("e{i}.toml"));
+                crate::experiment::parse(&path, t).unwrap()
+            })
+            .collect();
+        let (lines, summary) = experiment_plan(&exps);
+        Plan::new(&lines, summary)
+    }
+
+    #[test]
+    fn experiment_plans_agree_exactly_when_the_experiments_do() {
+        let a =
+            "name = \"a\"\n[defaults]\nworld = 2\narenas = [8]\nseed = 1\n[[case]]\nid = \"x\"\n";
+        let b =
+            "name = \"b\"\n[defaults]\nworld = 2\narenas = [8]\nseed = 1\n[[case]]\nid = \"x\"\n";
+        let a_seed = a.replace("seed = 1", "seed = 2");
+        let same = experiment_plan_of(&[a, b]);
+        assert_eq!(same, experiment_plan_of(&[a, b]));
+        assert!(
+            same.summary.starts_with("2 cases of a@"),
+            "{}",
+            same.summary
+        );
+        // Another case, another file text, another order: another plan.
+        assert_ne!(
+            same.digest,
+            experiment_plan_of(&[a_seed.as_str(), b]).digest
+        );
+        assert_ne!(same.digest, experiment_plan_of(&[b, a]).digest);
+        assert_ne!(same.digest, experiment_plan_of(&[a]).digest);
     }
 
     type Outcome = (Result<(), RankError>, Vec<Result<Vec<u8>, RankError>>);

@@ -1,0 +1,288 @@
+//! The command line's shape: every flag, its default and its help text.
+
+use clap::{Args, Parser, Subcommand};
+use foldprint::backend::{self, BackendChoice};
+use foldprint::digest::NanPolicy;
+use foldprint::experiment::Experiment;
+use std::path::PathBuf;
+
+use super::{audit, bench};
+
+#[derive(Parser)]
+#[command(
+    name = "foldprint",
+    version,
+    about = "Bitwise-reproducible fixed-order float32 reduction, with SHA-256 digests of the reduced arenas",
+    after_help = EXIT_CODES_HELP
+)]
+pub(super) struct Cli {
+    #[command(subcommand)]
+    pub(super) command: Command,
+}
+
+/// The exit codes, as `--help` shows them (README, "Exit codes", has the same table).
+const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0      every check held
+  1      a check failed: a digest, a rank copy, an invariance group, a golden or a comparison differs; or nothing was checked (every case skipped, no case shared, no dump listed, a report whose own run failed)
+  2      bad input: usage, a malformed experiment, a corrupt or inconsistent report, an unusable output path
+  3      a resource is missing: no GPU, driver or library, not enough memory or disk space
+  4      the infrastructure failed mid-run: an NCCL error, a dead peer, the watchdog, the rendezvous
+  128+N  stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP) at a case boundary; nothing written";
+
+#[derive(Subcommand)]
+pub(super) enum Command {
+    /// Run experiments and print digests, invariance groups and sensitivities.
+    Run(RunArgs),
+    /// Compare reports by case key; exit 1 on any difference.
+    Compare(CompareArgs),
+    /// Run experiments and check their digests against committed goldens.
+    Verify(VerifyArgs),
+    /// Regenerate golden digests from the CPU oracle.
+    Golden(GoldenArgs),
+    /// Say which backends are usable here, and why not.
+    Doctor(DoctorArgs),
+    /// Measure generate + fold and SHA-256 throughput on this machine.
+    Bench(bench::BenchArgs),
+    /// Write an in-toto Statement v1 (RFC 8785 JSON) about a report and its dumps.
+    Attest(AttestArgs),
+    /// Start N local ranks of a command (default: this foldprint); stop all when one fails.
+    Launch(LaunchArgs),
+    /// Run experiments under a matrix of configurations (libraries, targets,
+    /// kernels, env) and compare every digest with the baseline's.
+    Audit(audit::AuditArgs),
+}
+
+#[derive(Args)]
+pub(super) struct AttestArgs {
+    /// The report to attest.
+    pub(super) report: PathBuf,
+    /// A `--dump` directory of the same run: its arenas become subjects too.
+    #[arg(long)]
+    pub(super) dump: Option<PathBuf>,
+    /// Where to write the statement.
+    #[arg(long)]
+    pub(super) out: PathBuf,
+}
+
+#[derive(Args)]
+pub(super) struct LaunchArgs {
+    /// Number of ranks to start.
+    #[arg(short = 'n', long = "ranks")]
+    pub(super) ranks: usize,
+    /// Run ARGS[0] as the program instead of this foldprint binary.
+    #[arg(long)]
+    pub(super) exec: bool,
+    /// Let every rank print to stdout (default: rank 0 only).
+    #[arg(long)]
+    pub(super) all_output: bool,
+    /// Run more ranks than there are GPUs: each rank gets its own NCCL host
+    /// id (NCCL_HOSTID) and a GPU round-robin, so NCCL carries the traffic
+    /// over its network transport on loopback. A correctness run of NCCL's
+    /// inter-node path, never a bandwidth measurement.
+    #[arg(long)]
+    pub(super) emulate_hosts: bool,
+    /// With --emulate-hosts: which host id each rank gets (`reversed`
+    /// changes the topology NCCL builds, never the fixed-order bits).
+    #[arg(
+        long,
+        value_enum,
+        default_value = "ascending",
+        requires = "emulate_hosts"
+    )]
+    pub(super) host_ids: foldprint::ranks::launch::HostIds,
+    /// Arguments of each rank, after `--`.
+    #[arg(last = true, required = true)]
+    pub(super) args: Vec<std::ffi::OsString>,
+}
+
+#[derive(Args)]
+pub(super) struct Common {
+    /// Experiment files, or directories of *.toml files.
+    #[arg(required = true)]
+    pub(super) paths: Vec<PathBuf>,
+    /// Where the reduction runs.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub(super) backend: BackendChoice,
+    /// NaN handling before hashing: `canonical` (every NaN hashed as one
+    /// quiet NaN) or `preserve` (each NaN's sign and payload hashed as it
+    /// is); see docs/SPEC.md.
+    #[arg(long, default_value = "canonical", value_parser = parse_nan_policy)]
+    pub(super) nan_policy: NanPolicy,
+    /// Print the report as JSON on stdout instead of the table.
+    #[arg(long)]
+    pub(super) json: bool,
+    /// Write the JSON report here (atomically).
+    #[arg(long)]
+    pub(super) out: Option<PathBuf>,
+    /// Also write the result as JUnit XML (one testcase per case and group).
+    #[arg(long)]
+    pub(super) junit: Option<PathBuf>,
+    #[command(flatten)]
+    pub(super) cuda: CudaArgs,
+    #[command(flatten)]
+    pub(super) nccl: NcclArgs,
+}
+
+/// Settings of the fold on a GPU (CUDA and NCCL backends; ignored by the CPU backend).
+#[derive(Args, Clone)]
+pub(super) struct CudaArgs {
+    /// Fold kernel variant: `fast` (vectorized) or `seed` (one thread per element).
+    #[arg(long, default_value = "fast", value_parser = ["fast", "seed"])]
+    pub(super) kernel: String,
+    /// Compile target: `auto` (CUBIN for the device's sm_XY when NVRTC can),
+    /// `sm_XY` (CUBIN) or `compute_XY` (PTX, JIT-compiled by the driver).
+    #[arg(long, default_value = "auto", value_parser = str::parse::<foldprint::gpu::Target>)]
+    pub(super) target: foldprint::gpu::Target,
+    /// Threads per block of the fold kernel.
+    #[arg(long)]
+    pub(super) block: Option<u32>,
+    /// Streams the exchange copies race on (0: one stream, in delivery order).
+    #[arg(long, default_value_t = 0)]
+    pub(super) copy_streams: usize,
+    /// Negative control: compile the fold with --ftz=true (flushes subnormals).
+    #[arg(long)]
+    pub(super) ftz: bool,
+    /// How ranks 1..W-1's copies are checked against rank 0's: `device`
+    /// (bitwise on the GPU, per chunk; only differing copies are read back)
+    /// or `host` (every copy read back and hashed).
+    #[arg(long, default_value = "device", value_parser = ["device", "host"])]
+    pub(super) rank_check: String,
+    /// Compile the kernels with NVRTC, neither reading nor writing the
+    /// on-disk kernel cache ($XDG_CACHE_HOME/foldprint/kernels).
+    #[arg(long)]
+    pub(super) no_kernel_cache: bool,
+}
+
+/// Settings of the NCCL backend's world (ignored by the other backends).
+#[derive(Args, Clone)]
+pub(super) struct NcclArgs {
+    /// NCCL backend, one process: number of GPUs (one thread and rank each).
+    /// Under torchrun, Slurm, Open MPI or `foldprint launch` the launcher decides.
+    #[arg(long, default_value_t = 1)]
+    pub(super) gpus: usize,
+    /// NCCL backend: seconds allowed for rendezvous + communicator init.
+    #[arg(long, default_value_t = 120)]
+    pub(super) init_timeout: u64,
+    /// NCCL backend: seconds allowed for each collective window.
+    #[arg(long, default_value_t = 300)]
+    pub(super) timeout: u64,
+}
+
+impl Default for CudaArgs {
+    fn default() -> Self {
+        CudaArgs {
+            kernel: "fast".into(),
+            target: foldprint::gpu::Target::Auto,
+            block: None,
+            copy_streams: 0,
+            ftz: false,
+            rank_check: "device".into(),
+            no_kernel_cache: false,
+        }
+    }
+}
+
+impl Default for NcclArgs {
+    fn default() -> Self {
+        NcclArgs {
+            gpus: 1,
+            init_timeout: 120,
+            timeout: 300,
+        }
+    }
+}
+
+impl Common {
+    pub(super) fn options(&self, experiments: &[Experiment]) -> backend::BackendOptions {
+        let (c, n) = (&self.cuda, &self.nccl);
+        use foldprint::backend::cuda::CudaConfig;
+        use foldprint::gpu::KernelVariant;
+        let mut cuda = CudaConfig {
+            variant: if c.kernel == "seed" {
+                KernelVariant::PerElement
+            } else {
+                KernelVariant::Fast
+            },
+            copy_streams: c.copy_streams,
+            rank_check: if c.rank_check == "host" {
+                foldprint::backend::cuda::world::RankCheck::Host
+            } else {
+                foldprint::backend::cuda::world::RankCheck::Device
+            },
+            ..CudaConfig::default()
+        };
+        cuda.compile.target = c.target;
+        cuda.compile.ftz = c.ftz;
+        cuda.compile.disk_cache = !c.no_kernel_cache;
+        if let Some(b) = c.block {
+            cuda.tuning.fast_block = b;
+            cuda.tuning.seed_block = b;
+        }
+        let (plan, plan_summary) = foldprint::ranks::rendezvous::experiment_plan(experiments);
+        backend::BackendOptions {
+            cuda,
+            gpus: n.gpus,
+            init_timeout: std::time::Duration::from_secs(n.init_timeout),
+            timeout: std::time::Duration::from_secs(n.timeout),
+            plan,
+            plan_summary,
+        }
+    }
+}
+
+#[derive(Args)]
+pub(super) struct RunArgs {
+    #[command(flatten)]
+    pub(super) common: Common,
+    /// Write each reduced arena as .bin plus a SHA256SUMS for `sha256sum -c`.
+    #[arg(long)]
+    pub(super) dump: Option<PathBuf>,
+}
+
+#[derive(Args)]
+pub(super) struct CompareArgs {
+    /// Two or more report files (or `--dump` directories, compared element
+    /// by element); all are compared with the first.
+    #[arg(required = true, num_args = 2..)]
+    pub(super) reports: Vec<PathBuf>,
+    /// Compare only the cases present in every report.
+    #[arg(long)]
+    pub(super) allow_missing: bool,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+#[derive(Args)]
+pub(super) struct VerifyArgs {
+    #[command(flatten)]
+    pub(super) common: Common,
+    /// Directory of golden files (one <experiment>.json each).
+    #[arg(long)]
+    pub(super) golden: PathBuf,
+}
+
+#[derive(Args)]
+pub(super) struct GoldenArgs {
+    /// Experiment files, or directories of *.toml files.
+    #[arg(required = true)]
+    pub(super) paths: Vec<PathBuf>,
+    /// Directory to write <experiment>.json goldens into.
+    #[arg(long)]
+    pub(super) golden: PathBuf,
+    /// NaN policy the goldens are made with, `canonical` or `preserve`
+    /// (recorded in each file; `verify` must then use the same one).
+    #[arg(long, default_value = "canonical", value_parser = parse_nan_policy)]
+    pub(super) nan_policy: NanPolicy,
+}
+
+#[derive(Args)]
+pub(super) struct DoctorArgs {
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+fn parse_nan_policy(s: &str) -> Result<NanPolicy, String> {
+    s.parse()
+}
