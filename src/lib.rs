@@ -9,6 +9,7 @@ pub use atomic::write as atomic_write;
 pub use atomic::{check_writable, same_file};
 pub mod audit;
 pub mod backend;
+pub mod bench;
 pub mod data;
 pub mod digest;
 pub mod dumpdir;
