@@ -254,6 +254,7 @@ pub fn value(dist: Distribution, seed: u64, rank: u32, arena: u32, index: u64) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fold::{fold_fixed, fold_in_order};
 
     #[test]
     fn nan_bits_are_the_ieee_nans_and_nothing_else() {
@@ -280,7 +281,6 @@ mod tests {
             assert!(!f32::from_bits(bits).is_nan());
         }
     }
-    use crate::fold::{fold_fixed, fold_in_order};
 
     fn reversed_changed(dist: Distribution, world: usize, n: u64) -> f64 {
         let lanes: Vec<Lane> = (0..world as u32)

@@ -6,6 +6,7 @@
 
 use crate::audit::AuditError;
 use crate::backend::BackendError;
+use crate::bench::BenchError;
 use crate::experiment::InputError;
 use crate::gpu::error::{GpuError, GpuFault};
 use crate::ranks::RankError;
@@ -179,6 +180,16 @@ impl HasExitCode for GoldenError {
     }
 }
 
+impl HasExitCode for BenchError {
+    fn exit_code(&self) -> ExitCode {
+        match self {
+            // A pool that cannot start: threads or address space are short.
+            BenchError::ThreadPool(_) => ExitCode::Unavailable,
+            BenchError::Backend(e) => e.exit_code(),
+        }
+    }
+}
+
 impl HasExitCode for DumpMismatch {
     fn exit_code(&self) -> ExitCode {
         match self {
@@ -212,6 +223,8 @@ pub enum Failure {
     Audit(#[from] AuditError),
     #[error(transparent)]
     Rank(#[from] RankError),
+    #[error(transparent)]
+    Bench(Box<BenchError>),
     /// A file could not be read or written; the message is in `context`
     /// around it.
     #[error(transparent)]
@@ -254,7 +267,8 @@ boxed_from!(
     Run(RunError),
     Backend(BackendError),
     Gpu(GpuError),
-    Golden(GoldenError)
+    Golden(GoldenError),
+    Bench(BenchError)
 );
 
 impl HasExitCode for Failure {
@@ -269,6 +283,7 @@ impl HasExitCode for Failure {
             Failure::Dump(e) => e.exit_code(),
             Failure::Audit(e) => e.exit_code(),
             Failure::Rank(e) => e.exit_code(),
+            Failure::Bench(e) => e.exit_code(),
             Failure::Io(e) => io_exit_code(e),
             Failure::Json(_) | Failure::Refused(_) => ExitCode::BadInput,
             Failure::CheckFailed(_) => ExitCode::CheckFailed,

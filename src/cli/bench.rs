@@ -1,7 +1,7 @@
 //! `bench`: arguments and printing; what is measured lives in
 //! `foldprint::bench`.
 
-use foldprint::bench::{cpu, BenchError};
+use foldprint::bench::cpu;
 use foldprint::exit::{Context, Failure};
 type Result<T, E = Failure> = std::result::Result<T, E>;
 use clap::Args;
@@ -229,13 +229,6 @@ fn run_nccl(gpus: usize, json: bool) -> Result<i32> {
 }
 
 /// A thread pool the host cannot give us is `Unavailable`, as it was.
-fn bench_failure(e: BenchError) -> Failure {
-    match e {
-        BenchError::ThreadPool(_) => Failure::Unavailable(e.to_string()),
-        BenchError::Backend(e) => e.into(),
-    }
-}
-
 pub fn run(a: BenchArgs) -> Result<i32> {
     use foldprint::backend::BackendChoice;
     match a.backend {
@@ -258,10 +251,10 @@ pub fn run(a: BenchArgs) -> Result<i32> {
     let all = rayon::current_num_threads();
     // Progress on stderr: the table comes only at the end.
     eprintln!("bench: fold, 1 thread ...");
-    let mut rows = vec![cpu::fold_row(&case, 1).map_err(bench_failure)?];
+    let mut rows = vec![cpu::fold_row(&case, 1)?];
     if all > 1 {
         eprintln!("bench: fold, {all} threads ...");
-        rows.push(cpu::fold_row(&case, all).map_err(bench_failure)?);
+        rows.push(cpu::fold_row(&case, all)?);
     }
     eprintln!("bench: SHA-256 digest path ...");
     rows.extend(cpu::sha_rows(a.sha_mib));
