@@ -300,10 +300,12 @@ fn interrupt_keeps_old_outputs(sig: i32, code: i32, name: &str) {
     // Wait until a case has finished: its arena is in the hidden staging directory.
     let t0 = std::time::Instant::now();
     loop {
+        // The preflight makes and removes an empty probe of the same name
+        // first, so a staging directory may vanish between two reads.
         let started = listing(dir.path())
             .iter()
             .filter(|n| n.starts_with(".d.partial-"))
-            .any(|n| !listing(&dir.path().join(n)).is_empty());
+            .any(|n| std::fs::read_dir(dir.path().join(n)).is_ok_and(|mut d| d.next().is_some()));
         if started {
             break;
         }
