@@ -12,7 +12,7 @@ use crate::data::{is_nan_bits, CANONICAL_NAN_BITS, INFINITY_BITS};
 /// payloads, GPUs return their own canonical NaN: hashing raw payloads
 /// would make every `specials` case differ across backends for no
 /// numerical reason.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum NanPolicy {
     /// Every NaN becomes 0x7FC00000 before hashing (the default).
@@ -55,6 +55,14 @@ impl FromStr for NanPolicy {
                 "unknown NaN policy `{s}` (expected canonical or preserve)"
             )),
         }
+    }
+}
+
+/// Read through [`FromStr`], so a report's unknown policy is named as one.
+impl<'de> Deserialize<'de> for NanPolicy {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = std::borrow::Cow::<str>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 

@@ -36,7 +36,7 @@ fn manifest_text() -> String {
 /// Whether `dir` holds a manifest foldprint wrote (any version of the tool).
 fn has_manifest(dir: &Path) -> Result<(), String> {
     let path = dir.join(MANIFEST);
-    let bytes = crate::env::read_capped(&path, 64 << 10).map_err(|e| match e.kind() {
+    let bytes = crate::input::read_capped(&path, 64 << 10).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => format!("it has no {MANIFEST}"),
         _ => format!("its {MANIFEST} cannot be read: {e}"),
     })?;
@@ -156,14 +156,14 @@ pub fn preflight<'n>(
 /// arena a case may have.
 pub fn read_dump_file(path: &Path, declared: Option<u64>) -> std::io::Result<Vec<u8>> {
     let cap = declared.unwrap_or(crate::experiment::MAX_CASE_BYTES);
-    let (f, size) = crate::env::open_regular(path)?;
+    let (f, size) = crate::input::open_regular(path)?;
     if size > cap {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!("it holds {size} bytes, more than the {cap} declared for it"),
         ));
     }
-    crate::env::read_open(f, size)
+    crate::input::read_open(f, size)
 }
 
 /// A dump directory being written; dropped without [`DumpDir::commit`],

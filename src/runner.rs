@@ -172,16 +172,16 @@ pub fn run_staged(
     }
     let groups = build_groups(&cases);
     let mut environment = serde_json::json!({
-        "host": crate::env::host(),
+        "host": crate::host::facts(),
         "backend": backend.environment(),
     });
     environment["backend_init_ms"] = serde_json::json!(cfg.backend_init_ms);
     let mut notes = cfg.notes.clone();
     let mut tool = ToolInfo::current();
-    if let Some(mut p) = crate::env::provenance() {
+    if let Some(mut p) = crate::host::provenance() {
         // A CPU run under a package pinning CUDA libraries must not read as
         // that combination's GPU result.
-        if let Some(note) = crate::env::cpu_under_cuda_combination(backend.name(), Some(&p)) {
+        if let Some(note) = crate::host::cpu_under_cuda_combination(backend.name(), Some(&p)) {
             p["used"] = serde_json::json!(false);
             p["note"] = serde_json::json!(note);
             notes.push(note);
@@ -207,7 +207,7 @@ pub fn run_staged(
         version: REPORT_VERSION,
         foldprint: tool,
         backend: backend.name().into(),
-        nan_policy: cfg.nan_policy.name().into(),
+        nan_policy: cfg.nan_policy,
         environment,
         experiments: experiments.iter().map(ExperimentInfo::from).collect(),
         cases,

@@ -271,7 +271,7 @@ fn a_single_chunk_is_the_arena() {
 fn nan_policy_must_be_known() {
     let mut v = base();
     v["nan_policy"] = json!("bogus");
-    refused(&v, &["nan_policy", "bogus"]);
+    refused(&v, &["NaN policy", "bogus"]);
 }
 
 #[test]

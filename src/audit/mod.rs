@@ -176,7 +176,7 @@ pub fn run(
             sha256: m.sha256.clone(),
             timeout_s: m.timeout.as_secs(),
         },
-        host: crate::env::host(),
+        host: crate::host::facts(),
         experiments: experiments.iter().map(ExperimentInfo::from).collect(),
         baseline: m.configs[base].name.clone(),
         oracle: m.oracle,

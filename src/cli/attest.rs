@@ -29,7 +29,7 @@ pub(super) fn run(a: AttestArgs) -> Result<i32> {
             report.summary.failures.join("; ")
         )
     });
-    let bytes = foldprint::env::read_capped(&a.report, foldprint::env::MAX_REPORT_BYTES)
+    let bytes = foldprint::input::read_capped(&a.report, foldprint::input::MAX_REPORT_BYTES)
         .with_context(|| format!("{}: cannot read", a.report.display()))?;
     let name = a
         .report

@@ -94,7 +94,7 @@ fn print_host_driver(kernel_module: Option<&str>) {
 }
 
 pub fn run(json: bool) -> Result<i32> {
-    let host = foldprint::env::host();
+    let host = foldprint::host::facts();
     let cpu = serde_json::json!({
         "usable": true,
         "threads": rayon::current_num_threads(),
@@ -164,7 +164,7 @@ pub fn run(json: bool) -> Result<i32> {
         outln!("       NVRTC error: {e}");
     }
     print_host_driver(host["nvidia_kernel_driver"].as_str());
-    if let Some(p) = foldprint::env::provenance() {
+    if let Some(p) = foldprint::host::provenance() {
         let c = &p["content"];
         let v = |x: &serde_json::Value| x["version"].as_str().unwrap_or("none").to_string();
         outln!(

@@ -115,8 +115,8 @@ pub(super) fn execute(
     }
     let mut not_gpu = None;
     if reporting {
-        let prov = foldprint::env::provenance();
-        if let Some(w) = foldprint::env::cpu_under_cuda_combination(be.name(), prov.as_ref()) {
+        let prov = foldprint::host::provenance();
+        if let Some(w) = foldprint::host::cpu_under_cuda_combination(be.name(), prov.as_ref()) {
             eprintln!("warning: {w}");
             not_gpu = Some(w);
         }

@@ -122,7 +122,7 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
         &r.foldprint.version,
         &r.backend,
         &r.environment["backend"],
-        &r.nan_policy,
+        r.nan_policy.name(),
     );
     if let Some(n) = not_a_gpu_result(r) {
         outln!("NOT A GPU RESULT: {n}");

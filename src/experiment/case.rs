@@ -25,35 +25,17 @@ pub struct Case {
 }
 
 impl Case {
-    fn key_with_order(&self, order: Option<&DeliveryOrder>) -> String {
-        let lens: Vec<String> = self.arenas.iter().map(|n| n.to_string()).collect();
-        let mut key = format!(
-            "{}/{}/W{}/n{}/{}/s{}",
-            self.contract,
-            if self.mean { "mean" } else { "sum" },
-            self.world,
-            lens.join("+"),
-            self.distribution,
-            self.seed
-        );
-        if let Some(o) = order {
-            key.push('/');
-            key.push_str(&o.canonical());
-        }
-        key
-    }
-
     /// Stable identifier derived from the numeric parameters only (never the
     /// experiment name, rounds or environment), so reports from different
-    /// machines and files line up.
+    /// machines and files line up. See [`CaseParams::key`].
     pub fn key(&self) -> String {
-        self.key_with_order(Some(&self.order))
+        self.params().key()
     }
 
     /// The key with delivery order left out: cases sharing it form an
     /// invariance group.
     pub fn group_key(&self) -> String {
-        self.key_with_order(None)
+        self.params().group_key()
     }
 
     pub fn total_len(&self) -> u64 {
@@ -94,4 +76,27 @@ pub struct CaseParams {
     pub contract: Contract,
     pub mean: bool,
     pub rounds: u32,
+}
+
+impl CaseParams {
+    /// The invariance group: every numeric parameter but the delivery order
+    /// (docs/SPEC.md, "Case key"). The one place the key is spelt, for
+    /// cases being run and for reports being checked alike.
+    pub fn group_key(&self) -> String {
+        let lens: Vec<String> = self.arenas.iter().map(|n| n.to_string()).collect();
+        format!(
+            "{}/{}/W{}/n{}/{}/s{}",
+            self.contract,
+            if self.mean { "mean" } else { "sum" },
+            self.world,
+            lens.join("+"),
+            self.distribution,
+            self.seed
+        )
+    }
+
+    /// The case key: the group and the canonical delivery order.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.group_key(), self.order)
+    }
 }

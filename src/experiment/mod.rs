@@ -45,9 +45,6 @@ pub enum InputError {
     File { path: PathBuf, message: String },
 }
 
-/// The name experiment loading has always used for [`InputError`].
-pub type ExperimentError = InputError;
-
 impl InputError {
     /// An error at byte `offset` of `text`, the contents of `path`.
     pub(crate) fn at(path: &Path, text: &str, offset: usize, message: impl Into<String>) -> Self {
@@ -122,7 +119,7 @@ impl Source<'_> {
         line_col(self.text, offset)
     }
 
-    fn at(&self, span: std::ops::Range<usize>, message: impl Into<String>) -> ExperimentError {
+    fn at(&self, span: std::ops::Range<usize>, message: impl Into<String>) -> InputError {
         InputError::at(self.path, self.text, span.start, message)
     }
 }
@@ -178,10 +175,10 @@ pub(crate) fn utf8_where(bytes: &[u8], e: &std::str::Utf8Error) -> (usize, usize
 }
 
 /// Read and expand one experiment file.
-pub fn load(path: &Path) -> Result<Experiment, ExperimentError> {
+pub fn load(path: &Path) -> Result<Experiment, InputError> {
     let bytes =
-        crate::env::read_capped(path, crate::env::MAX_EXPERIMENT_BYTES).map_err(|source| {
-            ExperimentError::Io {
+        crate::input::read_capped(path, crate::input::MAX_EXPERIMENT_BYTES).map_err(|source| {
+            InputError::Io {
                 path: path.to_path_buf(),
                 source,
             }
@@ -194,11 +191,11 @@ pub fn load(path: &Path) -> Result<Experiment, ExperimentError> {
 }
 
 /// Expand paths (files, or directories of `*.toml`, not recursive) in order.
-pub fn load_all(paths: &[PathBuf]) -> Result<Vec<Experiment>, ExperimentError> {
+pub fn load_all(paths: &[PathBuf]) -> Result<Vec<Experiment>, InputError> {
     let mut files = Vec::new();
     for p in paths {
         if p.is_dir() {
-            let entries = std::fs::read_dir(p).map_err(|source| ExperimentError::Io {
+            let entries = std::fs::read_dir(p).map_err(|source| InputError::Io {
                 path: p.clone(),
                 source,
             })?;
@@ -208,7 +205,7 @@ pub fn load_all(paths: &[PathBuf]) -> Result<Vec<Experiment>, ExperimentError> {
                 .collect();
             found.sort();
             if found.is_empty() {
-                return Err(ExperimentError::File {
+                return Err(InputError::File {
                     path: p.clone(),
                     message: "directory holds no *.toml experiment files".into(),
                 });
@@ -225,7 +222,7 @@ pub fn load_all(paths: &[PathBuf]) -> Result<Vec<Experiment>, ExperimentError> {
     let mut names: HashMap<&str, &Path> = HashMap::new();
     for e in &exps {
         if let Some(prev) = names.insert(&e.name, &e.path) {
-            return Err(ExperimentError::File {
+            return Err(InputError::File {
                 path: e.path.clone(),
                 message: format!(
                     "experiment name `{}` is also used by {}",
@@ -239,7 +236,7 @@ pub fn load_all(paths: &[PathBuf]) -> Result<Vec<Experiment>, ExperimentError> {
 }
 
 /// Parse experiment text (`path` is only used in messages).
-pub fn parse(path: &Path, text: &str) -> Result<Experiment, ExperimentError> {
+pub fn parse(path: &Path, text: &str) -> Result<Experiment, InputError> {
     let src = Source { path, text };
     let raw: RawExperiment = toml::from_str(text).map_err(|e| {
         let span = e.span().unwrap_or(0..0);
@@ -271,7 +268,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, ExperimentError> {
 
     let mut cases = Vec::new();
     let mut ids: HashMap<String, std::ops::Range<usize>> = HashMap::new();
-    let mut claim_id = |id: &str, span: std::ops::Range<usize>| -> Result<(), ExperimentError> {
+    let mut claim_id = |id: &str, span: std::ops::Range<usize>| -> Result<(), InputError> {
         if let Some(prev) = ids.get(id) {
             let (l, c) = src.line_col(prev.start);
             return Err(src.at(
@@ -323,7 +320,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, ExperimentError> {
         }
     }
     if cases.is_empty() {
-        return Err(ExperimentError::File {
+        return Err(InputError::File {
             path: path.to_path_buf(),
             message: "declares no cases (add [[case]] or [[sweep]] tables)".into(),
         });
@@ -332,7 +329,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, ExperimentError> {
     let mut keys: HashMap<String, String> = HashMap::new();
     for c in &cases {
         if let Some(prev) = keys.insert(c.key(), c.id.clone()) {
-            return Err(ExperimentError::File {
+            return Err(InputError::File {
                 path: path.to_path_buf(),
                 message: format!(
                     "cases `{prev}` and `{}` have identical parameters (case key {})",
@@ -353,7 +350,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, ExperimentError> {
 
 /// An empty sweep list would silently sweep nothing and make one case of
 /// the defaults: name the key instead.
-fn check_sweep_lists(src: &Source<'_>, sw: &RawSweep) -> Result<(), ExperimentError> {
+fn check_sweep_lists(src: &Source<'_>, sw: &RawSweep) -> Result<(), InputError> {
     fn span<T>(l: &Option<Spanned<Vec<T>>>) -> Option<std::ops::Range<usize>> {
         l.as_ref()
             .filter(|l| l.get_ref().is_empty())
@@ -471,7 +468,7 @@ fn build_case(
     id: String,
     p: &Params,
     id_span: std::ops::Range<usize>,
-) -> Result<Case, ExperimentError> {
+) -> Result<Case, InputError> {
     let ctx = |what: &str| format!("case `{id}`: field `{what}`");
     let world = match &p.world {
         None => {

@@ -293,7 +293,7 @@ pub fn search(plan: &SearchPlan) -> DriverSearch {
 
     let kernel_module = std::fs::read_to_string(&plan.module_version_file)
         .ok()
-        .and_then(|t| crate::env::kernel_module_version(&t));
+        .and_then(|t| crate::host::kernel_module_version(&t));
     let mut result = DriverSearch {
         searched: plan.describe(),
         found: Vec::new(),

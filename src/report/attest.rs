@@ -44,7 +44,7 @@ impl std::error::Error for DumpMismatch {}
 /// every arena of the report has its file, and that nothing else is there.
 pub fn dump_subjects(report: &Report, dir: &Path) -> Result<Vec<Subject>, DumpMismatch> {
     let sums_path = dir.join("SHA256SUMS");
-    let sums = crate::env::read_capped(&sums_path, crate::env::MAX_REPORT_BYTES)
+    let sums = crate::input::read_capped(&sums_path, crate::input::MAX_REPORT_BYTES)
         .and_then(|b| {
             String::from_utf8(b)
                 .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))

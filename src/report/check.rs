@@ -8,7 +8,7 @@
 
 use super::{build_groups, check_params, printable, ArenaReport, CaseReport, Group, Report};
 use crate::backend::BackendChoice;
-use crate::digest::{NanPolicy, CHUNK_ELEMS};
+use crate::digest::CHUNK_ELEMS;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 
@@ -19,28 +19,12 @@ pub fn is_digest(s: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// The case key its parameters imply (see docs/SPEC.md, "Case key").
-pub fn key_of(c: &CaseReport) -> (String, String) {
-    let p = &c.params;
-    let lens: Vec<String> = p.arenas.iter().map(|n| n.to_string()).collect();
-    let group = format!(
-        "{}/{}/W{}/n{}/{}/s{}",
-        p.contract,
-        if p.mean { "mean" } else { "sum" },
-        p.world,
-        lens.join("+"),
-        p.distribution,
-        p.seed
-    );
-    (format!("{group}/{}", p.order), group)
-}
-
 fn check_case(c: &CaseReport, problems: &mut Vec<String>) {
     let mut bad = |m: String| problems.push(format!("case `{}` ({}): {m}", c.id, c.key));
     if let Some(case) = check_params::params(c, &mut bad) {
         check_params::sensitivity(c, &case, &mut bad);
     }
-    let (key, group) = key_of(c);
+    let (key, group) = (c.params.key(), c.params.group_key());
     if c.key != key {
         bad(format!("its parameters make the key {key}"));
     }
@@ -175,9 +159,6 @@ fn environment_kind(b: BackendChoice) -> Option<&'static str> {
 
 /// `nan_policy`, `backend` and its environment.
 fn check_run(r: &Report, out: &mut Vec<String>) {
-    if let Err(m) = r.nan_policy.parse::<NanPolicy>() {
-        out.push(format!("nan_policy: {m}"));
-    }
     let want = <BackendChoice as clap::ValueEnum>::from_str(&r.backend, false)
         .ok()
         .and_then(environment_kind);

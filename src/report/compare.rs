@@ -4,6 +4,7 @@
 //! a golden file (arena digests of one experiment) can stand on either side.
 
 use super::{ArenaReport, CaseParams, Golden, Report, ReportError};
+use crate::digest::NanPolicy;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -152,7 +153,7 @@ pub enum Source {
 impl Source {
     /// Read a report or a golden, whichever the file's `format` says.
     pub fn read(path: &Path) -> Result<Source, ReportError> {
-        let golden = crate::env::read_capped(path, crate::env::MAX_REPORT_BYTES)
+        let golden = crate::input::read_capped(path, crate::input::MAX_REPORT_BYTES)
             .ok()
             .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
             .is_some_and(|v| {
@@ -165,10 +166,10 @@ impl Source {
         }
     }
 
-    pub fn nan_policy(&self) -> &str {
+    pub fn nan_policy(&self) -> NanPolicy {
         match self {
-            Source::Report(r) => &r.nan_policy,
-            Source::Golden(g) => &g.nan_policy,
+            Source::Report(r) => r.nan_policy,
+            Source::Golden(g) => g.nan_policy,
         }
     }
 

@@ -45,7 +45,7 @@ pub struct Golden {
     pub format: String,
     pub version: u32,
     pub experiment: String,
-    pub nan_policy: String,
+    pub nan_policy: NanPolicy,
     pub produced_by: String,
     /// Elements per chunk of `chunk_sha256`; 0 when the golden has no chunks.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -69,7 +69,7 @@ impl Golden {
             format: GOLDEN_FORMAT.into(),
             version: GOLDEN_VERSION,
             experiment: experiment.into(),
-            nan_policy: report.nan_policy.clone(),
+            nan_policy: report.nan_policy,
             produced_by: format!(
                 "foldprint {} ({} backend)",
                 report.foldprint.version, report.backend
@@ -294,7 +294,7 @@ pub enum GoldenError {
     #[error("{}: golden was made with NaN policy `{golden}`, this run uses `{run}`", path.display())]
     NanPolicy {
         path: PathBuf,
-        golden: String,
+        golden: NanPolicy,
         run: NanPolicy,
     },
     /// The golden file is another experiment's: its `experiment` field
@@ -351,7 +351,7 @@ pub fn load(
                 golden: golden.experiment,
             });
         }
-        if golden.nan_policy != nan_policy.name() {
+        if golden.nan_policy != nan_policy {
             return Err(GoldenError::NanPolicy {
                 path,
                 golden: golden.nan_policy,

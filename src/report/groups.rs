@@ -4,7 +4,7 @@
 
 use super::CaseReport;
 use crate::fold::{Contract, OrderRole};
-use crate::sensitivity::Verdict as Sensitivity;
+use crate::sensitivity::Verdict;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -141,8 +141,8 @@ pub fn build_groups(cases: &[CaseReport]) -> Vec<Group> {
                 seqs.sort();
                 seqs.dedup();
                 let blind = members.iter().all(|c| match c.sensitivity.verdict {
-                    Sensitivity::Blind => true,
-                    Sensitivity::Weak | Sensitivity::Sensitive => false,
+                    Verdict::Blind => true,
+                    Verdict::Weak | Verdict::Sensitive => false,
                 });
                 if seqs.len() < 2 || blind {
                     let why = if blind {
@@ -232,7 +232,7 @@ mod tests {
         contract: Contract,
         order: DeliveryOrder,
         digest: &str,
-        verdict: Sensitivity,
+        verdict: Verdict,
     ) -> CaseReport {
         let case = Case {
             experiment: "e".into(),
@@ -270,13 +270,13 @@ mod tests {
                 Contract::FixedOrder,
                 DeliveryOrder::Ascending,
                 "aa",
-                Sensitivity::Sensitive,
+                Verdict::Sensitive,
             ),
             report(
                 Contract::FixedOrder,
                 DeliveryOrder::Descending,
                 "aa",
-                Sensitivity::Sensitive,
+                Verdict::Sensitive,
             ),
         ]);
         assert!(ok[0].ok);
@@ -285,13 +285,13 @@ mod tests {
                 Contract::FixedOrder,
                 DeliveryOrder::Ascending,
                 "aa",
-                Sensitivity::Sensitive,
+                Verdict::Sensitive,
             ),
             report(
                 Contract::FixedOrder,
                 DeliveryOrder::Descending,
                 "bb",
-                Sensitivity::Sensitive,
+                Verdict::Sensitive,
             ),
         ]);
         assert!(!bad[0].ok);
@@ -305,13 +305,13 @@ mod tests {
                 Contract::ArrivalOrder,
                 DeliveryOrder::Ascending,
                 "aa",
-                Sensitivity::Sensitive,
+                Verdict::Sensitive,
             ),
             report(
                 Contract::ArrivalOrder,
                 DeliveryOrder::Descending,
                 "aa",
-                Sensitivity::Sensitive,
+                Verdict::Sensitive,
             ),
         ]);
         assert!(
@@ -323,13 +323,13 @@ mod tests {
                 Contract::ArrivalOrder,
                 DeliveryOrder::Ascending,
                 "aa",
-                Sensitivity::Sensitive,
+                Verdict::Sensitive,
             ),
             report(
                 Contract::ArrivalOrder,
                 DeliveryOrder::Descending,
                 "bb",
-                Sensitivity::Sensitive,
+                Verdict::Sensitive,
             ),
         ]);
         assert!(good[0].ok);
@@ -339,13 +339,13 @@ mod tests {
                 Contract::ArrivalOrder,
                 DeliveryOrder::Ascending,
                 "aa",
-                Sensitivity::Sensitive,
+                Verdict::Sensitive,
             ),
             report(
                 Contract::ArrivalOrder,
                 DeliveryOrder::Explicit(vec![1, 0, 2, 3]),
                 "aa",
-                Sensitivity::Sensitive,
+                Verdict::Sensitive,
             ),
         ]);
         assert!(commuted[0].ok);
@@ -355,13 +355,13 @@ mod tests {
                 Contract::ArrivalOrder,
                 DeliveryOrder::Ascending,
                 "aa",
-                Sensitivity::Blind,
+                Verdict::Blind,
             ),
             report(
                 Contract::ArrivalOrder,
                 DeliveryOrder::Descending,
                 "aa",
-                Sensitivity::Blind,
+                Verdict::Blind,
             ),
         ]);
         assert_eq!(blind[0].verdict, GroupVerdict::Inconclusive);
@@ -390,13 +390,13 @@ mod tests {
                     Contract::NcclAllreduce,
                     DeliveryOrder::Ascending,
                     digests[0],
-                    Sensitivity::Sensitive,
+                    Verdict::Sensitive,
                 ),
                 report(
                     Contract::NcclAllreduce,
                     DeliveryOrder::Descending,
                     digests[1],
-                    Sensitivity::Sensitive,
+                    Verdict::Sensitive,
                 ),
             ]);
             assert_eq!(g[0].expect, Expect::NotApplicable);
@@ -423,7 +423,7 @@ mod tests {
                 rounds: 1,
             };
             let sens = sensitivity::measure(&case);
-            assert_eq!(sens.verdict, Sensitivity::Sensitive);
+            assert_eq!(sens.verdict, Verdict::Sensitive);
             let arena = ReducedArena {
                 len: 1,
                 rank_digests: vec!["aa".into(); 4],
@@ -454,13 +454,13 @@ mod tests {
                 Contract::ArrivalOrder,
                 DeliveryOrder::Ascending,
                 "aa",
-                Sensitivity::Weak,
+                Verdict::Weak,
             ),
             report(
                 Contract::ArrivalOrder,
                 DeliveryOrder::Descending,
                 "aa",
-                Sensitivity::Weak,
+                Verdict::Weak,
             ),
         ]);
         assert_eq!(g[0].verdict, GroupVerdict::Agree);

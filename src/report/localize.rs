@@ -92,7 +92,7 @@ fn read_sums(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
 
 fn read_sums_file(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
     let path = dir.join("SHA256SUMS");
-    let text = crate::env::read_capped(&path, crate::env::MAX_REPORT_BYTES)
+    let text = crate::input::read_capped(&path, crate::input::MAX_REPORT_BYTES)
         .and_then(|b| {
             String::from_utf8(b)
                 .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8"))

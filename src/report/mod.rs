@@ -88,7 +88,7 @@ pub struct Report {
     pub version: u32,
     pub foldprint: ToolInfo,
     pub backend: String,
-    pub nan_policy: String,
+    pub nan_policy: crate::digest::NanPolicy,
     pub environment: serde_json::Value,
     pub experiments: Vec<ExperimentInfo>,
     pub cases: Vec<CaseReport>,
@@ -379,12 +379,13 @@ pub(crate) fn read_versioned<T: serde::de::DeserializeOwned>(
     version: u32,
     what: &'static str,
 ) -> Result<T, ReportError> {
-    let bytes = crate::env::read_capped(path, crate::env::MAX_REPORT_BYTES).map_err(|source| {
-        ReportError::Io {
-            path: path.to_path_buf(),
-            source,
-        }
-    })?;
+    let bytes =
+        crate::input::read_capped(path, crate::input::MAX_REPORT_BYTES).map_err(|source| {
+            ReportError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
     let text = String::from_utf8(bytes).map_err(|e| ReportError::Malformed {
         path: path.to_path_buf(),
         message: {
