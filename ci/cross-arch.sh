@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CPU oracle on other CPU architectures, run by .ci/run and by
-# ci/workflows/cross-arch.yml. For each target it cross-builds foldprint and
+# .github/workflows/cross-arch.yml. For each target it cross-builds foldprint and
 # its tests, runs `foldprint verify experiments --golden experiments/golden
 # --backend cpu` under qemu-user, runs the unit and integration tests under
 # qemu-user, and finally compares every architecture's report with the

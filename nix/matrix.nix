@@ -71,7 +71,7 @@ let
     };
   };
 
-  # The self-hosted GPU runner labels ci/workflows/gpu.yml runs on by default,
+  # The self-hosted GPU runner labels .github/workflows/gpu.yml runs on by default,
   # and each one's compute capability. NCCL combinations are compiled for
   # exactly these capabilities (those the CUDA set supports), plus PTX of the
   # newest for forward compatibility (nixpkgs' `cudaForwardCompat`).
@@ -142,7 +142,7 @@ let
     }) combinations
   );
 
-  # What ci/workflows/gpu.yml runs on every GPU runner label (all of them
+  # What .github/workflows/gpu.yml runs on every GPU runner label (all of them
   # unless trimmed here).
   ci = names;
 

@@ -50,6 +50,22 @@ fn has_manifest(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The file names a dump directory's SHA256SUMS lists.
+fn listed_in_sums(dir: &Path) -> Result<std::collections::HashSet<String>, String> {
+    let bytes = crate::input::read_capped(&dir.join("SHA256SUMS"), crate::input::MAX_REPORT_BYTES)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => "it has no SHA256SUMS".to_string(),
+            _ => format!("its SHA256SUMS cannot be read: {e}"),
+        })?;
+    let text = String::from_utf8_lossy(&bytes);
+    // `sha256sum` lines: 64 hex digits, two spaces (or space and `*`), the name.
+    Ok(text
+        .lines()
+        .filter_map(|l| l.get(66..).filter(|_| l.len() > 66))
+        .map(str::to_string)
+        .collect())
+}
+
 /// Check that `target` may become (or be replaced by) a dump directory:
 /// absent, empty, or a dump directory foldprint made.
 pub fn check_target(target: &Path) -> std::io::Result<()> {
@@ -65,6 +81,7 @@ pub fn check_target(target: &Path) -> std::io::Result<()> {
         }
         Ok(m) if !m.is_dir() => return Err(refuse("it exists and is not a directory".into())),
         Ok(_) => {
+            let mut bins = Vec::new();
             let mut empty = true;
             for entry in std::fs::read_dir(&bare)? {
                 let entry = entry?;
@@ -78,14 +95,27 @@ pub fn check_target(target: &Path) -> std::io::Result<()> {
                          directories of its own dumps (use a new or empty directory)"
                     )));
                 }
+                if name.ends_with(".bin") {
+                    bins.push(name.into_owned());
+                }
             }
             if !empty {
-                has_manifest(&bare).map_err(|why| {
+                let not_ours = |why: String| {
                     refuse(format!(
                         "{why}, so foldprint did not make it and will not replace it \
                          (use a new or empty directory)"
                     ))
-                })?;
+                };
+                has_manifest(&bare).map_err(not_ours)?;
+                // A file someone put into an old dump directory is theirs.
+                let listed = listed_in_sums(&bare).map_err(not_ours)?;
+                if let Some(stray) = bins.iter().find(|b| !listed.contains(b.as_str())) {
+                    return Err(refuse(format!(
+                        "it holds `{stray}`, which its SHA256SUMS does not list, so foldprint \
+                         did not write it and will not delete it (move it, or use a new or \
+                         empty directory)"
+                    )));
+                }
             }
         }
     }
@@ -447,5 +477,22 @@ mod tests {
         std::fs::write(&f, b"x").unwrap();
         assert!(check_target(&f).is_err());
         assert!(check_target(&root.path().join("no/such/d")).is_err());
+    }
+
+    #[test]
+    fn only_listed_bins_may_be_replaced() {
+        let root = tempfile::tempdir().unwrap();
+        let t = root.path().join("d");
+        let mut d = DumpDir::create(&t).unwrap();
+        d.write("x.a0.bin", b"1234").unwrap();
+        d.commit().unwrap();
+        assert!(check_target(&t).is_ok());
+        std::fs::write(t.join("mine.bin"), b"keep").unwrap();
+        let err = check_target(&t).unwrap_err().to_string();
+        assert!(err.contains("`mine.bin`, which its SHA256SUMS"), "{err}");
+        std::fs::remove_file(t.join("mine.bin")).unwrap();
+        std::fs::remove_file(t.join("SHA256SUMS")).unwrap();
+        let err = check_target(&t).unwrap_err().to_string();
+        assert!(err.contains("no SHA256SUMS"), "{err}");
     }
 }

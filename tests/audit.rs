@@ -525,6 +525,17 @@ fn catches(pid: u32, signal: i32) -> bool {
 /// is reaped; the temporary work directory goes; the exit is 128 + 15.
 #[test]
 fn sigterm_stops_the_child_removes_the_work_dir_and_exits_143() {
+    signal_stops_the_audit(libc::SIGTERM, "SIGTERM");
+}
+
+/// The same for Ctrl-C (128 + 2) and a closed terminal (128 + 1).
+#[test]
+fn sigint_and_sighup_stop_the_audit_the_same_way() {
+    signal_stops_the_audit(libc::SIGINT, "SIGINT");
+    signal_stops_the_audit(libc::SIGHUP, "SIGHUP");
+}
+
+fn signal_stops_the_audit(signal: i32, name: &str) {
     let dir = tempfile::tempdir().unwrap();
     let tmp = dir.path().join("tmp");
     std::fs::create_dir(&tmp).unwrap();
@@ -557,7 +568,7 @@ fn sigterm_stops_the_child_removes_the_work_dir_and_exits_143() {
     let child = loop {
         if let Some(&c) = children_of(audit.id())
             .iter()
-            .find(|&&c| catches(c, libc::SIGTERM))
+            .find(|&&c| catches(c, signal))
         {
             break c;
         }
@@ -568,7 +579,7 @@ fn sigterm_stops_the_child_removes_the_work_dir_and_exits_143() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     };
     // SAFETY: signalling the process this test started.
-    unsafe { libc::kill(audit.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(audit.id() as i32, signal) };
     let t = std::time::Instant::now();
     let status = loop {
         if let Some(s) = audit.try_wait().unwrap() {
@@ -579,8 +590,8 @@ fn sigterm_stops_the_child_removes_the_work_dir_and_exits_143() {
     };
     let mut err = String::new();
     std::io::Read::read_to_string(audit.stderr.as_mut().unwrap(), &mut err).unwrap();
-    assert_eq!(status.code(), Some(143), "{status:?}: {err}");
-    assert!(err.contains("SIGTERM"), "{err}");
+    assert_eq!(status.code(), Some(128 + signal), "{status:?}: {err}");
+    assert!(err.contains(name), "{err}");
     assert!(
         !Path::new(&format!("/proc/{child}")).exists(),
         "child {child} still there"

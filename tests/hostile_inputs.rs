@@ -98,6 +98,8 @@ fn fifo_experiment_report_and_golden_are_refused_without_hanging() {
     std::fs::create_dir(&golden).unwrap();
     mkfifo(&golden.join("tiny.json"));
     assert_bad_input(dir, &["verify", "tiny.toml", "--golden", "golden"], "fifo");
+    mkfifo(&dir.join("matrix.toml"));
+    assert_bad_input(dir, &["audit", "matrix.toml"], "fifo");
 }
 
 #[test]

@@ -481,6 +481,22 @@ fn a_directory_of_someone_elses_bin_files_survives() {
             .success();
     }
     assert!(sha256sum_ok(&d));
+    // A file of the user's dropped into that directory is not one of its
+    // dumps (SHA256SUMS does not list it): refused, and kept.
+    std::fs::write(d.join("checkpoint.bin"), b"weights").unwrap();
+    let before = snapshot(&d);
+    let a = fp()
+        .args(["run", "--backend", "cpu", "--dump"])
+        .arg(&d)
+        .arg(&exp)
+        .assert()
+        .code(2);
+    assert!(
+        stderr_of(&a).contains("`checkpoint.bin`, which its SHA256SUMS does not list"),
+        "{}",
+        stderr_of(&a)
+    );
+    assert_eq!(snapshot(&d), before);
 }
 
 // Issue 20, High 2: a name too long for its temp file fails before the

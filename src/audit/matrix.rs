@@ -268,10 +268,13 @@ impl Source<'_> {
 
 /// Read and validate a matrix file.
 pub fn load(path: &Path) -> Result<Matrix, InputError> {
-    let bytes = std::fs::read(path).map_err(|source| InputError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes =
+        crate::input::read_capped(path, crate::input::MAX_EXPERIMENT_BYTES).map_err(|source| {
+            InputError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
     let text = String::from_utf8(bytes)
         .map_err(|e| crate::experiment::utf8_error(path, e.as_bytes(), &e.utf8_error()))?;
     parse(path, &text, &|name| std::env::var(name).ok())
@@ -442,7 +445,8 @@ pub fn parse(
             None => None,
             Some(k) => {
                 let v = k.get_ref().trim();
-                if v != "fast" && v != "seed" {
+                // The words `--kernel` takes, from the one enum clap reads.
+                if <crate::gpu::KernelVariant as clap::ValueEnum>::from_str(v, false).is_err() {
                     return Err(src.at(
                         k.span(),
                         format!("{}: `{v}`: expected fast or seed", ctx("kernel")),

@@ -1,9 +1,11 @@
 //! The command line's shape: every flag, its default and its help text.
 
 use clap::{Args, Parser, Subcommand};
+use foldprint::backend::cuda::world::RankCheck;
 use foldprint::backend::{self, BackendChoice};
 use foldprint::digest::NanPolicy;
 use foldprint::experiment::Experiment;
+use foldprint::gpu::KernelVariant;
 use std::path::PathBuf;
 
 use super::{audit, bench};
@@ -128,8 +130,8 @@ pub(super) struct Common {
 #[derive(Args, Clone)]
 pub(super) struct CudaArgs {
     /// Fold kernel variant: `fast` (vectorized) or `seed` (one thread per element).
-    #[arg(long, default_value = "fast", value_parser = ["fast", "seed"])]
-    pub(super) kernel: String,
+    #[arg(long, value_enum, default_value_t = KernelVariant::Fast)]
+    pub(super) kernel: KernelVariant,
     /// Compile target: `auto` (CUBIN for the device's sm_XY when NVRTC can),
     /// `sm_XY` (CUBIN) or `compute_XY` (PTX, JIT-compiled by the driver).
     #[arg(long, default_value = "auto", value_parser = str::parse::<foldprint::gpu::Target>)]
@@ -146,8 +148,8 @@ pub(super) struct CudaArgs {
     /// How ranks 1..W-1's copies are checked against rank 0's: `device`
     /// (bitwise on the GPU, per chunk; only differing copies are read back)
     /// or `host` (every copy read back and hashed).
-    #[arg(long, default_value = "device", value_parser = ["device", "host"])]
-    pub(super) rank_check: String,
+    #[arg(long, value_enum, default_value_t = RankCheck::Device)]
+    pub(super) rank_check: RankCheck,
     /// Compile the kernels with NVRTC, neither reading nor writing the
     /// on-disk kernel cache ($XDG_CACHE_HOME/foldprint/kernels).
     #[arg(long)]
@@ -172,12 +174,12 @@ pub(super) struct NcclArgs {
 impl Default for CudaArgs {
     fn default() -> Self {
         CudaArgs {
-            kernel: "fast".into(),
+            kernel: KernelVariant::Fast,
             target: foldprint::gpu::Target::Auto,
             block: None,
             copy_streams: 0,
             ftz: false,
-            rank_check: "device".into(),
+            rank_check: RankCheck::Device,
             no_kernel_cache: false,
         }
     }
@@ -197,19 +199,10 @@ impl Common {
     pub(super) fn options(&self, experiments: &[Experiment]) -> backend::BackendOptions {
         let (c, n) = (&self.cuda, &self.nccl);
         use foldprint::backend::cuda::CudaConfig;
-        use foldprint::gpu::KernelVariant;
         let mut cuda = CudaConfig {
-            variant: if c.kernel == "seed" {
-                KernelVariant::PerElement
-            } else {
-                KernelVariant::Fast
-            },
+            variant: c.kernel,
             copy_streams: c.copy_streams,
-            rank_check: if c.rank_check == "host" {
-                foldprint::backend::cuda::world::RankCheck::Host
-            } else {
-                foldprint::backend::cuda::world::RankCheck::Device
-            },
+            rank_check: c.rank_check,
             ..CudaConfig::default()
         };
         cuda.compile.target = c.target;

@@ -290,7 +290,7 @@ pub struct RankDigests {
 }
 
 /// How the copies of ranks 1..W-1 are checked against rank 0's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum RankCheck {
     /// Compared bit for bit with rank 0's on the device, per chunk; only a

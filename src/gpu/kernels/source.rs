@@ -149,11 +149,12 @@ pub fn prelude() -> String {
 }
 
 /// Which fold kernel implementation runs. Both give identical bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum KernelVariant {
     /// One thread per element, scalar loads, 64-bit indices: the shape of the
     /// upstream seed reducer (named `seed` on the command line and in reports).
+    #[value(name = "seed")]
     PerElement,
     /// Grid-stride, float4 loads/stores on the aligned body, scalar edges.
     #[default]
