@@ -112,19 +112,28 @@ fn case_toml(id: &str, c: &Case) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let order = match &c.order {
+    // Every field named, so a new parameter is a compile error here.
+    let Case {
+        experiment: _,
+        id: _,
+        world,
+        arenas,
+        order,
+        seed,
+        distribution,
+        contract,
+        mean,
+        rounds,
+    } = c;
+    let order = match order {
         DeliveryOrder::Explicit(p) => format!("[{}]", list(p)),
         named => format!("\"{}\"", named.canonical()),
     };
     format!(
-        "[[case]]\nid = \"{id}\"\nworld = {}\narenas = [{}]\norder = {order}\nseed = {}\ndistribution = \"{}\"\ncontract = \"{}\"\nmean = {}\nrounds = {}\n\n",
-        c.world,
-        list(&c.arenas),
-        c.seed,
-        c.distribution.name(),
-        c.contract.name(),
-        c.mean,
-        c.rounds
+        "[[case]]\nid = \"{id}\"\nworld = {world}\narenas = [{}]\norder = {order}\nseed = {seed}\ndistribution = \"{}\"\ncontract = \"{}\"\nmean = {mean}\nrounds = {rounds}\n\n",
+        list(arenas),
+        distribution.name(),
+        contract.name(),
     )
 }
 

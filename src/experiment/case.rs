@@ -48,16 +48,28 @@ impl Case {
     }
 
     pub fn params(&self) -> CaseParams {
+        let Case {
+            experiment: _,
+            id: _,
+            world,
+            arenas,
+            order,
+            seed,
+            distribution,
+            contract,
+            mean,
+            rounds,
+        } = self;
         CaseParams {
-            world: self.world,
-            arenas: self.arenas.clone(),
-            order: self.order.canonical(),
-            order_sequence: self.order.sequence(self.world),
-            seed: self.seed,
-            distribution: self.distribution,
-            contract: self.contract,
-            mean: self.mean,
-            rounds: self.rounds,
+            world: *world,
+            arenas: arenas.clone(),
+            order: order.canonical(),
+            order_sequence: order.sequence(*world),
+            seed: *seed,
+            distribution: *distribution,
+            contract: *contract,
+            mean: *mean,
+            rounds: *rounds,
         }
     }
 }
@@ -83,15 +95,28 @@ impl CaseParams {
     /// (docs/SPEC.md, "Case key"). The one place the key is spelt, for
     /// cases being run and for reports being checked alike.
     pub fn group_key(&self) -> String {
-        let lens: Vec<String> = self.arenas.iter().map(|n| n.to_string()).collect();
+        // Every field named: a new parameter must be put in the key, or
+        // left out of it here on purpose.
+        let CaseParams {
+            world,
+            arenas,
+            order: _,          // the case key adds it
+            order_sequence: _, // follows from order and world
+            seed,
+            distribution,
+            contract,
+            mean,
+            rounds: _, // repetitions, not numeric identity
+        } = self;
+        let lens: Vec<String> = arenas.iter().map(|n| n.to_string()).collect();
         format!(
             "{}/{}/W{}/n{}/{}/s{}",
-            self.contract,
-            if self.mean { "mean" } else { "sum" },
-            self.world,
+            contract,
+            if *mean { "mean" } else { "sum" },
+            world,
             lens.join("+"),
-            self.distribution,
-            self.seed
+            distribution,
+            seed
         )
     }
 

@@ -69,37 +69,6 @@ pub struct Experiment {
     pub cases: Vec<Case>,
 }
 
-/// Resolved parameter values before they become a case.
-#[derive(Debug, Clone, Default)]
-struct Params {
-    world: Option<Spanned<i64>>,
-    arenas: Option<Spanned<Vec<i64>>>,
-    order: Option<Spanned<RawOrder>>,
-    seed: Option<Spanned<i64>>,
-    distribution: Option<Spanned<String>>,
-    contract: Option<Spanned<String>>,
-    mean: Option<Spanned<bool>>,
-    rounds: Option<Spanned<i64>>,
-}
-
-impl Params {
-    fn overlay(&self, over: &RawParams) -> Params {
-        Params {
-            world: over.world.clone().or_else(|| self.world.clone()),
-            arenas: over.arenas.clone().or_else(|| self.arenas.clone()),
-            order: over.order.clone().or_else(|| self.order.clone()),
-            seed: over.seed.clone().or_else(|| self.seed.clone()),
-            distribution: over
-                .distribution
-                .clone()
-                .or_else(|| self.distribution.clone()),
-            contract: over.contract.clone().or_else(|| self.contract.clone()),
-            mean: over.mean.clone().or_else(|| self.mean.clone()),
-            rounds: over.rounds.clone().or_else(|| self.rounds.clone()),
-        }
-    }
-}
-
 /// 1-based line and column of a byte offset in `text` (for TOML spans).
 pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let offset = offset.min(text.len());
@@ -263,7 +232,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, InputError> {
     let base = raw
         .defaults
         .as_ref()
-        .map(|d| Params::default().overlay(d))
+        .map(|d| RawParams::default().overlay(d))
         .unwrap_or_default();
 
     let mut cases = Vec::new();
@@ -356,14 +325,26 @@ fn check_sweep_lists(src: &Source<'_>, sw: &RawSweep) -> Result<(), InputError> 
             .filter(|l| l.get_ref().is_empty())
             .map(|l| l.span())
     }
+    // Every field named, so a new parameter is a compile error here.
+    let RawSweep {
+        id: _,
+        world,
+        arenas,
+        order,
+        seed,
+        distribution,
+        contract,
+        mean,
+        rounds: _, // one value, not a list
+    } = sw;
     let empty = [
-        ("world", span(&sw.world)),
-        ("arenas", span(&sw.arenas)),
-        ("order", span(&sw.order)),
-        ("seed", span(&sw.seed)),
-        ("distribution", span(&sw.distribution)),
-        ("contract", span(&sw.contract)),
-        ("mean", span(&sw.mean)),
+        ("world", span(world)),
+        ("arenas", span(arenas)),
+        ("order", span(order)),
+        ("seed", span(seed)),
+        ("distribution", span(distribution)),
+        ("contract", span(contract)),
+        ("mean", span(mean)),
     ];
     match empty.into_iter().find_map(|(k, s)| s.map(|s| (k, s))) {
         Some((key, at)) => Err(src.at(
@@ -378,15 +359,28 @@ fn check_sweep_lists(src: &Source<'_>, sw: &RawSweep) -> Result<(), InputError> 
 }
 
 fn sweep_size(sw: &RawSweep) -> usize {
-    let len = |n: Option<usize>| n.unwrap_or(1).max(1);
+    fn len<T>(list: &Option<Spanned<Vec<T>>>) -> usize {
+        list.as_ref().map_or(1, |v| v.get_ref().len().max(1))
+    }
+    let RawSweep {
+        id: _,
+        world,
+        arenas,
+        order,
+        seed,
+        distribution,
+        contract,
+        mean,
+        rounds: _, // one value, not a list
+    } = sw;
     [
-        len(sw.world.as_ref().map(|v| v.get_ref().len())),
-        len(sw.arenas.as_ref().map(|v| v.get_ref().len())),
-        len(sw.order.as_ref().map(|v| v.get_ref().len())),
-        len(sw.seed.as_ref().map(|v| v.get_ref().len())),
-        len(sw.distribution.as_ref().map(|v| v.get_ref().len())),
-        len(sw.contract.as_ref().map(|v| v.get_ref().len())),
-        len(sw.mean.as_ref().map(|v| v.get_ref().len())),
+        len(world),
+        len(arenas),
+        len(order),
+        len(seed),
+        len(distribution),
+        len(contract),
+        len(mean),
     ]
     .iter()
     .fold(1usize, |a, &b| a.saturating_mul(b))
@@ -406,16 +400,34 @@ fn expand_sweep(sw: &RawSweep) -> Vec<(String, RawParams)> {
                 .collect(),
         }
     }
+    let RawSweep {
+        id: _,
+        world,
+        arenas,
+        order,
+        seed,
+        distribution,
+        contract,
+        mean,
+        rounds,
+    } = sw;
+    // The swept fields start unset and are filled by `cross!` below.
     let mut out = vec![(
         Vec::<String>::new(),
         RawParams {
-            rounds: sw.rounds.clone(),
-            ..RawParams::default()
+            world: None,
+            arenas: None,
+            order: None,
+            seed: None,
+            distribution: None,
+            contract: None,
+            mean: None,
+            rounds: rounds.clone(),
         },
     )];
     macro_rules! cross {
         ($field:ident, $label:expr, $show:expr) => {{
-            let values = axis(&sw.$field);
+            let values = axis($field);
             let many = values.len() > 1;
             let mut next = Vec::with_capacity(out.len() * values.len());
             for (labels, params) in &out {
@@ -466,11 +478,21 @@ fn build_case(
     src: &Source<'_>,
     experiment: &str,
     id: String,
-    p: &Params,
+    p: &RawParams,
     id_span: std::ops::Range<usize>,
 ) -> Result<Case, InputError> {
     let ctx = |what: &str| format!("case `{id}`: field `{what}`");
-    let world = match &p.world {
+    let RawParams {
+        world,
+        arenas,
+        order,
+        seed,
+        distribution,
+        contract,
+        mean,
+        rounds,
+    } = p;
+    let world = match world {
         None => {
             return Err(src.at(
                 id_span,
@@ -488,7 +510,7 @@ fn build_case(
             v as usize
         }
     };
-    let arenas = match &p.arenas {
+    let arenas = match arenas {
         None => {
             return Err(src.at(
                 id_span,
@@ -526,7 +548,7 @@ fn build_case(
             lens.into_iter().map(|n| n as usize).collect::<Vec<_>>()
         }
     };
-    let order = match &p.order {
+    let order = match order {
         None => DeliveryOrder::Ascending,
         Some(o) => {
             let order = o
@@ -539,29 +561,29 @@ fn build_case(
             order
         }
     };
-    let seed = match &p.seed {
+    let seed = match seed {
         None => 0,
         Some(s) if *s.get_ref() < 0 => {
             return Err(src.at(s.span(), format!("{}: must be >= 0", ctx("seed"))))
         }
         Some(s) => *s.get_ref() as u64,
     };
-    let distribution = match &p.distribution {
+    let distribution = match distribution {
         None => Distribution::default(),
         Some(d) => d
             .get_ref()
             .parse()
             .map_err(|m| src.at(d.span(), format!("{}: {m}", ctx("distribution"))))?,
     };
-    let contract = match &p.contract {
+    let contract = match contract {
         None => Contract::default(),
         Some(c) => c
             .get_ref()
             .parse()
             .map_err(|m| src.at(c.span(), format!("{}: {m}", ctx("contract"))))?,
     };
-    let mean = p.mean.as_ref().is_some_and(|m| *m.get_ref());
-    let rounds = match &p.rounds {
+    let mean = mean.as_ref().is_some_and(|m| *m.get_ref());
+    let rounds = match rounds {
         None => 1,
         Some(r) => {
             let v = *r.get_ref();

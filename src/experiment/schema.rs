@@ -30,6 +30,35 @@ pub struct RawParams {
     pub rounds: Option<Spanned<i64>>,
 }
 
+impl RawParams {
+    /// `over`'s values where set, else ours.
+    pub fn overlay(&self, over: &RawParams) -> RawParams {
+        fn pick<T: Clone>(over: &Option<T>, base: &Option<T>) -> Option<T> {
+            over.clone().or_else(|| base.clone())
+        }
+        let RawParams {
+            world,
+            arenas,
+            order,
+            seed,
+            distribution,
+            contract,
+            mean,
+            rounds,
+        } = over;
+        RawParams {
+            world: pick(world, &self.world),
+            arenas: pick(arenas, &self.arenas),
+            order: pick(order, &self.order),
+            seed: pick(seed, &self.seed),
+            distribution: pick(distribution, &self.distribution),
+            contract: pick(contract, &self.contract),
+            mean: pick(mean, &self.mean),
+            rounds: pick(rounds, &self.rounds),
+        }
+    }
+}
+
 /// `[[case]]`: an id plus any parameter (serde cannot combine `flatten`
 /// with `deny_unknown_fields`, hence the conversion below).
 #[derive(Debug, Deserialize)]
@@ -55,17 +84,28 @@ pub struct RawCase {
 
 impl From<RawCaseFields> for RawCase {
     fn from(f: RawCaseFields) -> Self {
+        let RawCaseFields {
+            id,
+            world,
+            arenas,
+            order,
+            seed,
+            distribution,
+            contract,
+            mean,
+            rounds,
+        } = f;
         RawCase {
-            id: f.id,
+            id,
             params: RawParams {
-                world: f.world,
-                arenas: f.arenas,
-                order: f.order,
-                seed: f.seed,
-                distribution: f.distribution,
-                contract: f.contract,
-                mean: f.mean,
-                rounds: f.rounds,
+                world,
+                arenas,
+                order,
+                seed,
+                distribution,
+                contract,
+                mean,
+                rounds,
             },
         }
     }
