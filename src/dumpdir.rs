@@ -367,7 +367,7 @@ fn exchange(_: &Path, _: &Path) -> std::io::Result<()> {
 /// `<experiment>.<case id>.a<k>.bin`, with anything unsafe in a file name replaced.
 /// Not injective on its own: [`dump_names`] disambiguates.
 pub fn dump_name(case: &crate::experiment::Case, arena: usize) -> String {
-    dump_name_of(&case.experiment, &case.id, arena, false)
+    dump_name_of(case.experiment(), case.id(), arena, false)
 }
 
 fn dump_name_of(experiment: &str, id: &str, arena: usize, tagged: bool) -> String {

@@ -186,6 +186,7 @@ impl HasExitCode for BenchError {
             // A pool that cannot start: threads or address space are short.
             BenchError::ThreadPool(_) => ExitCode::Unavailable,
             BenchError::Backend(e) => e.exit_code(),
+            BenchError::Case(_) => ExitCode::BadInput,
         }
     }
 }

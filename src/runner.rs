@@ -96,7 +96,7 @@ pub fn run_staged(
     let names = dump_names(
         &running
             .iter()
-            .map(|c| (c.experiment.as_str(), c.id.as_str(), c.arenas.len()))
+            .map(|c| (c.experiment(), c.id(), c.arenas().len()))
             .collect::<Vec<_>>(),
     )
     .map_err(RunError::DumpNames)?;
@@ -128,8 +128,8 @@ pub fn run_staged(
         if let Some(reason) = backend.skip_reason(case) {
             skipped.push(SkippedCase {
                 key: case.key(),
-                experiment: case.experiment.clone(),
-                id: case.id.clone(),
+                experiment: case.experiment().to_string(),
+                id: case.id().to_string(),
                 reason,
             });
             progress.done(case, None);
@@ -142,7 +142,7 @@ pub fn run_staged(
         if let Some(dir) = dump.as_mut() {
             for (a, arena) in out.arenas.iter_mut().enumerate() {
                 if let Some(values) = arena.values.take() {
-                    let name = &names[&(case.experiment.as_str(), case.id.as_str(), a)];
+                    let name = &names[&(case.experiment(), case.id(), a)];
                     let bytes = hashed_bytes(&values, cfg.nan_policy);
                     drop(values);
                     dir.write(name, &bytes).map_err(|source| RunError::Dump {

@@ -72,13 +72,13 @@ impl std::fmt::Display for Verdict {
 pub fn measure(case: &Case) -> Sensitivity {
     let total = case.total_len();
     let stride = total.div_ceil(SAMPLE_CAP).max(1);
-    let world = case.world;
+    let world = case.world();
     let reversed: Vec<usize> = (0..world).rev().collect();
     let mut changed = 0u64;
     let mut checked = 0u64;
-    for (a, &n) in case.arenas.iter().enumerate() {
+    for (a, &n) in case.arenas().iter().enumerate() {
         let lanes: Vec<Lane> = (0..world as u32)
-            .map(|r| Lane::new(case.distribution, case.seed, r, a as u32))
+            .map(|r| Lane::new(case.distribution(), case.seed(), r, a as u32))
             .collect();
         let picks = (n as u64).div_ceil(stride);
         let (c, k) = (0..picks)

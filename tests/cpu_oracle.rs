@@ -10,18 +10,15 @@ use foldprint::fold::{fold_in_order, mean_scale, reference_fixed, Contract};
 use proptest::prelude::*;
 
 fn case(world: usize, arenas: Vec<usize>, order: DeliveryOrder, contract: Contract) -> Case {
-    Case {
-        experiment: "test".into(),
-        id: "t".into(),
-        world,
-        arenas,
-        order,
-        seed: 42,
-        distribution: Distribution::MixedMagnitude,
-        contract,
-        mean: false,
-        rounds: 1,
-    }
+    Case::builder(world, arenas)
+        .experiment("test")
+        .id("t")
+        .order(order)
+        .seed(42)
+        .distribution(Distribution::MixedMagnitude)
+        .contract(contract)
+        .build()
+        .unwrap()
 }
 
 /// Rank 0's reduced arenas, after checking every rank ended identical.
@@ -41,10 +38,12 @@ fn reduced(c: &Case) -> Vec<Vec<f32>> {
 }
 
 fn addends(c: &Case, arena: usize) -> Vec<Vec<f32>> {
-    (0..c.world)
+    (0..c.world())
         .map(|r| {
-            let lane = Lane::new(c.distribution, c.seed, r as u32, arena as u32);
-            (0..c.arenas[arena] as u64).map(|i| lane.value(i)).collect()
+            let lane = Lane::new(c.distribution(), c.seed(), r as u32, arena as u32);
+            (0..c.arenas()[arena] as u64)
+                .map(|i| lane.value(i))
+                .collect()
         })
         .collect()
 }
@@ -52,7 +51,7 @@ fn addends(c: &Case, arena: usize) -> Vec<Vec<f32>> {
 fn straight_line(c: &Case, arena: usize) -> Vec<f32> {
     let a = addends(c, arena);
     let refs: Vec<&[f32]> = a.iter().map(|v| v.as_slice()).collect();
-    let mut out = vec![0f32; c.arenas[arena]];
+    let mut out = vec![0f32; c.arenas()[arena]];
     reference_fixed(&refs, &mut out);
     out
 }
@@ -179,14 +178,14 @@ fn world_size_is_part_of_the_identity() {
 
 #[test]
 fn mean_is_sum_times_rounded_reciprocal() {
-    let mut c = case(
+    let c = case(
         3,
         vec![2053],
         DeliveryOrder::Descending,
         Contract::FixedOrder,
     );
     let sum = straight_line(&c, 0);
-    c.mean = true;
+    let c = c.to_builder().mean(true).build().unwrap();
     let got = reduced(&c);
     let s = mean_scale(3);
     for (g, x) in got[0].iter().zip(&sum) {
@@ -384,9 +383,8 @@ proptest! {
         world in 1usize..20, n in 0usize..300, rot in 0u64..40, seed in any::<u64>(),
         dist in prop::sample::select(foldprint::data::ALL_DISTRIBUTIONS.to_vec())
     ) {
-        let mut c = case(world, vec![n], DeliveryOrder::Rotate(rot), Contract::FixedOrder);
-        c.seed = seed;
-        c.distribution = dist;
+        let c = case(world, vec![n], DeliveryOrder::Rotate(rot), Contract::FixedOrder)
+            .with_data(seed, dist);
         let got = reduced(&c);
         prop_assert_eq!(bits(&got[0]), bits(&straight_line(&c, 0)));
     }

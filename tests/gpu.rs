@@ -37,38 +37,38 @@ fn case(
     order: DeliveryOrder,
     mean: bool,
 ) -> Case {
-    Case {
-        experiment: "gpu-tests".into(),
-        id: format!("W{world}-n{arenas:?}-{dist}-{contract}-{order}-mean{mean}"),
-        world,
-        arenas,
-        order,
-        seed: 42,
-        distribution: dist,
-        contract,
-        mean,
-        rounds: 1,
-    }
+    Case::builder(world, arenas.clone())
+        .experiment("gpu-tests")
+        .id(format!(
+            "W{world}-n{arenas:?}-{dist}-{contract}-{order}-mean{mean}"
+        ))
+        .order(order)
+        .seed(42)
+        .distribution(dist)
+        .contract(contract)
+        .mean(mean)
+        .build()
+        .unwrap()
 }
 
 fn run(be: &mut dyn Backend, c: &Case, opts: &RunOptions) -> CaseRun {
     let r = be
         .run_case(c, opts)
-        .unwrap_or_else(|e| panic!("{} failed on {}: {e}", be.name(), c.id));
+        .unwrap_or_else(|e| panic!("{} failed on {}: {e}", be.name(), c.id()));
     for a in &r.arenas {
         assert!(
             a.ranks_identical(),
             "{}: ranks differ on {}",
             be.name(),
-            c.id
+            c.id()
         );
-        assert_eq!(a.rank_digests.len(), c.world);
+        assert_eq!(a.rank_digests.len(), c.world());
     }
     assert!(
         r.rounds_identical,
         "{}: rounds differ on {}",
         be.name(),
-        c.id
+        c.id()
     );
     r
 }
@@ -89,7 +89,7 @@ fn assert_matches_cpu(gpu: &mut CudaBackend, c: &Case) {
         want,
         "GPU ({}) vs CPU on {}",
         gpu.config().variant,
-        c.id
+        c.id()
     );
 }
 
@@ -197,7 +197,7 @@ fn raw_bits_equal_the_host_reference_fold() {
                 let got = r.arenas[0].values.as_ref().expect("values kept");
                 let lanes: Vec<Vec<f32>> = (0..w)
                     .map(|rk| {
-                        let l = Lane::new(dist, c.seed, rk as u32, 0);
+                        let l = Lane::new(dist, c.seed(), rk as u32, 0);
                         (0..n as u64).map(|i| l.value(i)).collect()
                     })
                     .collect();
@@ -614,15 +614,18 @@ fn out_of_memory_is_reported_before_allocating() {
 
 #[test]
 fn rounds_repeat_bit_for_bit() {
-    let mut c = case(
+    let c = case(
         6,
         vec![65_537, 5],
         Distribution::Cancellation,
         Contract::FixedOrder,
         DeliveryOrder::Shuffle(9),
         true,
-    );
-    c.rounds = 3;
+    )
+    .to_builder()
+    .rounds(3)
+    .build()
+    .unwrap();
     let mut be = gpu(CudaConfig {
         copy_streams: 3,
         ..CudaConfig::default()

@@ -31,18 +31,17 @@ fn nccl() -> NcclBackend {
 }
 
 fn case(arenas: Vec<usize>, dist: usize, contract: Contract, mean: bool) -> Case {
-    Case {
-        experiment: "gpu-nccl".into(),
-        id: format!("{arenas:?}-{dist}-{contract}-{mean}"),
-        world: 1,
-        arenas,
-        order: DeliveryOrder::Ascending,
-        seed: 17,
-        distribution: ALL_DISTRIBUTIONS[dist],
-        contract,
-        mean,
-        rounds: 2,
-    }
+    Case::builder(1, arenas.clone())
+        .experiment("gpu-nccl")
+        .id(format!("{arenas:?}-{dist}-{contract}-{mean}"))
+        .order(DeliveryOrder::Ascending)
+        .seed(17)
+        .distribution(ALL_DISTRIBUTIONS[dist])
+        .contract(contract)
+        .mean(mean)
+        .rounds(2)
+        .build()
+        .unwrap()
 }
 
 fn digests(be: &mut dyn Backend, c: &Case) -> Vec<Vec<String>> {
@@ -61,13 +60,12 @@ fn world_of_one_equals_the_cpu_oracle_for_every_distribution() {
     for dist in 0..ALL_DISTRIBUTIONS.len() {
         for mean in [false, true] {
             let c = case(vec![10007, 1, 0, 1 << 20], dist, Contract::FixedOrder, mean);
-            assert_eq!(digests(&mut be, &c), digests(&mut cpu, &c), "{}", c.id);
+            assert_eq!(digests(&mut be, &c), digests(&mut cpu, &c), "{}", c.id());
         }
     }
     // Negative control of the comparison: another seed must differ.
     let a = case(vec![4096], 0, Contract::FixedOrder, false);
-    let mut b = a.clone();
-    b.seed += 1;
+    let b = a.clone().with_data(a.seed() + 1, a.distribution());
     assert_ne!(digests(&mut be, &a), digests(&mut be, &b));
 }
 
@@ -83,8 +81,11 @@ fn nccl_allreduce_of_one_rank_is_the_identity_and_cpu_skips_it() {
 #[test]
 fn other_world_sizes_are_skipped_with_a_reason() {
     let be = nccl();
-    let mut c = case(vec![16], 0, Contract::FixedOrder, false);
-    c.world = 4;
+    let c = case(vec![16], 0, Contract::FixedOrder, false)
+        .to_builder()
+        .world(4)
+        .build()
+        .unwrap();
     let why = be.skip_reason(&c).expect("W=4 cannot run on a world of 1");
     assert!(why.contains("W = 4"), "{why}");
 }

@@ -74,8 +74,8 @@ pub(super) fn compare(
     let base_name = &m.configs[base].name;
     let mut rows = Vec::with_capacity(cases.len());
     for (ci, case) in cases.iter().enumerate() {
-        let id: CaseId = (case.experiment.clone(), case.id.clone());
-        let label = format!("{}/{}", case.experiment, case.id);
+        let id: CaseId = (case.experiment().to_string(), case.id().to_string());
+        let label = format!("{}/{}", case.experiment(), case.id());
         let base_digests = results[base].cases.get(&id).cloned();
         let mut cells = Vec::with_capacity(m.configs.len());
         for (i, c) in m.configs.iter().enumerate() {
@@ -165,11 +165,11 @@ pub(super) fn compare(
             .or_else(|| results.iter().find_map(|r| r.sensitivity.get(&id)))
             .cloned();
         rows.push(CaseRow {
-            experiment: case.experiment.clone(),
-            id: case.id.clone(),
+            experiment: case.experiment().to_string(),
+            id: case.id().to_string(),
             key: case.key(),
-            world: case.world,
-            contract: case.contract.name().to_string(),
+            world: case.world(),
+            contract: case.contract().name().to_string(),
             sensitivity,
             baseline: base_digests,
             cells,

@@ -11,7 +11,7 @@ use super::result::ControlCell;
 use super::workdir::WorkArea;
 use super::{AuditError, Options};
 use crate::digest::NanPolicy;
-use crate::experiment::{Case, DeliveryOrder, MAX_CASES};
+use crate::experiment::{Case, CaseParams, DeliveryOrder, MAX_CASES};
 use crate::fold::Contract;
 use crate::input::MAX_EXPERIMENT_BYTES;
 use crate::report::Report;
@@ -50,9 +50,9 @@ struct Plan {
 fn plan(cases: &[&Case]) -> Plan {
     let mut runs: Vec<Case> = Vec::new();
     let mut by_key: HashMap<String, usize> = HashMap::new();
-    let mut add = |mut v: Case| -> usize {
+    let mut add = |v: Case| -> usize {
         // Rounds repeat bit for bit (every child checks that); one is enough.
-        v.rounds = 1;
+        let v = v.single_round();
         *by_key.entry(v.key()).or_insert_with(|| {
             runs.push(v);
             runs.len() - 1
@@ -61,35 +61,37 @@ fn plan(cases: &[&Case]) -> Plan {
     let mut planned = Vec::with_capacity(cases.len());
     for case in cases {
         // NCCL's own sum exists only on the NCCL backend: no oracle for it.
-        if case.contract.needs_nccl() {
+        if case.contract().needs_nccl() {
             planned.push(None);
             continue;
         }
         let own = add((*case).clone());
-        let arrival_reversed = if case.world <= 2 {
+        let arrival_reversed = if case.world() <= 2 {
             Control::NotApplicable("W <= 2: two addends sum the same in either order".into())
         } else {
             // Reverse the order the case itself folds in: its delivery
             // order under arrival-order, ascending source rank otherwise.
-            let mut seq = if case.contract == Contract::ArrivalOrder {
-                case.order.sequence(case.world)
+            let mut seq = if case.contract() == Contract::ArrivalOrder {
+                case.order().sequence(case.world())
             } else {
-                (0..case.world).collect()
+                (0..case.world()).collect()
             };
             seq.reverse();
-            let mut v = (*case).clone();
-            v.contract = Contract::ArrivalOrder;
-            v.order = DeliveryOrder::Explicit(seq);
-            Control::Run(add(v))
+            match (*case)
+                .clone()
+                .with_contract(Contract::ArrivalOrder)
+                .with_order(DeliveryOrder::Explicit(seq))
+            {
+                Ok(v) => Control::Run(add(v)),
+                Err(e) => Control::NotApplicable(format!("the reversed order: {e}")),
+            }
         };
-        let pairwise_tree = if case.contract == Contract::PairwiseTree {
+        let pairwise_tree = if case.contract() == Contract::PairwiseTree {
             Control::NotApplicable("the case is the pairwise tree".into())
-        } else if case.world <= 3 {
+        } else if case.world() <= 3 {
             Control::NotApplicable("W <= 3: the pairwise tree is the fixed order".into())
         } else {
-            let mut v = (*case).clone();
-            v.contract = Contract::PairwiseTree;
-            Control::Run(add(v))
+            Control::Run(add((*case).clone().with_contract(Contract::PairwiseTree)))
         };
         planned.push(Some((own, arrival_reversed, pairwise_tree)));
     }
@@ -113,25 +115,24 @@ fn case_toml(id: &str, c: &Case) -> String {
             .join(", ")
     };
     // Every field named, so a new parameter is a compile error here.
-    let Case {
-        experiment: _,
-        id: _,
+    let CaseParams {
         world,
         arenas,
-        order,
+        order: _, // written from the order itself, below
+        order_sequence: _,
         seed,
         distribution,
         contract,
         mean,
         rounds,
-    } = c;
-    let order = match order {
+    } = c.params();
+    let order = match c.order() {
         DeliveryOrder::Explicit(p) => format!("[{}]", list(p)),
         named => format!("\"{}\"", named.canonical()),
     };
     format!(
         "[[case]]\nid = \"{id}\"\nworld = {world}\narenas = [{}]\norder = {order}\nseed = {seed}\ndistribution = \"{}\"\ncontract = \"{}\"\nmean = {mean}\nrounds = {rounds}\n\n",
-        list(arenas),
+        list(&arenas),
         distribution.name(),
         contract.name(),
     )
@@ -208,7 +209,7 @@ pub(super) fn run(
         .zip(cases)
         .map(|(p, case)| match p {
             None => {
-                let reason = format!("the CPU oracle does not run `{}`", case.contract);
+                let reason = format!("the CPU oracle does not run `{}`", case.contract());
                 OracleCase {
                     digests: None,
                     skip: Some(reason.clone()),
@@ -329,18 +330,17 @@ mod tests {
     use crate::data::Distribution;
 
     fn case(world: usize, contract: Contract, order: DeliveryOrder) -> Case {
-        Case {
-            experiment: "e".into(),
-            id: format!("{contract}-{world}-{order}"),
-            world,
-            arenas: vec![5, 0, 70],
-            order,
-            seed: 9,
-            distribution: Distribution::MixedMagnitude,
-            contract,
-            mean: true,
-            rounds: 3,
-        }
+        Case::builder(world, [5, 0, 70])
+            .experiment("e")
+            .id(format!("{contract}-{world}-{order}"))
+            .order(order)
+            .seed(9)
+            .distribution(Distribution::MixedMagnitude)
+            .contract(contract)
+            .mean(true)
+            .rounds(3)
+            .build()
+            .unwrap()
     }
 
     #[test]
@@ -367,16 +367,16 @@ mod tests {
         assert_eq!(a0, a1);
         assert_ne!(t0, t1);
         assert_eq!(
-            p.runs[*a0].order,
-            DeliveryOrder::Explicit(vec![4, 3, 2, 1, 0])
+            p.runs[*a0].order(),
+            &DeliveryOrder::Explicit(vec![4, 3, 2, 1, 0])
         );
         // arrival-order reverses its own sequence.
         let (_, Control::Run(a2), _) = p.cases[2].as_ref().unwrap() else {
             panic!()
         };
         assert_eq!(
-            p.runs[*a2].order,
-            DeliveryOrder::Explicit(vec![1, 0, 5, 4, 3, 2])
+            p.runs[*a2].order(),
+            &DeliveryOrder::Explicit(vec![1, 0, 5, 4, 3, 2])
         );
         assert!(matches!(
             p.cases[3],
@@ -390,10 +390,10 @@ mod tests {
         assert_eq!(e.name, "oracle-1");
         assert_eq!(e.cases.len(), p.runs.len());
         for (i, (got, want)) in e.cases.iter().zip(&p.runs).enumerate() {
-            assert_eq!(got.id, run_id(i));
+            assert_eq!(got.id(), run_id(i));
             assert_eq!(got.key(), want.key());
             assert_eq!(got.params(), want.params());
-            assert_eq!(got.rounds, 1);
+            assert_eq!(got.rounds(), 1);
         }
     }
 
@@ -401,9 +401,9 @@ mod tests {
     fn many_runs_are_split_under_the_per_file_cap() {
         let runs: Vec<Case> = (0..MAX_CASES + 3)
             .map(|s| {
-                let mut c = case(3, Contract::FixedOrder, DeliveryOrder::Ascending);
-                c.seed = s as u64;
-                c
+                let c = case(3, Contract::FixedOrder, DeliveryOrder::Ascending);
+                let d = c.distribution();
+                c.with_data(s as u64, d)
             })
             .collect();
         let files = experiment_files(&runs);
@@ -412,6 +412,6 @@ mod tests {
         let b = crate::experiment::parse(Path::new("b.toml"), &files[1].1).unwrap();
         assert_eq!((a.cases.len(), b.cases.len()), (MAX_CASES, 3));
         assert_eq!(b.name, "oracle-2");
-        assert_eq!(b.cases[2].id, run_id(MAX_CASES + 2));
+        assert_eq!(b.cases[2].id(), run_id(MAX_CASES + 2));
     }
 }

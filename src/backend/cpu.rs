@@ -69,10 +69,10 @@ impl Backend for CpuBackend {
 
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
         if let Some(why) = self.skip_reason(case) {
-            return Err(super::unsupported(&case.id, why));
+            return Err(super::unsupported(case.id(), why));
         }
         check_memory(case, opts)?;
-        super::repeat_rounds(case.rounds, || Ok(run_round(case, opts)))
+        super::repeat_rounds(case.rounds(), || Ok(run_round(case, opts)))
     }
 }
 
@@ -82,8 +82,8 @@ const UNMODELLED_BYTES: u64 = 4 << 20;
 /// The largest arena's W rank copies (plus, for `--dump`, the kept values
 /// and their hashed bytes) must fit in what this process may allocate.
 fn check_memory(case: &Case, opts: &RunOptions) -> Result<(), BackendError> {
-    let largest = case.arenas.iter().copied().max().unwrap_or(0) as u64;
-    let mut needed = largest * 4 * case.world as u64;
+    let largest = case.arenas().iter().copied().max().unwrap_or(0) as u64;
+    let mut needed = largest * 4 * case.world() as u64;
     if opts.keep_values {
         needed += case.total_len() * 4 + largest * 4;
     }
@@ -95,7 +95,7 @@ fn check_memory(case: &Case, opts: &RunOptions) -> Result<(), BackendError> {
     if let Some(h) = crate::memory::headroom() {
         if needed > h.bytes {
             return Err(BackendError::OutOfMemory {
-                case: case.id.clone(),
+                case: case.id().to_string(),
                 what: h.what,
                 needed,
                 available: h.bytes,
@@ -108,8 +108,8 @@ fn check_memory(case: &Case, opts: &RunOptions) -> Result<(), BackendError> {
 fn run_round(case: &Case, opts: &RunOptions) -> (Vec<ReducedArena>, RoundTimings) {
     let start = Instant::now();
     let mut t = RoundTimings::default();
-    let mut out = Vec::with_capacity(case.arenas.len());
-    for (a, &n) in case.arenas.iter().enumerate() {
+    let mut out = Vec::with_capacity(case.arenas().len());
+    for (a, &n) in case.arenas().iter().enumerate() {
         let g = Instant::now();
         let mut ranks = generate(case, a as u32, n);
         t.generate_ms += ms(g);
@@ -193,9 +193,9 @@ fn ms(since: Instant) -> f64 {
 
 /// Every rank's own copy of arena `a`, filled with its addends.
 fn generate(case: &Case, a: u32, n: usize) -> Vec<Vec<f32>> {
-    (0..case.world)
+    (0..case.world())
         .map(|r| {
-            let lane = Lane::new(case.distribution, case.seed, r as u32, a);
+            let lane = Lane::new(case.distribution(), case.seed(), r as u32, a);
             // Zeroed allocation: large ones come as untouched zero pages
             // (calloc over fresh mmap), so this costs no pass over memory,
             // and no reference ever covers uninitialised floats.
@@ -235,11 +235,11 @@ struct Column<'a> {
 /// Exchange, fold and redistribute in place: afterwards every rank's arena
 /// holds the reduced values.
 fn reduce(case: &Case, ranks: &mut [Vec<f32>]) {
-    let world = case.world;
+    let world = case.world();
     let n = ranks[0].len();
     let plan = shard_plan(n, world).expect("world >= 1 is validated");
-    let order = case.order.sequence(world);
-    let scale = case.mean.then(|| mean_scale(world));
+    let order = case.order().sequence(world);
+    let scale = case.mean().then(|| mean_scale(world));
 
     // Cut every rank's arena at the same chunk boundaries inside each shard.
     let mut columns: Vec<Column<'_>> = Vec::new();
@@ -278,7 +278,7 @@ fn reduce(case: &Case, ranks: &mut [Vec<f32>]) {
                 stacked[src * len..(src + 1) * len].copy_from_slice(col.ranks[src]);
             }
             let mine = &mut *col.ranks[col.owner];
-            fold_stacked(case.contract, stacked, world, &order, mine);
+            fold_stacked(case.contract(), stacked, world, &order, mine);
             if let Some(s) = scale {
                 scale_rows(mine, s);
             }

@@ -201,9 +201,9 @@ pub(crate) fn infrastructure(
 
 /// Skip reason shared by the backends that cannot run NCCL's own sum.
 pub(crate) fn nccl_only(case: &Case) -> Option<String> {
-    case.contract
+    case.contract()
         .needs_nccl()
-        .then(|| format!("{} runs only on the NCCL backend", case.contract))
+        .then(|| format!("{} runs only on the NCCL backend", case.contract()))
 }
 
 /// Backend settings chosen on the command line.

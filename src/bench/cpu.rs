@@ -20,19 +20,16 @@ pub struct Row {
 }
 
 /// The case the fold rows time: `world` ranks of one arena of `n`.
-pub fn fold_case(world: usize, n: usize) -> Case {
-    Case {
-        experiment: "bench".into(),
-        id: "bench".into(),
-        world,
-        arenas: vec![n],
-        order: DeliveryOrder::Descending,
-        seed: 1,
-        distribution: Distribution::MixedMagnitude,
-        contract: Contract::FixedOrder,
-        mean: false,
-        rounds: 3,
-    }
+pub fn fold_case(world: usize, n: usize) -> Result<Case, BenchError> {
+    Ok(Case::builder(world, [n])
+        .experiment("bench")
+        .id("bench")
+        .order(DeliveryOrder::Descending)
+        .seed(1)
+        .distribution(Distribution::MixedMagnitude)
+        .contract(Contract::FixedOrder)
+        .rounds(3)
+        .build()?)
 }
 
 /// Best round of generate + fold of `case` on a pool of `threads`.
@@ -53,8 +50,8 @@ pub fn fold_row(case: &Case, threads: usize) -> Result<Row, BenchError> {
     Ok(Row {
         what: format!(
             "generate + fold, W={} n=2^{}",
-            case.world,
-            case.arenas[0].trailing_zeros()
+            case.world(),
+            case.arenas()[0].trailing_zeros()
         ),
         threads,
         bytes,

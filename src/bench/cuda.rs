@@ -62,18 +62,16 @@ pub fn end_to_end(
     rounds: u32,
     kernel_cache: bool,
 ) -> Result<Vec<Phases>, BackendError> {
-    let case = Case {
-        experiment: "bench".into(),
-        id: "end-to-end".into(),
-        world,
-        arenas: vec![n],
-        order: DeliveryOrder::Ascending,
-        seed: 1,
-        distribution: Distribution::Uniform,
-        contract: Contract::FixedOrder,
-        mean: false,
-        rounds,
-    };
+    let case = Case::builder(world, [n])
+        .experiment("bench")
+        .id("end-to-end")
+        .order(DeliveryOrder::Ascending)
+        .seed(1)
+        .distribution(Distribution::Uniform)
+        .contract(Contract::FixedOrder)
+        .rounds(rounds)
+        .build()
+        .map_err(|e| crate::backend::unsupported("end-to-end", e.to_string()))?;
     let mut out = Vec::new();
     let default_chunk = CudaConfig::default().chunk;
     let shapes = [

@@ -16,6 +16,9 @@ pub enum BenchError {
     ThreadPool(#[source] rayon::ThreadPoolBuildError),
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// The measured case is not one foldprint runs (e.g. `--world 0`).
+    #[error("the measured case: {0}")]
+    Case(#[from] crate::experiment::CaseError),
 }
 
 /// Median of `v` (the upper one for an even count); NaN when empty.

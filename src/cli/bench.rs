@@ -247,7 +247,7 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         .checked_shl(a.log2_len)
         .filter(|_| a.log2_len <= 32)
         .context("--log2-len must be at most 32")?;
-    let case = cpu::fold_case(a.world as usize, n);
+    let case = cpu::fold_case(a.world as usize, n)?;
     let all = rayon::current_num_threads();
     // Progress on stderr: the table comes only at the end.
     eprintln!("bench: fold, 1 thread ...");

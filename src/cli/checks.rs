@@ -80,7 +80,7 @@ pub(super) fn check_outputs(
         let cases: Vec<(&str, &str, usize)> = experiments
             .iter()
             .flat_map(|e| &e.cases)
-            .map(|c| (c.experiment.as_str(), c.id.as_str(), c.arenas.len()))
+            .map(|c| (c.experiment(), c.id(), c.arenas().len()))
             .collect();
         let bad = |e: String| -> Failure {
             Failure::Refused(format!("--dump {}: cannot use it: {e}", d.display()))

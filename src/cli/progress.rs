@@ -49,16 +49,16 @@ impl runner::Progress for Bar {
         if let Some(pb) = &self.pb {
             pb.set_message(format!(
                 "{}/{}",
-                case.experiment,
-                foldprint::report::printable(&case.id)
+                case.experiment(),
+                foldprint::report::printable(case.id())
             ));
         }
         if let Some(rows) = &self.rows {
-            if self.current.as_deref() != Some(case.experiment.as_str()) {
-                if let Some((name, path, n, w)) = rows.iter().find(|r| r.0 == case.experiment) {
+            if self.current.as_deref() != Some(case.experiment()) {
+                if let Some((name, path, n, w)) = rows.iter().find(|r| r.0 == case.experiment()) {
                     self.print(|| table::experiment_header(name, path, *n, *w));
                 }
-                self.current = Some(case.experiment.clone());
+                self.current = Some(case.experiment().to_string());
             }
         }
     }

@@ -139,7 +139,7 @@ pub(super) fn execute(
             .iter()
             .map(|e| {
                 let info = foldprint::report::ExperimentInfo::from(e);
-                let arenas = e.cases.iter().map(|c| c.arenas.len()).max().unwrap_or(0);
+                let arenas = e.cases.iter().map(|c| c.arenas().len()).max().unwrap_or(0);
                 (
                     info.name,
                     info.path,

@@ -1,30 +1,266 @@
 //! A validated case: everything a backend needs, nothing about the machine.
 
 use super::order::DeliveryOrder;
+use super::{MAX_CASE_BYTES, MAX_WORLD};
 use crate::data::Distribution;
 use crate::fold::Contract;
 use serde::Serialize;
+use std::num::NonZeroUsize;
 
+/// A case that is valid by construction: its fields are private and the
+/// only way to make one is [`CaseBuilder::build`], which holds it to the
+/// limits an experiment file is (W in 1..=[`MAX_WORLD`], at least one
+/// arena, at most [`MAX_CASE_BYTES`] of addends, an order valid at W,
+/// 1..=1000 rounds). Backends never re-check them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Case {
     /// Name of the experiment that declared it.
-    pub experiment: String,
+    experiment: String,
     /// Human id, unique within the experiment.
-    pub id: String,
-    pub world: usize,
+    id: String,
+    world: NonZeroUsize,
     /// One length per arena (e.g. a gradient lane and a small head lane).
-    pub arenas: Vec<usize>,
-    pub order: DeliveryOrder,
-    pub seed: u64,
-    pub distribution: Distribution,
-    pub contract: Contract,
+    arenas: Vec<usize>,
+    order: DeliveryOrder,
+    seed: u64,
+    distribution: Distribution,
+    contract: Contract,
     /// Multiply the sum by the rounded reciprocal 1/W.
-    pub mean: bool,
+    mean: bool,
     /// Independent repetitions; every round must give the same bits.
-    pub rounds: u32,
+    rounds: u32,
+}
+
+/// Most rounds a case may ask for.
+pub const MAX_ROUNDS: u32 = 1000;
+
+/// Why [`CaseBuilder::build`] refused: the field and the problem, in the
+/// words experiment files get (the experiment loader adds file:line:column).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("field `{field}`: {message}")]
+pub struct CaseError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+/// The parameters of a [`Case`] being made. Unset ones take the defaults
+/// experiment files have: ascending order, seed 0, the default
+/// distribution and contract, a sum, one round.
+#[derive(Debug, Clone)]
+pub struct CaseBuilder {
+    experiment: String,
+    id: String,
+    world: usize,
+    arenas: Vec<usize>,
+    order: DeliveryOrder,
+    seed: u64,
+    distribution: Distribution,
+    contract: Contract,
+    mean: bool,
+    rounds: u32,
+}
+
+impl CaseBuilder {
+    pub fn experiment(mut self, name: impl Into<String>) -> Self {
+        self.experiment = name.into();
+        self
+    }
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = id.into();
+        self
+    }
+    pub fn world(mut self, world: usize) -> Self {
+        self.world = world;
+        self
+    }
+    pub fn arenas(mut self, arenas: impl Into<Vec<usize>>) -> Self {
+        self.arenas = arenas.into();
+        self
+    }
+    pub fn order(mut self, order: DeliveryOrder) -> Self {
+        self.order = order;
+        self
+    }
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+    pub fn distribution(mut self, distribution: Distribution) -> Self {
+        self.distribution = distribution;
+        self
+    }
+    pub fn contract(mut self, contract: Contract) -> Self {
+        self.contract = contract;
+        self
+    }
+    pub fn mean(mut self, mean: bool) -> Self {
+        self.mean = mean;
+        self
+    }
+    pub fn rounds(mut self, rounds: u32) -> Self {
+        self.rounds = rounds;
+        self
+    }
+
+    /// The case, or the first limit it breaks.
+    pub fn build(self) -> Result<Case, CaseError> {
+        let CaseBuilder {
+            experiment,
+            id,
+            world,
+            arenas,
+            order,
+            seed,
+            distribution,
+            contract,
+            mean,
+            rounds,
+        } = self;
+        let bad = |field, message: String| Err(CaseError { field, message });
+        let world = match NonZeroUsize::new(world) {
+            Some(w) if w.get() <= MAX_WORLD => w,
+            _ => return bad("world", format!("must be 1 ..= {MAX_WORLD}, got {world}")),
+        };
+        if arenas.is_empty() {
+            return bad("arenas", "needs at least one arena length".into());
+        }
+        let total = arenas.iter().fold(0u64, |s, &n| s.saturating_add(n as u64));
+        let bytes = total.saturating_mul(world.get() as u64).saturating_mul(4);
+        if bytes > MAX_CASE_BYTES {
+            return bad(
+                "arenas",
+                format!(
+                    "W = {world} x {total} elements x 4 bytes = {bytes} bytes of addends \
+                     cannot fit in memory (cap {MAX_CASE_BYTES})"
+                ),
+            );
+        }
+        if let Err(m) = order.validate(world.get()) {
+            return bad("order", m);
+        }
+        if !(1..=MAX_ROUNDS).contains(&rounds) {
+            return bad(
+                "rounds",
+                format!("must be 1 ..= {MAX_ROUNDS}, got {rounds}"),
+            );
+        }
+        Ok(Case {
+            experiment,
+            id,
+            world,
+            arenas,
+            order,
+            seed,
+            distribution,
+            contract,
+            mean,
+            rounds,
+        })
+    }
 }
 
 impl Case {
+    /// A case of `world` ranks and these arena lengths, the rest defaults.
+    pub fn builder(world: usize, arenas: impl Into<Vec<usize>>) -> CaseBuilder {
+        CaseBuilder {
+            experiment: String::new(),
+            id: String::new(),
+            world,
+            arenas: arenas.into(),
+            order: DeliveryOrder::Ascending,
+            seed: 0,
+            distribution: Distribution::default(),
+            contract: Contract::default(),
+            mean: false,
+            rounds: 1,
+        }
+    }
+
+    /// This case's parameters as a builder, to make a variant of it.
+    pub fn to_builder(&self) -> CaseBuilder {
+        let Case {
+            experiment,
+            id,
+            world,
+            arenas,
+            order,
+            seed,
+            distribution,
+            contract,
+            mean,
+            rounds,
+        } = self;
+        CaseBuilder {
+            experiment: experiment.clone(),
+            id: id.clone(),
+            world: world.get(),
+            arenas: arenas.clone(),
+            order: order.clone(),
+            seed: *seed,
+            distribution: *distribution,
+            contract: *contract,
+            mean: *mean,
+            rounds: *rounds,
+        }
+    }
+
+    /// The same case under another contract (no limit depends on it).
+    pub fn with_contract(mut self, contract: Contract) -> Case {
+        self.contract = contract;
+        self
+    }
+    /// The same case with other addends (no limit depends on them).
+    pub fn with_data(mut self, seed: u64, distribution: Distribution) -> Case {
+        self.seed = seed;
+        self.distribution = distribution;
+        self
+    }
+    /// The same case run once.
+    pub fn single_round(mut self) -> Case {
+        self.rounds = 1;
+        self
+    }
+    /// The same case in another delivery order, if it is one at this W.
+    pub fn with_order(mut self, order: DeliveryOrder) -> Result<Case, CaseError> {
+        order.validate(self.world()).map_err(|message| CaseError {
+            field: "order",
+            message,
+        })?;
+        self.order = order;
+        Ok(self)
+    }
+
+    pub fn experiment(&self) -> &str {
+        &self.experiment
+    }
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+    pub fn world(&self) -> usize {
+        self.world.get()
+    }
+    pub fn arenas(&self) -> &[usize] {
+        &self.arenas
+    }
+    pub fn order(&self) -> &DeliveryOrder {
+        &self.order
+    }
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+    pub fn distribution(&self) -> Distribution {
+        self.distribution
+    }
+    pub fn contract(&self) -> Contract {
+        self.contract
+    }
+    pub fn mean(&self) -> bool {
+        self.mean
+    }
+    pub fn rounds(&self) -> u32 {
+        self.rounds
+    }
+
     /// Stable identifier derived from the numeric parameters only (never the
     /// experiment name, rounds or environment), so reports from different
     /// machines and files line up. See [`CaseParams::key`].
@@ -44,7 +280,7 @@ impl Case {
 
     /// Bytes of addends across all ranks and arenas.
     pub fn addend_bytes(&self) -> u64 {
-        self.world as u64 * self.total_len() * 4
+        self.world() as u64 * self.total_len() * 4
     }
 
     pub fn params(&self) -> CaseParams {
@@ -61,10 +297,10 @@ impl Case {
             rounds,
         } = self;
         CaseParams {
-            world: *world,
+            world: world.get(),
             arenas: arenas.clone(),
             order: order.canonical(),
-            order_sequence: order.sequence(*world),
+            order_sequence: order.sequence(world.get()),
             seed: *seed,
             distribution: *distribution,
             contract: *contract,
@@ -123,5 +359,36 @@ impl CaseParams {
     /// The case key: the group and the canonical delivery order.
     pub fn key(&self) -> String {
         format!("{}/{}", self.group_key(), self.order)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_builder_holds_every_case_to_the_limits() {
+        let ok = Case::builder(3, [7, 0]).build().unwrap();
+        assert_eq!((ok.world(), ok.arenas(), ok.rounds()), (3, &[7, 0][..], 1));
+        let refused = |b: CaseBuilder, field: &str| {
+            let e = b.build().unwrap_err();
+            assert_eq!(e.field, field, "{e}");
+        };
+        refused(Case::builder(0, [1]), "world");
+        refused(Case::builder(MAX_WORLD + 1, [1]), "world");
+        refused(Case::builder(2, []), "arenas");
+        refused(Case::builder(4, [1 << 38]), "arenas");
+        refused(
+            Case::builder(3, [1]).order(DeliveryOrder::Explicit(vec![1, 0])),
+            "order",
+        );
+        refused(Case::builder(3, [1]).rounds(0), "rounds");
+        refused(Case::builder(3, [1]).rounds(MAX_ROUNDS + 1), "rounds");
+        // A variant is held to them too.
+        assert!(ok
+            .clone()
+            .with_order(DeliveryOrder::Explicit(vec![0, 1]))
+            .is_err());
+        assert!(ok.to_builder().world(2).build().is_ok());
     }
 }

@@ -6,7 +6,7 @@ mod case;
 mod order;
 mod schema;
 
-pub use case::{Case, CaseParams};
+pub use case::{Case, CaseBuilder, CaseError, CaseParams, MAX_ROUNDS};
 pub use order::DeliveryOrder;
 
 use crate::data::Distribution;
@@ -297,12 +297,12 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, InputError> {
     // Same numeric identity twice would make keys ambiguous in reports.
     let mut keys: HashMap<String, String> = HashMap::new();
     for c in &cases {
-        if let Some(prev) = keys.insert(c.key(), c.id.clone()) {
+        if let Some(prev) = keys.insert(c.key(), c.id().to_string()) {
             return Err(InputError::File {
                 path: path.to_path_buf(),
                 message: format!(
                     "cases `{prev}` and `{}` have identical parameters (case key {})",
-                    c.id,
+                    c.id(),
                     c.key()
                 ),
             });
@@ -587,25 +587,27 @@ fn build_case(
         None => 1,
         Some(r) => {
             let v = *r.get_ref();
-            if !(1..=1000).contains(&v) {
+            if !(1..=MAX_ROUNDS as i64).contains(&v) {
                 return Err(src.at(
                     r.span(),
-                    format!("{}: must be 1 ..= 1000, got {v}", ctx("rounds")),
+                    format!("{}: must be 1 ..= {MAX_ROUNDS}, got {v}", ctx("rounds")),
                 ));
             }
             v as u32
         }
     };
-    Ok(Case {
-        experiment: experiment.to_string(),
-        id,
-        world,
-        arenas,
-        order,
-        seed,
-        distribution,
-        contract,
-        mean,
-        rounds,
-    })
+    // Each limit was checked above with its field's position; the builder
+    // holds every case to them, however it is made.
+    let ctx_id = id.clone();
+    Case::builder(world, arenas)
+        .experiment(experiment)
+        .id(id)
+        .order(order)
+        .seed(seed)
+        .distribution(distribution)
+        .contract(contract)
+        .mean(mean)
+        .rounds(rounds)
+        .build()
+        .map_err(|e| src.at(id_span, format!("case `{ctx_id}`: {e}")))
 }

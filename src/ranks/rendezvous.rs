@@ -63,7 +63,7 @@ pub fn experiment_plan(experiments: &[Experiment]) -> (Vec<String>, String) {
         experiments
             .iter()
             .flat_map(|e| &e.cases)
-            .map(|c| format!("{}\t{}", c.key(), c.id)),
+            .map(|c| format!("{}\t{}", c.key(), c.id())),
     );
     let names: Vec<String> = experiments
         .iter()

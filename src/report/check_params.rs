@@ -79,18 +79,23 @@ pub(super) fn params(c: &CaseReport, bad: &mut dyn FnMut(String)) -> Option<Case
         ));
         return None;
     }
-    Some(Case {
-        experiment: c.experiment.clone(),
-        id: c.id.clone(),
-        world: p.world,
-        arenas: p.arenas.clone(),
-        order,
-        seed: p.seed,
-        distribution: p.distribution,
-        contract: p.contract,
-        mean: p.mean,
-        rounds: p.rounds,
-    })
+    match Case::builder(p.world, p.arenas.clone())
+        .experiment(c.experiment.clone())
+        .id(c.id.clone())
+        .order(order)
+        .seed(p.seed)
+        .distribution(p.distribution)
+        .contract(p.contract)
+        .mean(p.mean)
+        .rounds(p.rounds)
+        .build()
+    {
+        Ok(case) => Some(case),
+        Err(e) => {
+            bad(format!("params: {e}"));
+            None
+        }
+    }
 }
 
 /// Problems with `c.sensitivity`, whose case `case` is. The counts must be
@@ -108,7 +113,7 @@ pub(super) fn sensitivity(c: &CaseReport, case: &Case, bad: &mut dyn FnMut(Strin
         format!("stride {stride}")
     };
     let checked: u64 = case
-        .arenas
+        .arenas()
         .iter()
         .map(|&n| (n as u64).div_ceil(stride))
         .sum();
@@ -135,10 +140,10 @@ pub(super) fn sensitivity(c: &CaseReport, case: &Case, bad: &mut dyn FnMut(Strin
             s.changed, s.checked
         ));
     }
-    if case.world <= 2 && s.changed != 0 {
+    if case.world() <= 2 && s.changed != 0 {
         bad(format!(
             "sensitivity.changed is {}, but at W={} reversing the order cannot change a sum (a + b = b + a)",
-            s.changed, case.world
+            s.changed, case.world()
         ));
     }
     let fraction = if s.checked == 0 {
@@ -160,7 +165,7 @@ pub(super) fn sensitivity(c: &CaseReport, case: &Case, bad: &mut dyn FnMut(Strin
             s.verdict
         ));
     }
-    let decides_a_verdict = match case.contract.order_role() {
+    let decides_a_verdict = match case.contract().order_role() {
         OrderRole::Changes => true,
         OrderRole::Invariant | OrderRole::Ignored => false,
     };

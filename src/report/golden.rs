@@ -529,7 +529,7 @@ pub fn check(
             let key = c.key();
             if !seen.contains(key.as_str()) {
                 problems.push(GoldenProblem::NotChecked {
-                    id: c.id.clone(),
+                    id: c.id().to_string(),
                     key: key.clone(),
                     experiment: exp.name.clone(),
                 });

@@ -234,18 +234,15 @@ mod tests {
         digest: &str,
         verdict: Verdict,
     ) -> CaseReport {
-        let case = Case {
-            experiment: "e".into(),
-            id: order.canonical(),
-            world: 4,
-            arenas: vec![10],
-            order,
-            seed: 1,
-            distribution: Distribution::MixedMagnitude,
-            contract,
-            mean: false,
-            rounds: 1,
-        };
+        let case = Case::builder(4, [10])
+            .experiment("e")
+            .id(order.canonical())
+            .order(order)
+            .seed(1)
+            .distribution(Distribution::MixedMagnitude)
+            .contract(contract)
+            .build()
+            .unwrap();
         let arena = ReducedArena {
             len: 10,
             rank_digests: vec![digest.into(); 4],
@@ -410,18 +407,15 @@ mod tests {
     #[test]
     fn a_control_whose_data_cannot_tell_its_orders_apart_is_inconclusive() {
         let one = |seed: u64, order: DeliveryOrder| {
-            let case = Case {
-                experiment: "e".into(),
-                id: format!("{seed}/{}", order.canonical()),
-                world: 4,
-                arenas: vec![1],
-                order,
-                seed,
-                distribution: Distribution::MixedMagnitude,
-                contract: Contract::ArrivalOrder,
-                mean: false,
-                rounds: 1,
-            };
+            let case = Case::builder(4, [1])
+                .experiment("e")
+                .id(format!("{seed}/{}", order.canonical()))
+                .order(order)
+                .seed(seed)
+                .distribution(Distribution::MixedMagnitude)
+                .contract(Contract::ArrivalOrder)
+                .build()
+                .unwrap();
             let sens = sensitivity::measure(&case);
             assert_eq!(sens.verdict, Verdict::Sensitive);
             let arena = ReducedArena {

@@ -240,8 +240,8 @@ impl CaseReport {
         CaseReport {
             key: case.key(),
             group: case.group_key(),
-            experiment: case.experiment.clone(),
-            id: case.id.clone(),
+            experiment: case.experiment().to_string(),
+            id: case.id().to_string(),
             params: case.params(),
             ranks_identical: arenas.iter().all(|a| a.ranks_identical),
             arenas,
@@ -481,8 +481,8 @@ mod tests {
             self.0.run_case(case, opts)
         }
         fn skip_reason(&self, case: &Case) -> Option<String> {
-            (case.world != 4)
-                .then(|| format!("W = {} but the NCCL world has 4 rank(s)", case.world))
+            (case.world() != 4)
+                .then(|| format!("W = {} but the NCCL world has 4 rank(s)", case.world()))
         }
     }
 
@@ -490,7 +490,7 @@ mod tests {
     fn a_run_whose_every_case_is_skipped_checked_nothing_and_fails() {
         let exp =
             crate::experiment::load(std::path::Path::new("experiments/order-sweep.toml")).unwrap();
-        assert!(exp.cases.iter().all(|c| c.world != 4));
+        assert!(exp.cases.iter().all(|c| c.world() != 4));
         let cfg = RunConfig {
             nan_policy: crate::digest::NanPolicy::Canonical,
             dump: None,

@@ -170,54 +170,55 @@ impl CudaBackend {
 
     /// Rank arenas and scratch for (W, n), allocating after a memory check.
     fn ensure_world(&mut self, case: &Case, n: usize, nbuf: usize) -> Result<(), BackendError> {
-        let key = (case.world, n);
+        let key = (case.world(), n);
         if self.worlds.contains_key(&key) {
             return Ok(());
         }
-        let plan = shard_plan(n, case.world).ok_or_else(|| unsupported(&case.id, "world = 0"))?;
-        let needed = WorldBuffers::bytes_needed(case.world, n, &plan, nbuf);
+        let plan =
+            shard_plan(n, case.world()).ok_or_else(|| unsupported(case.id(), "world = 0"))?;
+        let needed = WorldBuffers::bytes_needed(case.world(), n, &plan, nbuf);
         let (mut free, _) = self
             .dev
             .memory()
-            .map_err(|e| gpu_failed(&case.id, "memory query", e))?;
+            .map_err(|e| gpu_failed(case.id(), "memory query", e))?;
         if needed > free && !self.worlds.is_empty() {
             // Give back other lengths' buffers before declaring defeat.
             self.worlds.clear();
             free = self
                 .dev
                 .memory()
-                .map_err(|e| gpu_failed(&case.id, "memory query", e))?
+                .map_err(|e| gpu_failed(case.id(), "memory query", e))?
                 .0;
         }
         // Keep a margin for the driver, streams and kernels.
         let margin = 256u64 << 20;
         if needed.saturating_add(margin) > free {
             return Err(BackendError::OutOfMemory {
-                case: case.id.clone(),
+                case: case.id().to_string(),
                 what: "GPU memory",
                 needed: needed + margin,
                 available: free,
             });
         }
-        let bufs = WorldBuffers::alloc(&self.dev, case.world, n, &plan, nbuf)
-            .map_err(|e| gpu_failed(&case.id, "allocating rank arenas", e))?;
+        let bufs = WorldBuffers::alloc(&self.dev, case.world(), n, &plan, nbuf)
+            .map_err(|e| gpu_failed(case.id(), "allocating rank arenas", e))?;
         self.worlds.insert(key, bufs);
         Ok(())
     }
 
     fn check_case(&self, case: &Case, opts: &RunOptions) -> Result<(), BackendError> {
-        if case.world == 0 || case.world > u32::MAX as usize {
+        if case.world() == 0 || case.world() > u32::MAX as usize {
             return Err(unsupported(
-                &case.id,
-                format!("world {} is out of range", case.world),
+                case.id(),
+                format!("world {} is out of range", case.world()),
             ));
         }
         if opts.keep_values {
-            let n = case.arenas.iter().copied().max().unwrap_or(0) as u64 * 4;
+            let n = case.arenas().iter().copied().max().unwrap_or(0) as u64 * 4;
             if let Some(avail) = crate::memory::available_memory() {
                 if n > avail {
                     return Err(BackendError::OutOfMemory {
-                        case: case.id.clone(),
+                        case: case.id().to_string(),
                         what: "host memory (kept values)",
                         needed: n,
                         available: avail,
@@ -238,13 +239,13 @@ impl CudaBackend {
     ) -> Result<(Vec<ReducedArena>, RoundTimings), BackendError> {
         let start = Instant::now();
         let mut t = RoundTimings::default();
-        let mut out = Vec::with_capacity(case.arenas.len());
-        let order = case.order.sequence(case.world);
-        let scale = case.mean.then(|| mean_scale(case.world));
+        let mut out = Vec::with_capacity(case.arenas().len());
+        let order = case.order().sequence(case.world());
+        let scale = case.mean().then(|| mean_scale(case.world()));
         let racing = self.copy.len() >= 2;
-        for (a, &n) in case.arenas.iter().enumerate() {
+        for (a, &n) in case.arenas().iter().enumerate() {
             let plan =
-                shard_plan(n, case.world).ok_or_else(|| unsupported(&case.id, "world = 0"))?;
+                shard_plan(n, case.world()).ok_or_else(|| unsupported(case.id(), "world = 0"))?;
             let nonempty = plan.iter().filter(|s| s.len > 0).count();
             let nbuf = if racing {
                 nonempty.min(2)
@@ -252,9 +253,9 @@ impl CudaBackend {
                 nonempty.min(1)
             };
             self.ensure_world(case, n, nbuf)?;
-            self.ensure_readers(case.world)
-                .map_err(|e| gpu_failed(&case.id, "read-back buffers", e))?;
-            let bufs = &self.worlds[&(case.world, n)];
+            self.ensure_readers(case.world())
+                .map_err(|e| gpu_failed(case.id(), "read-back buffers", e))?;
+            let bufs = &self.worlds[&(case.world(), n)];
             let spec = RoundSpec {
                 plan: &plan,
                 order: &order,
@@ -264,13 +265,13 @@ impl CudaBackend {
                 scale,
                 variant: self.cfg.variant,
                 tuning: self.cfg.tuning,
-                distribution: case.distribution,
-                seed: case.seed,
+                distribution: case.distribution(),
+                seed: case.seed(),
                 arena: a as u32,
             };
             let (gen_ms, reduce_ms) =
                 world::run_round(&self.dev, &self.main, &self.copy, bufs, &spec)
-                    .map_err(|e| gpu_failed(&case.id, "round", e))?;
+                    .map_err(|e| gpu_failed(case.id(), "round", e))?;
             t.generate_ms += gen_ms;
             t.reduce_ms += reduce_ms;
             let d = Instant::now();
@@ -282,7 +283,7 @@ impl CudaBackend {
                 opts.keep_values,
                 self.cfg.rank_check,
             )
-            .map_err(|e| gpu_failed(&case.id, "digest", e))?;
+            .map_err(|e| gpu_failed(case.id(), "digest", e))?;
             t.digest_ms += d.elapsed().as_secs_f64() * 1e3;
             self.profiles.push(got.profile);
             out.push(ReducedArena {
@@ -390,14 +391,14 @@ impl CudaBackend {
     /// generated on the device) and `reduced.f32` (rank 0's reduced arena).
     pub fn write_peer_files(&mut self, case: &Case, dir: &Path) -> Result<PeerFiles, BackendError> {
         use std::io::Write as _;
-        let id = case.id.as_str();
+        let id = case.id();
         let failed = |e| gpu_failed(id, "writing peer files", e);
         let io = |path: &Path| {
             let what = path.display().to_string();
             move |source| GpuError::Io { what, source }
         };
         let n = *case
-            .arenas
+            .arenas()
             .first()
             .ok_or_else(|| unsupported(id, "case has no arena"))?;
         std::fs::create_dir_all(dir)
@@ -421,7 +422,7 @@ impl CudaBackend {
             let dev = &self.dev;
             let main = &self.main;
             write(&addends, &mut |w| {
-                for r in 0..case.world {
+                for r in 0..case.world() {
                     let mut first = 0usize;
                     while first < n {
                         let k = chunk.min(n - first);
@@ -431,8 +432,8 @@ impl CudaBackend {
                                 buf.ptr(),
                                 k as u64,
                                 first as u64,
-                                case.distribution,
-                                case.seed,
+                                case.distribution(),
+                                case.seed(),
                                 r as u32,
                                 0,
                                 main,
@@ -451,9 +452,12 @@ impl CudaBackend {
             })
             .map_err(failed)?;
         }
-        let mut one = case.clone();
-        one.arenas = vec![n];
-        one.rounds = 1;
+        let one = case
+            .to_builder()
+            .arenas([n])
+            .rounds(1)
+            .build()
+            .map_err(|e| crate::backend::unsupported(id, e.to_string()))?;
         let run = self.run_case(
             &one,
             &RunOptions {
@@ -479,7 +483,7 @@ impl CudaBackend {
         Ok(PeerFiles {
             addends,
             reduced,
-            world: case.world,
+            world: case.world(),
             len: n,
             digest: arena.digest().to_string(),
         })
@@ -499,8 +503,9 @@ pub struct PeerFiles {
 
 /// The fold mode and device program (order or postfix tree) of a case's contract.
 pub(crate) fn contract_program(case: &Case) -> Result<(FoldMode, Vec<u32>), BackendError> {
-    let order = case.order.sequence(case.world);
-    kernels::fold_program(case.contract, case.world, &order).map_err(|m| unsupported(&case.id, m))
+    let order = case.order().sequence(case.world());
+    kernels::fold_program(case.contract(), case.world(), &order)
+        .map_err(|m| unsupported(case.id(), m))
 }
 
 fn upload_prog(dev: &Device, prog: &[u32]) -> Result<Option<DeviceBuffer<u32>>, GpuError> {
@@ -554,18 +559,18 @@ impl Backend for CudaBackend {
         let (_, total) = self
             .dev
             .memory()
-            .map_err(|e| gpu_failed(&case.id, "memory query", e))?;
+            .map_err(|e| gpu_failed(case.id(), "memory query", e))?;
         let racing = self.copy.len() >= 2;
         let margin = 256u64 << 20;
-        for &n in &case.arenas {
+        for &n in case.arenas() {
             let plan =
-                shard_plan(n, case.world).ok_or_else(|| unsupported(&case.id, "world = 0"))?;
+                shard_plan(n, case.world()).ok_or_else(|| unsupported(case.id(), "world = 0"))?;
             let nonempty = plan.iter().filter(|s| s.len > 0).count();
             let nbuf = nonempty.min(if racing { 2 } else { 1 });
-            let needed = WorldBuffers::bytes_needed(case.world, n, &plan, nbuf) + margin;
+            let needed = WorldBuffers::bytes_needed(case.world(), n, &plan, nbuf) + margin;
             if needed > total {
                 return Err(BackendError::OutOfMemory {
-                    case: case.id.clone(),
+                    case: case.id().to_string(),
                     what: "GPU memory (the device's total)",
                     needed,
                     available: total,
@@ -579,12 +584,12 @@ impl Backend for CudaBackend {
         self.check_case(case, opts)?;
         // Keep only this case's buffers: other shapes would pin memory.
         self.worlds
-            .retain(|&(w, n), _| w == case.world && case.arenas.contains(&n));
+            .retain(|&(w, n), _| w == case.world() && case.arenas().contains(&n));
         self.profiles.clear();
         let (mode, prog) = contract_program(case)?;
         let prog_buf = upload_prog(&self.dev, &prog)
-            .map_err(|e| gpu_failed(&case.id, "uploading the fold program", e))?;
-        super::repeat_rounds(case.rounds, || {
+            .map_err(|e| gpu_failed(case.id(), "uploading the fold program", e))?;
+        super::repeat_rounds(case.rounds(), || {
             self.round(case, opts, mode, &prog_buf, prog.len() as u32)
         })
     }

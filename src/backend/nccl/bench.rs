@@ -34,18 +34,15 @@ impl NcclBackend {
     ) -> Result<Vec<NcclBenchRow>, BackendError> {
         let mut rows = Vec::new();
         for &n in sizes {
-            let mut case = Case {
-                experiment: "bench".into(),
-                id: format!("bench-{n}"),
-                world: self.world,
-                arenas: vec![n],
-                order: crate::experiment::DeliveryOrder::Ascending,
-                seed: 1,
-                distribution: crate::data::Distribution::MixedMagnitude,
-                contract: Contract::FixedOrder,
-                mean: false,
-                rounds: 1,
-            };
+            let id = format!("bench-{n}");
+            let case = Case::builder(self.world, [n])
+                .experiment("bench")
+                .id(&id)
+                .seed(1)
+                .distribution(crate::data::Distribution::MixedMagnitude)
+                .contract(Contract::FixedOrder)
+                .build()
+                .map_err(|e| crate::backend::unsupported(&id, e.to_string()))?;
             let mut median =
                 |case: &Case, timing_only: bool, reps: usize| -> Result<f64, BackendError> {
                     let mut times = Vec::with_capacity(reps);
@@ -67,7 +64,7 @@ impl NcclBackend {
                         });
                         let mut worst = 0f64;
                         for o in outs {
-                            worst = worst.max(o.map_err(|e| e.into_backend(&case.id))?.reduce_ms);
+                            worst = worst.max(o.map_err(|e| e.into_backend(case.id()))?.reduce_ms);
                         }
                         times.push(worst);
                     }
@@ -77,7 +74,7 @@ impl NcclBackend {
             // Warm up (and fill the arena) once, then time.
             median(&case, false, 1)?;
             let fixed_ms = median(&case, true, iters)?;
-            case.contract = Contract::NcclAllreduce;
+            let case = case.with_contract(Contract::NcclAllreduce);
             median(&case, true, 2)?;
             let allreduce_ms = median(&case, true, iters)?;
             let bytes = n as u64 * 4;

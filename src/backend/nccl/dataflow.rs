@@ -222,8 +222,8 @@ pub(super) fn rank_arena(
                     arena.ptr(),
                     n as u64,
                     0,
-                    job.case.distribution,
-                    job.case.seed,
+                    job.case.distribution(),
+                    job.case.seed(),
                     me as u32,
                     job.arena,
                     &stream,
@@ -240,13 +240,13 @@ pub(super) fn rank_arena(
     let t1 = Instant::now();
     {
         let _g = dog.guard(
-            &format!("case `{}` arena {} on rank {me}", job.case.id, job.arena),
+            &format!("case `{}` arena {} on rank {me}", job.case.id(), job.arena),
             timeout,
         );
         let comm = &ctx.comm;
         let at = |s: &Shard| arena.slice(s.start, s.len);
         let mut phases = Vec::new();
-        if job.case.contract == Contract::NcclAllreduce {
+        if job.case.contract() == Contract::NcclAllreduce {
             // The negative control: NCCL's own sum, in place.
             // SAFETY: the arena of this rank's context; the stream is waited
             // for before the arena is read or reused.
@@ -264,7 +264,7 @@ pub(super) fn rank_arena(
             // Exchange: my copy of shard p to owner p; every rank's copy of
             // my shard into slot = source (mine included, sent to myself).
             let exchange = comm.group("exchange", |c| -> Result<(), GpuError> {
-                for &p in &job.case.order.sequence(world) {
+                for &p in &job.case.order().sequence(world) {
                     if plan[p].len > 0 {
                         let shard = at(&plan[p])?;
                         // SAFETY: a checked view of this rank's arena, only
@@ -291,7 +291,7 @@ pub(super) fn rank_arena(
                 world: world as u32,
                 prog,
                 prog_len,
-                scale: job.case.mean.then(|| mean_scale(world)),
+                scale: job.case.mean().then(|| mean_scale(world)),
             };
             // SAFETY: `out` is my shard, `slots` its W rows at the same phase.
             unsafe {

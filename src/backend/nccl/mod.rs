@@ -320,13 +320,14 @@ impl Backend for NcclBackend {
     }
 
     fn skip_reason(&self, case: &Case) -> Option<String> {
-        if case.world != self.world {
+        if case.world() != self.world {
             return Some(format!(
                 "W = {} but the NCCL world has {} rank(s)",
-                case.world, self.world
+                case.world(),
+                self.world
             ));
         }
-        if case.contract == Contract::NcclAllreduce && case.mean {
+        if case.contract() == Contract::NcclAllreduce && case.mean() {
             return Some("nccl-allreduce has no mean variant".into());
         }
         None
@@ -342,19 +343,19 @@ impl Backend for NcclBackend {
 
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
         if let Some(why) = self.skip_reason(case) {
-            return Err(unsupported(&case.id, why));
+            return Err(unsupported(case.id(), why));
         }
         // NCCL's own sum needs no fold program.
-        let (mode, prog) = if case.contract == Contract::NcclAllreduce {
+        let (mode, prog) = if case.contract() == Contract::NcclAllreduce {
             (FoldMode::Fixed, Vec::new())
         } else {
             super::cuda::contract_program(case)?
         };
-        super::repeat_rounds(case.rounds, || {
+        super::repeat_rounds(case.rounds(), || {
             let start = Instant::now();
             let mut t = RoundTimings::default();
             let mut arenas = Vec::new();
-            for (a, &n) in case.arenas.iter().enumerate() {
+            for (a, &n) in case.arenas().iter().enumerate() {
                 let job = ArenaJob {
                     case,
                     arena: a as u32,
@@ -394,7 +395,7 @@ impl Backend for NcclBackend {
                 let mut ranks_digest_ms = 0f64;
                 let mut values = None;
                 for o in outs {
-                    let o = o.map_err(|e| e.into_backend(&case.id))?;
+                    let o = o.map_err(|e| e.into_backend(case.id()))?;
                     t.generate_ms = t.generate_ms.max(o.generate_ms);
                     t.reduce_ms = t.reduce_ms.max(o.reduce_ms);
                     ranks_digest_ms = ranks_digest_ms.max(o.digest_ms);
@@ -407,7 +408,7 @@ impl Backend for NcclBackend {
                     }
                 }
                 let d = Instant::now();
-                let rank_digests = self.gather(&mine).map_err(|e| e.into_backend(&case.id))?;
+                let rank_digests = self.gather(&mine).map_err(|e| e.into_backend(case.id()))?;
                 t.digest_ms += ranks_digest_ms + d.elapsed().as_secs_f64() * 1e3;
                 arenas.push(ReducedArena {
                     len: n,
