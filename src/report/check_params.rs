@@ -34,6 +34,18 @@ fn order_of(text: &str, world: usize) -> Result<DeliveryOrder, String> {
 /// Problems with `c.params`; the case they describe when there are none.
 pub(super) fn params(c: &CaseReport, bad: &mut dyn FnMut(String)) -> Option<Case> {
     let p = &c.params;
+    // Every field named: a new parameter must be read back here too.
+    let crate::experiment::CaseParams {
+        world: _,
+        arenas: _,
+        order: _,
+        order_sequence: _,
+        seed,
+        distribution,
+        contract,
+        mean,
+        rounds,
+    } = p;
     if !(1..=MAX_WORLD).contains(&p.world) {
         bad(format!(
             "params.world {} is not in 1..={MAX_WORLD}",
@@ -83,11 +95,11 @@ pub(super) fn params(c: &CaseReport, bad: &mut dyn FnMut(String)) -> Option<Case
         .experiment(c.experiment.clone())
         .id(c.id.clone())
         .order(order)
-        .seed(p.seed)
-        .distribution(p.distribution)
-        .contract(p.contract)
-        .mean(p.mean)
-        .rounds(p.rounds)
+        .seed(*seed)
+        .distribution(*distribution)
+        .contract(*contract)
+        .mean(*mean)
+        .rounds(*rounds)
         .build()
     {
         Ok(case) => Some(case),
