@@ -19,12 +19,17 @@ pub enum Target {
     Ptx(u32),
 }
 
+/// A `--target` or matrix `target` that names no target.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}`: expected auto, sm_XY or compute_XY")]
+pub struct TargetParseError(pub String);
+
 /// `auto`, `sm_XY` or `compute_XY`, as `--target` and audit matrices write it.
 impl std::str::FromStr for Target {
-    type Err = String;
+    type Err = TargetParseError;
 
-    fn from_str(s: &str) -> Result<Self, String> {
-        let expected = || format!("`{s}`: expected auto, sm_XY or compute_XY");
+    fn from_str(s: &str) -> Result<Self, TargetParseError> {
+        let expected = || TargetParseError(s.to_string());
         let arch = |xy: &str| xy.parse::<u32>().map_err(|_| expected());
         if s == "auto" {
             Ok(Target::Auto)
@@ -48,9 +53,10 @@ mod target_parse_tests {
         assert_eq!("sm_90".parse(), Ok(Target::Cubin(90)));
         assert_eq!("compute_75".parse(), Ok(Target::Ptx(75)));
         for bad in ["sm90", "sm_", "compute_x", "", "AUTO"] {
+            let e = bad.parse::<Target>().unwrap_err();
             assert_eq!(
-                bad.parse::<Target>(),
-                Err(format!("`{bad}`: expected auto, sm_XY or compute_XY"))
+                e.to_string(),
+                format!("`{bad}`: expected auto, sm_XY or compute_XY")
             );
         }
     }
