@@ -82,6 +82,7 @@ EXCLUDED=(
     "outputs::sigterm_stops_at_a_case_boundary_and_keeps_old_outputs  $reason_exec"
     "host_driver::doctor_finds_and_loads_the_driver_by_path_when_the_loader_cannot  $reason_exec"
     "audit::sigterm_stops_the_child_removes_the_work_dir_and_exits_143  $reason_exec"
+    "audit::sigint_and_sighup_stop_the_audit_the_same_way  $reason_exec"
     "cli::help_to_a_full_device_fails  $reason_exec"
     "progress::piped_verify_rows_stream_as_cases_finish  $reason_exec"
     "outputs::a_tight_address_space_limit_refuses_and_never_aborts  $reason_exec"
