@@ -15,6 +15,116 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
+/// A report's `environment`, assembled in one place (`runner`). Its fields
+/// are declared in sorted order, the order every report writes them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Environment {
+    /// What the backend says of itself.
+    pub backend: BackendEnvironment,
+    /// Time to start the backend (probe, context, compile or cache).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_init_ms: Option<f64>,
+    pub host: HostFacts,
+    /// Facts of the platform under the backend (`host_driver`: how the host's
+    /// CUDA driver was found, when the process looked), and any key an
+    /// older report carries that this type does not know.
+    #[serde(flatten)]
+    pub platform: Map<String, Value>,
+    /// Things worth knowing about the run (e.g. why `auto` fell back to the
+    /// CPU).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    /// The provenance file a packaged build points at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<Provenance>,
+}
+
+/// The machine a report was made on (`environment.host`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostFacts {
+    /// The architecture foldprint was built for (`std::env::consts::ARCH`).
+    pub arch: String,
+    pub cores: usize,
+    pub cpu: String,
+    /// Whether the process runs under user-mode emulation; `None` unknown.
+    pub emulated: Option<bool>,
+    /// `little` or `big`.
+    pub endian: String,
+    pub hostname: String,
+    pub kernel: String,
+    /// The kernel's own architecture (`/proc/sys/kernel/arch`).
+    pub kernel_arch: Option<String>,
+    /// What `uname(2)` tells this process.
+    pub machine: Option<String>,
+    /// The NVIDIA kernel module's release, when one is loaded.
+    pub nvidia_kernel_driver: Option<String>,
+    pub os: String,
+}
+
+/// `environment.provenance`: the file `FOLDPRINT_PROVENANCE` names, embedded
+/// verbatim (`content`), or why it could not be read (`error`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Why the pinned libraries were not used (a CPU run under a CUDA
+    /// combination).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    pub path: String,
+    /// `false` when the pinned libraries were not used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used: Option<bool>,
+}
+
+impl Provenance {
+    /// A text field of the embedded file, by its path of keys.
+    pub fn content_str(&self, keys: &[&str]) -> Option<&str> {
+        let mut v = self.content.as_ref()?;
+        for k in keys {
+            v = v.get(k)?;
+        }
+        v.as_str()
+    }
+
+    /// The CUDA combination the package pins libraries for: `combination`
+    /// when the file's `cuda` block is set (the CPU package has `cuda: null`).
+    pub fn cuda_combination(&self) -> Option<String> {
+        let c = self.content.as_ref()?;
+        if c.get("cuda").is_none_or(Value::is_null) {
+            return None;
+        }
+        Some(
+            self.content_str(&["combination"])
+                .unwrap_or("unknown")
+                .to_string(),
+        )
+    }
+}
+
+impl BackendEnvironment {
+    /// What the backend ran on, for a table's banner: the GPU's name, or
+    /// the CPU oracle's thread count.
+    pub fn on_what(&self) -> String {
+        let device = self
+            .fact("gpu")
+            .and_then(|g| g.get("name"))
+            .and_then(Value::as_str);
+        match (device, self.extra.get("threads").and_then(Value::as_u64)) {
+            (Some(d), _) => d.to_string(),
+            (None, Some(t)) => format!("{t} threads"),
+            _ => String::new(),
+        }
+    }
+
+    /// The emulated-hosts layout (several NCCL ranks on one GPU), if any.
+    pub fn emulated_hosts(&self) -> Option<&str> {
+        self.extra.get("emulated_hosts")?.get("layout")?.as_str()
+    }
+}
+
 /// One mapped library file, as `environment.backend.libraries` lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoadedLibrary {

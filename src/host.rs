@@ -1,7 +1,8 @@
 //! The host part of a report's environment block (the backend adds its
 //! own), and the provenance a packaged build points at.
 
-use serde_json::{json, Value};
+pub use crate::environment::{HostFacts, Provenance};
+use serde_json::Value;
 
 fn read_trimmed(path: &str) -> Option<String> {
     std::fs::read_to_string(path)
@@ -93,58 +94,58 @@ pub fn emulated(machine: Option<&str>, kernel_arch: Option<&str>) -> Option<bool
     }
 }
 
-pub fn facts() -> Value {
+pub fn facts() -> HostFacts {
     let machine = uname_machine();
     let kernel_arch = read_trimmed("/proc/sys/kernel/arch").filter(|s| !s.is_empty());
-    json!({
-        "hostname": read_trimmed("/proc/sys/kernel/hostname").unwrap_or_default(),
-        "os": os_release(),
-        "kernel": read_trimmed("/proc/sys/kernel/osrelease").unwrap_or_default(),
-        "arch": std::env::consts::ARCH,
-        "endian": endian(),
-        "machine": machine,
-        "kernel_arch": kernel_arch,
-        "emulated": emulated(machine.as_deref(), kernel_arch.as_deref()),
-        "cpu": cpu_model(),
-        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        "nvidia_kernel_driver": nvidia_driver(),
-    })
+    HostFacts {
+        hostname: read_trimmed("/proc/sys/kernel/hostname").unwrap_or_default(),
+        os: os_release(),
+        kernel: read_trimmed("/proc/sys/kernel/osrelease").unwrap_or_default(),
+        arch: std::env::consts::ARCH.to_string(),
+        endian: endian().to_string(),
+        emulated: emulated(machine.as_deref(), kernel_arch.as_deref()),
+        machine,
+        kernel_arch,
+        cpu: cpu_model(),
+        cores: std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        nvidia_kernel_driver: nvidia_driver(),
+    }
 }
 
 /// The provenance file a packaged build points at (`FOLDPRINT_PROVENANCE`):
 /// which toolchain, CUDA and NCCL store paths the package pins. Embedded
 /// verbatim; a named but unreadable file is recorded as an error, not hidden.
-pub fn provenance() -> Option<Value> {
+pub fn provenance() -> Option<Provenance> {
     let path = std::env::var_os("FOLDPRINT_PROVENANCE")?;
-    let shown = std::path::Path::new(&path).display().to_string();
-    Some(match std::fs::read_to_string(&path) {
-        Err(e) => json!({ "path": shown, "error": e.to_string() }),
+    let (content, error) = match std::fs::read_to_string(&path) {
+        Err(e) => (None, Some(e.to_string())),
         Ok(text) => match serde_json::from_str::<Value>(&text) {
-            Ok(v) => json!({ "path": shown, "content": v }),
-            Err(e) => json!({ "path": shown, "error": format!("not JSON: {e}") }),
+            Ok(v) => (Some(v), None),
+            Err(e) => (None, Some(format!("not JSON: {e}"))),
         },
+    };
+    Some(Provenance {
+        content,
+        error,
+        note: None,
+        path: std::path::Path::new(&path).display().to_string(),
+        used: None,
     })
-}
-
-/// The CUDA combination a packaged build pins libraries for: the
-/// provenance's `combination` when its `cuda` block is set (the CPU package
-/// has `cuda: null`).
-pub fn cuda_combination(provenance: &Value) -> Option<String> {
-    let c = provenance.get("content")?;
-    if c.get("cuda").is_none_or(Value::is_null) {
-        return None;
-    }
-    Some(c["combination"].as_str().unwrap_or("unknown").to_string())
 }
 
 /// When the CPU backend runs under a package that pins CUDA libraries (a
 /// fallback of `--backend auto`, or `--backend cpu`), the sentence saying
 /// that this is not that combination's GPU result; `None` otherwise.
-pub fn cpu_under_cuda_combination(backend: &str, provenance: Option<&Value>) -> Option<String> {
+pub fn cpu_under_cuda_combination(
+    backend: &str,
+    provenance: Option<&Provenance>,
+) -> Option<String> {
     if backend != "cpu" {
         return None;
     }
-    let combo = cuda_combination(provenance?)?;
+    let combo = provenance?.cuda_combination()?;
     Some(format!(
         "the CPU backend ran under the CUDA combination `{combo}`: its pinned NVRTC/NCCL were not used, \
          so this is the CPU oracle's result, not a GPU result of `{combo}`"
@@ -183,15 +184,15 @@ mod tests {
     #[test]
     fn host_records_architecture_byte_order_and_emulation() {
         let h = facts();
-        assert_eq!(h["arch"], std::env::consts::ARCH);
+        assert_eq!(h.arch, std::env::consts::ARCH);
         // The byte order from memory itself, not from the cfg the code uses.
         let first = 1u32.to_ne_bytes()[0];
-        assert_eq!(h["endian"], if first == 1 { "little" } else { "big" });
-        let machine = h["machine"].as_str().expect("uname gives a machine name");
+        assert_eq!(h.endian, if first == 1 { "little" } else { "big" });
+        let machine = h.machine.as_deref().expect("uname gives a machine name");
         assert!(!machine.is_empty());
-        match (h["kernel_arch"].as_str(), &h["emulated"]) {
-            (Some(k), Value::Bool(e)) => assert_eq!(*e, k != machine),
-            (None, Value::Null) => {}
+        match (h.kernel_arch.as_deref(), h.emulated) {
+            (Some(k), Some(e)) => assert_eq!(e, k != machine),
+            (None, None) => {}
             other => panic!("kernel_arch and emulated disagree: {other:?}"),
         }
     }

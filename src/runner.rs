@@ -3,6 +3,7 @@
 use crate::backend::{Backend, BackendError, RunOptions};
 use crate::digest::{hashed_bytes, NanPolicy};
 pub use crate::dumpdir::{dump_name, dump_names};
+use crate::environment::Environment;
 use crate::experiment::{Case, Experiment};
 use crate::report::{
     build_groups, CaseReport, ExperimentInfo, Report, SkippedCase, Summary, ToolInfo,
@@ -171,37 +172,34 @@ pub fn run_staged(
         });
     }
     let groups = build_groups(&cases);
-    let mut environment = serde_json::json!({
-        "host": crate::host::facts(),
-        "backend": backend.environment(),
-    });
-    environment["backend_init_ms"] = serde_json::json!(cfg.backend_init_ms);
     let mut notes = cfg.notes.clone();
     let mut tool = ToolInfo::current();
-    if let Some(mut p) = crate::host::provenance() {
+    let mut provenance = crate::host::provenance();
+    if let Some(p) = provenance.as_mut() {
         // A CPU run under a package pinning CUDA libraries must not read as
         // that combination's GPU result.
-        if let Some(note) = crate::host::cpu_under_cuda_combination(backend.name(), Some(&p)) {
-            p["used"] = serde_json::json!(false);
-            p["note"] = serde_json::json!(note);
+        if let Some(note) = crate::host::cpu_under_cuda_combination(backend.name(), Some(p)) {
+            p.used = Some(false);
+            p.note = Some(note.clone());
             notes.push(note);
         }
         // Packaged builds keep the git revision out of the binary (it would
         // rebuild on every commit) and put it in the provenance.
         if tool.git == "unknown" {
-            if let Some(g) = p["content"]["foldprint"]["git"].as_str() {
+            if let Some(g) = p.content_str(&["foldprint", "git"]) {
                 tool.git = g.to_string();
             }
         }
-        environment["provenance"] = p;
     }
-    // E.g. how the host's CUDA driver was found, when the backend looked.
-    for (key, value) in backend.platform_facts() {
-        environment[key.as_str()] = value;
-    }
-    if !notes.is_empty() {
-        environment["notes"] = serde_json::json!(notes);
-    }
+    let environment = Environment {
+        backend: backend.environment(),
+        backend_init_ms: Some(cfg.backend_init_ms),
+        host: crate::host::facts(),
+        // E.g. how the host's CUDA driver was found, when the backend looked.
+        platform: backend.platform_facts(),
+        notes,
+        provenance,
+    };
     let mut report = Report {
         format: REPORT_FORMAT.into(),
         version: REPORT_VERSION,

@@ -156,13 +156,18 @@ fn a_report_made_now_reads_typed_and_writes_the_same_bytes() {
         .code(0);
     let bytes = std::fs::read_to_string(&path).unwrap();
     let r = foldprint::report::Report::read(&path).unwrap();
-    let env = r.backend_environment().unwrap();
+    let env = r.backend_environment();
     assert_eq!(env.kind, "cpu");
     assert_eq!(env.libraries, None);
     let v: serde_json::Value = serde_json::from_str(&bytes).unwrap();
     assert_eq!(
         serde_json::to_string_pretty(&env).unwrap(),
         serde_json::to_string_pretty(&v["environment"]["backend"]).unwrap()
+    );
+    // The whole typed environment writes the bytes the run wrote.
+    assert_eq!(
+        serde_json::to_string_pretty(&r.environment).unwrap(),
+        serde_json::to_string_pretty(&v["environment"]).unwrap()
     );
 }
 

@@ -642,7 +642,7 @@ fn rounds_repeat_bit_for_bit() {
 #[test]
 fn environment_names_device_libraries_and_options() {
     let be = gpu(CudaConfig::default());
-    let env = be.environment();
+    let env = be.environment().to_value();
     eprintln!("{}", serde_json::to_string_pretty(&env).unwrap());
     assert!(env["gpu"]["name"].as_str().is_some_and(|s| !s.is_empty()));
     assert!(env["gpu"]["uuid"]

@@ -93,7 +93,7 @@ fn other_world_sizes_are_skipped_with_a_reason() {
 #[test]
 fn environment_names_nccl_version_and_library() {
     let be = nccl();
-    let env = be.environment();
+    let env = be.environment().to_value();
     let v = env["nccl"]["version"].as_str().unwrap().to_string();
     assert!(v.starts_with("2."), "{v}");
     let libs = env["libraries"].as_array().unwrap();

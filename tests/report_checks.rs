@@ -284,7 +284,7 @@ fn backend_must_match_its_environment() {
     refused(&v, &["backend `abacus`"]);
     let mut v = base();
     v["environment"].as_object_mut().unwrap().remove("backend");
-    refused(&v, &["environment.backend"]);
+    refused(&v, &["environment: missing field `backend`"]);
 }
 
 #[test]

@@ -65,9 +65,7 @@ pub(super) fn read_report(
     o: &mut ConfigOutcome,
     d: &mut Digests,
 ) -> Result<(), String> {
-    let env = r
-        .backend_environment()
-        .map_err(|e| format!("environment.backend: {e}"))?;
+    let env = r.backend_environment();
     o.backend = Some(r.backend.clone());
     o.libraries = env.libraries.clone().unwrap_or_default();
     o.versions = env.versions();
@@ -76,9 +74,9 @@ pub(super) fn read_report(
         .into_iter()
         .map(|req| pins::check(req, &o.libraries, &r.backend))
         .collect();
-    o.environment = Some(env);
+    o.environment = Some(env.clone());
     o.run_failures = r.summary.failures.clone();
-    o.notes = r.notes();
+    o.notes = r.notes().to_vec();
     *d = Digests::of(r);
     o.cases = d.cases.len();
     o.skipped = d.skipped.len();

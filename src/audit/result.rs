@@ -171,7 +171,7 @@ pub struct AuditResult {
     pub version: u32,
     pub foldprint: ToolInfo,
     pub matrix: MatrixInfo,
-    pub host: serde_json::Value,
+    pub host: crate::environment::HostFacts,
     pub experiments: Vec<ExperimentInfo>,
     pub baseline: String,
     /// Whether the CPU oracle and the contract controls ran.

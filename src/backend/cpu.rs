@@ -51,8 +51,10 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
-    fn environment(&self) -> serde_json::Value {
-        serde_json::json!({ "kind": "cpu", "threads": self.threads })
+    fn environment(&self) -> crate::environment::BackendEnvironment {
+        let mut facts = serde_json::Map::new();
+        facts.insert("threads".into(), self.threads.into());
+        crate::environment::BackendEnvironment::new("cpu", facts)
     }
 
     fn skip_reason(&self, case: &Case) -> Option<String> {

@@ -132,7 +132,7 @@ pub trait Backend {
     /// Short name written into reports (`cpu`, `cuda` ...).
     fn name(&self) -> &'static str;
     /// What this backend runs on, for the report's environment block.
-    fn environment(&self) -> serde_json::Value;
+    fn environment(&self) -> crate::environment::BackendEnvironment;
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError>;
     /// Whether `case` can run here (memory, limits), asked of every case
     /// before the first one runs so that a run never throws away finished

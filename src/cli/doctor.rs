@@ -117,12 +117,7 @@ pub fn run(json: bool) -> Result<i32> {
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
     }
-    outln!(
-        "host   {} · {} · {} cores",
-        host["os"].as_str().unwrap_or(""),
-        host["cpu"].as_str().unwrap_or(""),
-        host["cores"]
-    );
+    outln!("host   {} · {} · {} cores", host.os, host.cpu, host.cores);
     outln!(
         "cpu    usable · {} threads · {} MiB available",
         cpu["threads"],
@@ -163,19 +158,19 @@ pub fn run(json: bool) -> Result<i32> {
     if let Some(e) = &cuda.nvrtc_error {
         outln!("       NVRTC error: {e}");
     }
-    print_host_driver(host["nvidia_kernel_driver"].as_str());
+    print_host_driver(host.nvidia_kernel_driver.as_deref());
     if let Some(p) = foldprint::host::provenance() {
-        let c = &p["content"];
-        let v = |x: &serde_json::Value| x["version"].as_str().unwrap_or("none").to_string();
+        let v = |lib: &str| p.content_str(&[lib, "version"]).unwrap_or("none");
         outln!(
             "pins   {} ({}; NVRTC {}; NCCL {}) from {}",
-            c["combination"].as_str().unwrap_or("?"),
-            c["cuda"]["package_set"].as_str().unwrap_or("no CUDA set"),
-            v(&c["nvrtc"]),
-            v(&c["nccl"]),
-            p["path"].as_str().unwrap_or("?")
+            p.content_str(&["combination"]).unwrap_or("?"),
+            p.content_str(&["cuda", "package_set"])
+                .unwrap_or("no CUDA set"),
+            v("nvrtc"),
+            v("nccl"),
+            p.path
         );
-        if let Some(e) = p["error"].as_str() {
+        if let Some(e) = &p.error {
             outln!("       provenance file unreadable: {e}");
         }
     }

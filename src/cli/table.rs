@@ -1,6 +1,7 @@
 //! Human-readable output: one line per case, then invariance groups, then a
 //! one-line verdict. Everything here is also in the JSON report.
 
+use foldprint::environment::BackendEnvironment;
 use foldprint::report::{Comparison, Report, Source};
 use foldprint::sensitivity::Verdict;
 use std::path::{Path, PathBuf};
@@ -20,33 +21,19 @@ fn fmt_ms(ms: f64) -> String {
 /// The report's own sentence when it is a CPU run under a package that pins
 /// CUDA libraries (`environment.provenance.used == false`).
 pub fn not_a_gpu_result(r: &Report) -> Option<String> {
-    let p = &r.environment["provenance"];
-    (p["used"] == serde_json::json!(false)).then(|| {
-        p["note"]
-            .as_str()
-            .unwrap_or("CPU run under a CUDA combination")
-            .to_string()
+    let p = r.environment.provenance.as_ref()?;
+    (p.used == Some(false)).then(|| {
+        p.note
+            .clone()
+            .unwrap_or_else(|| "CPU run under a CUDA combination".into())
     })
-}
-
-/// What the backend runs on, from its environment block.
-pub fn on_what(backend_env: &serde_json::Value) -> String {
-    let b = backend_env;
-    let device = b["gpu"]["name"]
-        .as_str()
-        .or(b["devices"][0]["gpu"]["name"].as_str());
-    match (device, b["threads"].as_u64()) {
-        (Some(d), _) => d.to_string(),
-        (None, Some(t)) => format!("{t} threads"),
-        _ => String::new(),
-    }
 }
 
 /// The first line of a run's output. `backend_env` says whether hosts
 /// were emulated (several NCCL ranks on one GPU).
-pub fn banner(version: &str, backend: &str, backend_env: &serde_json::Value, nan_policy: &str) {
-    let on = on_what(backend_env);
-    let emulated = match backend_env["emulated_hosts"]["layout"].as_str() {
+pub fn banner(version: &str, backend: &str, backend_env: &BackendEnvironment, nan_policy: &str) {
+    let on = backend_env.on_what();
+    let emulated = match backend_env.emulated_hosts() {
         Some(layout) => format!(" · emulated hosts: yes ({layout})"),
         None => String::new(),
     };
@@ -121,7 +108,7 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
     banner(
         &r.foldprint.version,
         &r.backend,
-        &r.environment["backend"],
+        &r.environment.backend,
         r.nan_policy.name(),
     );
     if let Some(n) = not_a_gpu_result(r) {

@@ -176,7 +176,7 @@ pub fn statement(report: &Report, subjects: &[Subject]) -> Value {
             "experiments": report.experiments,
             "cases": cases,
             "verdict": {"ok": report.summary.ok, "failures": report.summary.failures},
-            "environment": strip_floats(&report.environment),
+            "environment": strip_floats(&serde_json::to_value(&report.environment).unwrap_or_default()),
         }
     })
 }

@@ -167,14 +167,13 @@ fn check_run(r: &Report, out: &mut Vec<String>) {
             "backend `{}` is not a backend foldprint has",
             printable(&r.backend)
         )),
-        (Some(_), Err(m)) => out.push(format!("environment.backend: {m}")),
-        (Some(kind), Ok(env)) if env.kind != kind => out.push(format!(
+        (Some(kind), env) if env.kind != kind => out.push(format!(
             "backend `{}`, but environment.backend.kind is `{}` (a `{}` run records `{kind}`)",
             r.backend,
             printable(&env.kind),
             r.backend
         )),
-        (Some(_), Ok(_)) => {}
+        (Some(_), _) => {}
     }
 }
 

@@ -146,7 +146,7 @@ impl Comparison {
 /// One side of a comparison: a report, or a golden file.
 #[derive(Debug, Clone)]
 pub enum Source {
-    Report(Report),
+    Report(Box<Report>),
     Golden(Golden),
 }
 
@@ -162,7 +162,7 @@ impl Source {
         if golden {
             Golden::read(path).map(Source::Golden)
         } else {
-            Report::read(path).map(Source::Report)
+            Report::read(path).map(|r| Source::Report(Box::new(r)))
         }
     }
 
@@ -242,7 +242,7 @@ struct View<'a> {
 pub fn compare(reports: &[(String, Report)], allow_missing: bool) -> Comparison {
     let sources: Vec<(String, Source)> = reports
         .iter()
-        .map(|(n, r)| (n.clone(), Source::Report(r.clone())))
+        .map(|(n, r)| (n.clone(), Source::Report(Box::new(r.clone()))))
         .collect();
     compare_sources(&sources, allow_missing)
 }

@@ -89,7 +89,7 @@ pub struct Report {
     pub foldprint: ToolInfo,
     pub backend: String,
     pub nan_policy: crate::digest::NanPolicy,
-    pub environment: serde_json::Value,
+    pub environment: crate::environment::Environment,
     pub experiments: Vec<ExperimentInfo>,
     pub cases: Vec<CaseReport>,
     /// Cases this backend could not run, with the reason (never silent).
@@ -430,30 +430,30 @@ pub(crate) fn read_versioned<T: serde::de::DeserializeOwned>(
         });
     }
     serde_json::from_value(value).map_err(|e| {
-        // The same parse from the text also says where (line and column).
-        let located = serde_json::from_str::<T>(&text).err().unwrap_or(e);
-        malformed(located.to_string())
+        // The same parse from the text also says where: the field's path
+        // and the line and column.
+        let mut de = serde_json::Deserializer::from_str(&text);
+        match serde_path_to_error::deserialize::<_, T>(&mut de) {
+            Err(located) if located.path().to_string() != "." => {
+                malformed(format!("{}: {}", located.path(), located.inner()))
+            }
+            Err(located) => malformed(located.inner().to_string()),
+            Ok(_) => malformed(e.to_string()),
+        }
     })
 }
 
 /// The environment block, typed where readers need it.
 impl Report {
     /// `environment.backend`, as the backend wrote it.
-    pub fn backend_environment(&self) -> Result<crate::environment::BackendEnvironment, String> {
-        crate::environment::BackendEnvironment::from_value(&self.environment["backend"])
+    pub fn backend_environment(&self) -> &crate::environment::BackendEnvironment {
+        &self.environment.backend
     }
 
     /// `environment.notes`: things worth knowing about the run (e.g. why
     /// `auto` fell back to the CPU).
-    pub fn notes(&self) -> Vec<String> {
-        self.environment["notes"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|n| n.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()
+    pub fn notes(&self) -> &[String] {
+        &self.environment.notes
     }
 }
 
@@ -471,10 +471,10 @@ mod tests {
         fn name(&self) -> &'static str {
             "nccl"
         }
-        fn environment(&self) -> serde_json::Value {
+        fn environment(&self) -> crate::environment::BackendEnvironment {
             // The kind a `nccl` report must carry (check.rs holds them together).
             let mut env = self.0.environment();
-            env["kind"] = "nccl".into();
+            env.kind = "nccl".into();
             env
         }
         fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {

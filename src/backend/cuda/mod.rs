@@ -522,7 +522,7 @@ impl Backend for CudaBackend {
         NAME
     }
 
-    fn environment(&self) -> serde_json::Value {
+    fn environment(&self) -> crate::environment::BackendEnvironment {
         // The device's facts, its configuration, and what was mapped.
         let mut facts = match self.dev.environment() {
             serde_json::Value::Object(map) => map,
@@ -540,7 +540,7 @@ impl Backend for CudaBackend {
             mapped::Hashing::with_kernel_cache(self.cfg.compile.disk_cache),
         ));
         env.env = Some(mapped::relevant_env());
-        env.to_value()
+        env
     }
 
     fn platform_facts(&self) -> serde_json::Map<String, serde_json::Value> {

@@ -284,7 +284,7 @@ impl Backend for NcclBackend {
         NAME
     }
 
-    fn environment(&self) -> serde_json::Value {
+    fn environment(&self) -> crate::environment::BackendEnvironment {
         let (token_source, job) = {
             let (_, job, src) = crate::ranks::job::identity();
             (src, job)
@@ -316,7 +316,7 @@ impl Backend for NcclBackend {
         let mut env = crate::environment::BackendEnvironment::new("nccl", own);
         env.libraries = Some(mapped::loaded_libraries());
         env.env = Some(mapped::relevant_env());
-        env.to_value()
+        env
     }
 
     fn skip_reason(&self, case: &Case) -> Option<String> {
