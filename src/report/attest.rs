@@ -198,6 +198,9 @@ fn strip_floats(v: &Value) -> Value {
 
 /// RFC 8785 canonical JSON: object members sorted by UTF-16 code units, no
 /// insignificant whitespace, minimal string escapes, ECMAScript numbers.
+/// Integers are written exactly, also past 2^53 (a u64 seed), where the
+/// `serde_jcs` crate would round them through an f64; everywhere else the
+/// two agree byte for byte (`jcs_cross_check`).
 pub fn canonical(v: &Value) -> String {
     let mut out = String::new();
     write_value(v, &mut out);
@@ -324,5 +327,40 @@ mod tests {
         assert_eq!(canonical(&v), "{\"a\":\"x\\n\\u0001é\",\"b\":[1,{\"a\":true,\"z\":null}],\"€\":1,\"😀\":2,\"\u{fb33}\":3}");
         let again: Value = serde_json::from_str(&canonical(&v)).unwrap();
         assert_eq!(canonical(&again), canonical(&v));
+    }
+}
+
+/// `canonical` against an independent RFC 8785 implementation (the
+/// `serde_jcs` crate). We keep our own writer because serde_jcs writes every
+/// number through an f64, as I-JSON has it: a u64 seed above 2^53 would be
+/// written as another number, and the statement would misstate its case.
+#[cfg(test)]
+mod jcs_cross_check {
+    use super::*;
+
+    #[test]
+    fn canonical_equals_serde_jcs_wherever_jcs_can_hold_the_numbers() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut values: Vec<Value> = vec![serde_json::from_str(
+            r#"{"b": [1, {"z": null, "a": true}], "a": "x\n\u0001é\u007f\u2028", "\ufb33": 3,
+                "\u20ac": 1, "\ud83d\ude00": 2,
+                "f": [1e20, -1.5e-9, 123456.789, 5e-324, 0.1, 1e21, 1e-7, -0.0, 9007199254740992]}"#,
+        )
+        .unwrap()];
+        let mut files = vec![root.join("tests/data/report-cpu.json")];
+        for g in std::fs::read_dir(root.join("experiments/golden")).unwrap() {
+            files.push(g.unwrap().path());
+        }
+        for f in &files {
+            values.push(serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap());
+        }
+        assert!(values.len() >= 8, "{} values", values.len());
+        for v in &values {
+            assert_eq!(canonical(v), serde_jcs::to_string(v).unwrap());
+        }
+        // Where they part: an integer past 2^53 stays exact in ours.
+        let seed: Value = serde_json::from_str(r#"{"seed": 18446744073709551615}"#).unwrap();
+        assert_eq!(canonical(&seed), r#"{"seed":18446744073709551615}"#);
+        assert_ne!(canonical(&seed), serde_jcs::to_string(&seed).unwrap());
     }
 }

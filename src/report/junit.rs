@@ -1,5 +1,10 @@
 //! JUnit XML for CI dashboards: one testcase per case (ranks identical,
 //! rounds identical) and one per invariance group.
+//!
+//! Written by hand rather than with `quick-junit`: that crate (0.8) pulls
+//! in chrono, uuid, quick-xml, vte and a second major version of syn for
+//! four element types, and drops control characters from names without a
+//! trace, where this file writes them as `\u{7}` so an id stays findable.
 
 use super::Report;
 
