@@ -59,7 +59,7 @@ rustPlatform.buildRustPackage (
     cargoLock.lockFile = ../Cargo.lock;
 
     doCheck = mode == "tests";
-    # The CLI tests check dumps with `sha256sum -c`; tests/progress.rs draws
+    # The CLI tests check dumps with `sha256sum -c`; tests/cli/progress.rs draws
     # the progress line under a pseudo-terminal from python3. tests/gpu.rs
     # needs the `gpu-tests` feature and a GPU: it is not built here.
     nativeCheckInputs = [

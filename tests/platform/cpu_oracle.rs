@@ -221,7 +221,7 @@ fn pairwise_tree_is_order_immune_but_differs_from_fixed() {
 
 #[test]
 fn generator_matches_committed_test_vectors() {
-    let text = include_str!("data/generator-vectors.tsv");
+    let text = include_str!("../data/generator-vectors.tsv");
     let mut checked = 0;
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let f: Vec<&str> = line.split('\t').collect();
@@ -303,7 +303,7 @@ fn branches(d: Distribution, seed: u64, rank: u32, arena: u32, index: u64) -> Ve
 /// exponents, -2^24) fails a vector, not just some digest.
 #[test]
 fn generator_vectors_cover_every_branch() {
-    let text = include_str!("data/generator-vectors.tsv");
+    let text = include_str!("../data/generator-vectors.tsv");
     let mut seen = std::collections::BTreeSet::new();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let f: Vec<&str> = line.split('\t').collect();

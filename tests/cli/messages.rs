@@ -1,8 +1,7 @@
 //! Messages a person reads: fields named, OS errors once, totals that add
 //! up, nothing dangling, nothing a terminal or XML parser would obey.
 
-mod common;
-use common::{fp, write};
+use crate::common::{fp, write};
 
 fn stderr_of(a: &assert_cmd::assert::Assert) -> String {
     String::from_utf8_lossy(&a.get_output().stderr).into_owned()

@@ -7,8 +7,7 @@ use predicates::prelude::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-mod common;
-use common::{fp, write};
+use crate::common::{fp, write};
 
 /// Two arenas, one of several chunks; orders so that groups exist.
 const EXP: &str = r#"

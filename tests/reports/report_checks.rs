@@ -9,8 +9,7 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-mod common;
-use common::fp;
+use crate::common::fp;
 
 /// One smoke run (report and dumps) shared by every test of this file.
 struct Smoke {

@@ -9,8 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-use common::{write, TINY};
+use crate::common::{write, TINY};
 
 fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_foldprint"))

@@ -5,8 +5,7 @@
 use std::io::BufRead;
 use std::path::PathBuf;
 
-mod common;
-use common::{write, SLOW};
+use crate::common::{write, SLOW};
 
 fn bin() -> PathBuf {
     assert_cmd::cargo::cargo_bin("foldprint")

@@ -4,8 +4,7 @@
 use predicates::prelude::*;
 use std::os::unix::process::CommandExt;
 
-mod common;
-use common::fp;
+use crate::common::fp;
 
 fn no_panic() -> impl Predicate<str> {
     predicate::str::contains("panicked").not()

@@ -7,8 +7,7 @@
 use predicates::prelude::*;
 use std::path::Path;
 
-mod common;
-use common::{fp, write, SLOW, TINY};
+use crate::common::{fp, write, SLOW, TINY};
 
 const ONE: &str = "name = \"one\"\n[[case]]\nid = \"c\"\nworld = 3\narenas = [100]\n";
 

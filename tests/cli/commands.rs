@@ -3,8 +3,7 @@
 
 use predicates::prelude::*;
 
-mod common;
-use common::{fp, write, TINY};
+use crate::common::{fp, write, TINY};
 
 /// Run an experiment that must be rejected; return stderr.
 fn rejected(text: &str) -> String {

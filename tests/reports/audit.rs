@@ -8,8 +8,7 @@ use foldprint::audit::{self, Cell, Status};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-mod common;
-use common::{fp, write};
+use crate::common::{fp, write};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()

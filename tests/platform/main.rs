@@ -1,0 +1,8 @@
+//! The CPU oracle against straight-line folds and the spec's generator
+//! vectors, and the host's CUDA driver discovery (no GPU needed).
+//!
+//! One test binary per area, so `cargo test` links the library a few times
+//! instead of once per file.
+
+mod cpu_oracle;
+mod host_driver;
