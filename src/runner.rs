@@ -60,19 +60,6 @@ pub struct RunConfig<'a> {
     pub backend_init_ms: f64,
 }
 
-/// [`run_staged`], with the dump directory (if any) put in place at once.
-pub fn run(
-    experiments: &[Experiment],
-    backend: &mut dyn Backend,
-    cfg: &RunConfig<'_>,
-    progress: &mut dyn Progress,
-) -> Result<Report, RunError> {
-    let (report, dump) = run_staged(experiments, backend, cfg, progress)?;
-    let cases = report.cases.len() + report.skipped.len();
-    crate::outputs::commit(dump, Vec::new(), cases)?;
-    Ok(report)
-}
-
 /// One run; its dumps, if asked for, are written in full to a staging
 /// directory and returned uncommitted, so the caller commits them with its
 /// other outputs ([`crate::outputs::commit`]).

@@ -580,13 +580,14 @@ seed = 5
             notes: vec![],
             backend_init_ms: 0.0,
         };
-        runner::run(
+        runner::run_staged(
             std::slice::from_ref(exp),
             &mut CpuBackend::new(),
             &cfg,
             &mut (),
         )
         .unwrap()
+        .0
     }
 
     fn file(g: Golden) -> Vec<GoldenFile> {

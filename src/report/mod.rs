@@ -461,7 +461,7 @@ impl Report {
 mod tests {
     use crate::backend::{cpu::CpuBackend, Backend, BackendError, CaseRun, RunOptions};
     use crate::experiment::Case;
-    use crate::runner::{run, RunConfig};
+    use crate::runner::{run_staged, RunConfig};
 
     /// The CPU oracle in an NCCL world of 4 ranks: it skips every case whose
     /// W differs, as the NCCL backend does (`launch -n 4`).
@@ -498,7 +498,7 @@ mod tests {
             backend_init_ms: 0.0,
         };
         let n = exp.cases.len();
-        let r = run(&[exp], &mut WorldOf4(CpuBackend::new()), &cfg, &mut ()).unwrap();
+        let (r, _) = run_staged(&[exp], &mut WorldOf4(CpuBackend::new()), &cfg, &mut ()).unwrap();
         assert_eq!((r.summary.cases, r.summary.skipped), (0, n));
         assert!(!r.summary.ok);
         assert_eq!(
