@@ -97,20 +97,8 @@ fn missing_file_is_a_clear_error() {
 fn compare_catches_a_single_flipped_bit_and_names_the_case() {
     let dir = tempfile::tempdir().unwrap();
     let exp = write(dir.path(), "tiny.toml", TINY);
-    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
-    for out in [&a, &b] {
-        fp().args(["run", "--backend", "cpu", "--out"])
-            .arg(out)
-            .arg(&exp)
-            .assert()
-            .success();
-    }
-    fp().arg("compare")
-        .arg(&a)
-        .arg(&b)
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("agree"));
+    let (a, b) = crate::common::run_twice_agreeing(dir.path(), &exp);
+    let (a, b) = (a.report, b.report);
 
     // Flip one bit of one arena digest in b.
     let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&b).unwrap()).unwrap();

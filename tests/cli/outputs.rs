@@ -7,18 +7,9 @@
 use predicates::prelude::*;
 use std::path::Path;
 
-use crate::common::{fp, write, SLOW, TINY};
+use crate::common::{fp, listing, write, SLOW, TINY};
 
 const ONE: &str = "name = \"one\"\n[[case]]\nid = \"c\"\nworld = 3\narenas = [100]\n";
-
-fn listing(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    v.sort();
-    v
-}
 
 /// Every entry of a directory with its bytes (a subdirectory: its listing).
 fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {

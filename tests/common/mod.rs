@@ -45,3 +45,54 @@ arenas = [1048576]
 id = "s"
 seed = [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30]
 "#;
+
+/// A report and dump directory that foldprint itself wrote.
+#[allow(dead_code)]
+pub struct RunOutputs {
+    pub report: PathBuf,
+    pub dump: PathBuf,
+}
+
+/// `run --backend cpu EXPERIMENT --out DIR/NAME.json --dump DIR/NAME`,
+/// which must pass: the outputs tests read, edit or compare.
+#[allow(dead_code)]
+pub fn run_outputs(dir: &Path, experiment: &Path, name: &str) -> RunOutputs {
+    let report = dir.join(format!("{name}.json"));
+    let dump = dir.join(name);
+    fp().args(["run", "--backend", "cpu", "--out"])
+        .arg(&report)
+        .arg("--dump")
+        .arg(&dump)
+        .arg(experiment)
+        .assert()
+        .success();
+    RunOutputs { report, dump }
+}
+
+/// Run `experiment` twice (`a`, `b`) and check that `compare` finds the
+/// two reports in agreement: the baseline a test then breaks one thing of.
+#[allow(dead_code)]
+pub fn run_twice_agreeing(dir: &Path, experiment: &Path) -> (RunOutputs, RunOutputs) {
+    let (a, b) = (
+        run_outputs(dir, experiment, "a"),
+        run_outputs(dir, experiment, "b"),
+    );
+    fp().arg("compare")
+        .arg(&a.report)
+        .arg(&b.report)
+        .assert()
+        .success()
+        .stdout(predicates::str::contains("agree"));
+    (a, b)
+}
+
+/// A directory's entry names, sorted.
+#[allow(dead_code)]
+pub fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}

@@ -32,15 +32,8 @@ struct Fixture {
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let exp = write(dir.path(), "integ.toml", EXP);
-    let report = dir.path().join("a.json");
-    let dump = dir.path().join("d");
-    fp().args(["run", "--backend", "cpu", "--out"])
-        .arg(&report)
-        .arg("--dump")
-        .arg(&dump)
-        .arg(&exp)
-        .assert()
-        .success();
+    let crate::common::RunOutputs { report, dump } =
+        crate::common::run_outputs(dir.path(), &exp, "a");
     Fixture {
         dir,
         exp,
