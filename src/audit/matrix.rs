@@ -268,15 +268,7 @@ impl Source<'_> {
 
 /// Read and validate a matrix file.
 pub fn load(path: &Path) -> Result<Matrix, InputError> {
-    let bytes =
-        crate::input::read_capped(path, crate::input::MAX_EXPERIMENT_BYTES).map_err(|source| {
-            InputError::Io {
-                path: path.to_path_buf(),
-                source,
-            }
-        })?;
-    let text = String::from_utf8(bytes)
-        .map_err(|e| crate::experiment::utf8_error(path, e.as_bytes(), &e.utf8_error()))?;
+    let text = crate::experiment::read_text(path)?;
     parse(path, &text, &|name| std::env::var(name).ok())
 }
 

@@ -123,7 +123,7 @@ fn names_a_field(message: &str) -> bool {
 }
 
 /// "not valid UTF-8" with the line and column of the first bad byte.
-pub(crate) fn utf8_error(path: &Path, bytes: &[u8], e: &std::str::Utf8Error) -> InputError {
+fn utf8_error(path: &Path, bytes: &[u8], e: &std::str::Utf8Error) -> InputError {
     let (line, column, message) = utf8_where(bytes, e);
     InputError::Invalid {
         path: path.to_path_buf(),
@@ -143,8 +143,9 @@ pub(crate) fn utf8_where(bytes: &[u8], e: &std::str::Utf8Error) -> (usize, usize
     (line, column, message)
 }
 
-/// Read and expand one experiment file.
-pub fn load(path: &Path) -> Result<Experiment, InputError> {
+/// The text of an input file written by hand (an experiment or an audit
+/// matrix): a regular file, capped in size, valid UTF-8.
+pub(crate) fn read_text(path: &Path) -> Result<String, InputError> {
     let bytes =
         crate::input::read_capped(path, crate::input::MAX_EXPERIMENT_BYTES).map_err(|source| {
             InputError::Io {
@@ -152,10 +153,14 @@ pub fn load(path: &Path) -> Result<Experiment, InputError> {
                 source,
             }
         })?;
-    let text =
-        String::from_utf8(bytes.clone()).map_err(|e| utf8_error(path, &bytes, &e.utf8_error()))?;
+    String::from_utf8(bytes).map_err(|e| utf8_error(path, e.as_bytes(), &e.utf8_error()))
+}
+
+/// Read and expand one experiment file.
+pub fn load(path: &Path) -> Result<Experiment, InputError> {
+    let text = read_text(path)?;
     let mut exp = parse(path, &text)?;
-    exp.sha256 = hex::encode(Sha256::digest(&bytes));
+    exp.sha256 = hex::encode(Sha256::digest(text.as_bytes()));
     Ok(exp)
 }
 
