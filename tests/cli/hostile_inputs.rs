@@ -228,17 +228,22 @@ fn a_late_sigint_never_both_refuses_and_writes() {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path();
     write(dir, "tiny.toml", TINY);
-    // The time a whole run takes, to aim signals at its end.
-    let t0 = Instant::now();
-    let (code, err) = run_within(dir, &["run", "tiny.toml", "--out", "R.json", "--dump", "D"]);
-    assert_eq!(code, Some(0), "{err}");
-    let whole = t0.elapsed();
+    // The time a whole run takes, to aim signals at its end: the fastest of
+    // three, since a first run (cold caches) or a loaded machine can take
+    // several times as long as the runs the signals are aimed at.
+    let mut whole = Duration::MAX;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let (code, err) = run_within(dir, &["run", "tiny.toml", "--out", "R.json", "--dump", "D"]);
+        assert_eq!(code, Some(0), "{err}");
+        whole = whole.min(t0.elapsed());
+    }
     let mut old_report = std::fs::read(dir.join("R.json")).unwrap();
     let (mut refused, mut written) = (0, 0);
     for i in 0..40u32 {
         let child = spawn(dir, &["run", "tiny.toml", "--out", "R.json", "--dump", "D"]);
-        // From 50 % to 130 % of a whole run.
-        std::thread::sleep(whole * (50 + 2 * i) / 100);
+        // From 10 % to 244 % of a whole run.
+        std::thread::sleep(whole * (10 + 6 * i) / 100);
         // SAFETY: signalling our own child.
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
         let o = wait_within(child, Duration::from_secs(30), "interrupted run");
