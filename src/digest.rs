@@ -2,11 +2,89 @@
 //! the NaN policy is applied. Dumps write exactly the hashed bytes.
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest as _, Sha256};
+use sha2::{Digest as _, Sha256 as Hasher};
 use std::fmt;
 use std::str::FromStr;
 
 use crate::data::{is_nan_bits, CANONICAL_NAN_BITS, INFINITY_BITS};
+
+/// A SHA-256 digest. Written as 64 lowercase hex digits, the only form a
+/// report, golden or SHA256SUMS line may hold: reading any other spelling
+/// fails, so two digests compare as bytes, never as strings.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Sha256([u8; 32]);
+
+impl Sha256 {
+    /// The digest of `bytes`.
+    pub fn of(bytes: &[u8]) -> Self {
+        Self::from_hasher(Hasher::new().chain_update(bytes))
+    }
+
+    fn from_hasher(h: Hasher) -> Self {
+        Sha256(h.finalize().into())
+    }
+
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Sha256(bytes)
+    }
+
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The first `n` hex digits (for tables and messages).
+    pub fn short(&self, n: usize) -> String {
+        let mut s = self.to_string();
+        s.truncate(n);
+        s
+    }
+}
+
+impl fmt::Display for Sha256 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for Sha256 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Sha256({self})")
+    }
+}
+
+/// A string that is not a digest as foldprint writes it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a SHA-256 digest (64 lowercase hex digits)")]
+pub struct NotADigest(pub String);
+
+impl FromStr for Sha256 {
+    type Err = NotADigest;
+    fn from_str(s: &str) -> Result<Self, NotADigest> {
+        let lower_hex = s
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        let mut out = [0u8; 32];
+        match hex::decode_to_slice(s, &mut out) {
+            Ok(()) if lower_hex => Ok(Sha256(out)),
+            _ => Err(NotADigest(
+                s.chars().take(80).flat_map(char::escape_debug).collect(),
+            )),
+        }
+    }
+}
+
+impl Serialize for Sha256 {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Sha256 {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = std::borrow::Cow::<str>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
 
 /// What happens to NaN bit patterns before hashing. CPUs propagate NaN
 /// payloads, GPUs return their own canonical NaN: hashing raw payloads
@@ -68,7 +146,7 @@ impl<'de> Deserialize<'de> for NanPolicy {
 
 /// Streaming SHA-256 of f32 values under a NaN policy.
 pub struct ArenaHasher {
-    sha: Sha256,
+    sha: Hasher,
     policy: NanPolicy,
     buf: Vec<u8>,
     /// Per-chunk digests (localization), when asked for.
@@ -78,10 +156,10 @@ pub struct ArenaHasher {
 }
 
 struct ChunkState {
-    sha: Sha256,
+    sha: Hasher,
     /// Bytes already in the current chunk.
     filled: usize,
-    done: Vec<String>,
+    done: Vec<Sha256>,
 }
 
 const STAGE: usize = 16 * 1024;
@@ -98,7 +176,7 @@ impl ChunkState {
             bytes = &bytes[take..];
             if self.filled == LEAF {
                 let full = std::mem::take(&mut self.sha);
-                self.done.push(hex::encode(full.finalize()));
+                self.done.push(Sha256::from_hasher(full));
                 self.filled = 0;
             }
         }
@@ -115,10 +193,7 @@ impl ChunkState {
         self.feed(&bytes[..head]);
         let rest = &bytes[head..];
         let whole = rest.len() / LEAF * LEAF;
-        let digests: Vec<String> = rest[..whole]
-            .par_chunks(LEAF)
-            .map(|leaf| hex::encode(Sha256::digest(leaf)))
-            .collect();
+        let digests: Vec<Sha256> = rest[..whole].par_chunks(LEAF).map(Sha256::of).collect();
         self.done.extend(digests);
         self.feed(&rest[whole..]);
     }
@@ -130,28 +205,33 @@ pub const CHUNK_ELEMS: usize = 1 << 16;
 /// An arena's digest plus the digests of its fixed-size chunks.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ChunkedDigest {
-    pub sha256: String,
+    pub sha256: Sha256,
     /// SHA-256 of each `CHUNK_ELEMS`-element chunk of the hashed bytes (the
     /// last one may be shorter); empty for an empty arena.
-    pub chunks: Vec<String>,
+    pub chunks: Vec<Sha256>,
 }
 
 impl ChunkedDigest {
     /// SHA-256 over the concatenated raw chunk digests: one value that
     /// commits to the whole list.
-    pub fn chunk_root(&self) -> String {
-        let mut h = Sha256::new();
-        for c in &self.chunks {
-            h.update(hex::decode(c).unwrap_or_default());
-        }
-        hex::encode(h.finalize())
+    pub fn chunk_root(&self) -> Sha256 {
+        chunk_root(&self.chunks)
     }
+}
+
+/// SHA-256 over the concatenated raw bytes of `chunks`.
+pub fn chunk_root(chunks: &[Sha256]) -> Sha256 {
+    let mut h = Hasher::new();
+    for c in chunks {
+        h.update(c.as_bytes());
+    }
+    Sha256::from_hasher(h)
 }
 
 impl ArenaHasher {
     pub fn new(policy: NanPolicy) -> Self {
         ArenaHasher {
-            sha: Sha256::new(),
+            sha: Hasher::new(),
             policy,
             buf: Vec::with_capacity(STAGE * 4),
             chunks: None,
@@ -164,14 +244,14 @@ impl ArenaHasher {
     pub fn with_chunks(policy: NanPolicy) -> Self {
         let mut h = Self::new(policy);
         h.chunks = Some(ChunkState {
-            sha: Sha256::new(),
+            sha: Hasher::new(),
             filled: 0,
             done: Vec::new(),
         });
         h
     }
 
-    fn feed(sha: &mut Sha256, chunks: &mut Option<ChunkState>, bytes: &[u8]) {
+    fn feed(sha: &mut Hasher, chunks: &mut Option<ChunkState>, bytes: &[u8]) {
         match chunks {
             None => sha.update(bytes),
             // Large spans: the arena stream on this thread, the whole chunks
@@ -235,8 +315,8 @@ impl ArenaHasher {
         self.scan
     }
 
-    pub fn finish(self) -> String {
-        hex::encode(self.sha.finalize())
+    pub fn finish(self) -> Sha256 {
+        Sha256::from_hasher(self.sha)
     }
 
     /// The digest and, if `with_chunks`, the chunk digests.
@@ -245,13 +325,13 @@ impl ArenaHasher {
             None => Vec::new(),
             Some(mut c) => {
                 if c.filled > 0 {
-                    c.done.push(hex::encode(c.sha.finalize()));
+                    c.done.push(Sha256::from_hasher(c.sha));
                 }
                 c.done
             }
         };
         ChunkedDigest {
-            sha256: hex::encode(self.sha.finalize()),
+            sha256: Sha256::from_hasher(self.sha),
             chunks,
         }
     }
@@ -274,7 +354,7 @@ pub fn digest_chunked(values: &[f32], policy: NanPolicy) -> ChunkedDigest {
 }
 
 /// SHA-256 (hex) of one arena under `policy`.
-pub fn digest_arena(values: &[f32], policy: NanPolicy) -> String {
+pub fn digest_arena(values: &[f32], policy: NanPolicy) -> Sha256 {
     let mut h = ArenaHasher::new(policy);
     h.update(values);
     h.finish()
@@ -289,11 +369,6 @@ pub fn hashed_bytes(values: &[f32], policy: NanPolicy) -> Vec<u8> {
     out
 }
 
-/// SHA-256 of raw bytes (hex).
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,7 +376,7 @@ mod tests {
     #[test]
     fn empty_arena_hashes_to_sha256_of_nothing() {
         assert_eq!(
-            digest_arena(&[], NanPolicy::Canonical),
+            digest_arena(&[], NanPolicy::Canonical).to_string(),
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
         );
     }
@@ -338,7 +413,7 @@ mod tests {
         for (k, c) in d.chunks.iter().enumerate() {
             let lo = k * CHUNK_ELEMS * 4;
             let hi = ((k + 1) * CHUNK_ELEMS * 4).min(bytes.len());
-            assert_eq!(*c, sha256_hex(&bytes[lo..hi]));
+            assert_eq!(*c, Sha256::of(&bytes[lo..hi]));
         }
         assert!(digest_chunked(&[], NanPolicy::Canonical).chunks.is_empty());
         // One flipped element changes exactly its chunk.
@@ -378,6 +453,43 @@ mod tests {
     }
 
     #[test]
+    fn a_digest_reads_back_only_in_the_form_it_is_written() {
+        let d = Sha256::of(b"abc");
+        let hex = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(d.to_string(), hex);
+        assert_eq!(serde_json::to_string(&d).unwrap(), format!("\"{hex}\""));
+        assert_eq!(
+            serde_json::from_str::<Sha256>(&format!("\"{hex}\"")).unwrap(),
+            d
+        );
+        assert_eq!(d.short(8), "ba7816bf");
+        // Negative controls: every other spelling is refused, by name.
+        for bad in [
+            hex.to_uppercase(),
+            hex[..63].to_string(),
+            format!("{hex}0"),
+            format!("g{}", &hex[1..]),
+            String::new(),
+        ] {
+            let err = bad.parse::<Sha256>().unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("`{bad}` is not a SHA-256 digest (64 lowercase hex digits)")
+            );
+            assert!(serde_json::from_str::<Sha256>(&format!("\"{bad}\"")).is_err());
+        }
+        // A control character is shown escaped, and a long string cut short.
+        let err = "a\u{1b}b"
+            .repeat(40)
+            .parse::<Sha256>()
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("`a\\u{1b}b"), "{err}");
+        // 120 characters in, 80 shown (each ESC as 6).
+        assert!(!err.contains('\u{1b}') && err.len() < 300, "{err}");
+    }
+
+    #[test]
     fn streaming_equals_one_shot() {
         let v: Vec<f32> = (0..100_000).map(|i| i as f32 * 0.37).collect();
         let mut h = ArenaHasher::new(NanPolicy::Canonical);
@@ -385,7 +497,7 @@ mod tests {
         h.update(&v[12345..]);
         assert_eq!(
             h.finish(),
-            sha256_hex(&hashed_bytes(&v, NanPolicy::Canonical))
+            Sha256::of(&hashed_bytes(&v, NanPolicy::Canonical))
         );
     }
 
@@ -396,7 +508,7 @@ mod tests {
         v[3 * CHUNK_ELEMS + 1] = f32::from_bits(0x7FC0_1234); // a NaN payload
         for policy in [NanPolicy::Canonical, NanPolicy::Preserve] {
             let bytes = hashed_bytes(&v, policy);
-            let expect: Vec<String> = bytes.chunks(LEAF).map(sha256_hex).collect();
+            let expect: Vec<Sha256> = bytes.chunks(LEAF).map(Sha256::of).collect();
             // A partial chunk first, then spans long enough to go parallel.
             for cuts in [
                 vec![1000, 4 * CHUNK_ELEMS + 3],
@@ -410,7 +522,7 @@ mod tests {
                     at = c.max(at);
                 }
                 let d = h.finish_chunked();
-                assert_eq!(d.sha256, sha256_hex(&bytes), "{policy} {cuts:?}");
+                assert_eq!(d.sha256, Sha256::of(&bytes), "{policy} {cuts:?}");
                 assert_eq!(d.chunks, expect, "{policy} {cuts:?}");
             }
         }

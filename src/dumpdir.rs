@@ -203,7 +203,7 @@ pub struct DumpDir {
     /// `None` once committed.
     staging: Option<tempfile::TempDir>,
     /// (sha256, file name) in write order.
-    files: Vec<(String, String)>,
+    files: Vec<(crate::digest::Sha256, String)>,
     sealed: bool,
 }
 
@@ -242,7 +242,7 @@ impl DumpDir {
         f.write_all(bytes)?;
         f.sync_all()?;
         self.files
-            .push((crate::digest::sha256_hex(bytes), name.to_string()));
+            .push((crate::digest::Sha256::of(bytes), name.to_string()));
         Ok(self.target.join(name))
     }
 
@@ -384,8 +384,8 @@ fn dump_name_of(experiment: &str, id: &str, arena: usize, tagged: bool) -> Strin
     };
     let tag = if tagged {
         // `~` never survives `clean`, so a tagged name meets no plain one.
-        let h = crate::digest::sha256_hex(format!("{experiment}\0{id}").as_bytes());
-        format!("~{}", &h[..16])
+        let h = crate::digest::Sha256::of(format!("{experiment}\0{id}").as_bytes());
+        format!("~{}", h.short(16))
     } else {
         String::new()
     };

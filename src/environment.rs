@@ -135,7 +135,7 @@ pub struct LoadedLibrary {
     pub path: String,
     /// SHA-256 of the file's bytes; `None` when it could not be read.
     #[serde(default)]
-    pub sha256: Option<String>,
+    pub sha256: Option<crate::digest::Sha256>,
     #[serde(default)]
     pub bytes: Option<u64>,
 }
@@ -291,7 +291,7 @@ mod tests {
   "gpu": {"compute_capability": "9.0", "name": "NVIDIA H200", "sm_count": 132},
   "kind": "cuda-loopback",
   "libraries": [
-    {"bytes": 4380616, "family": "nvrtc-builtins", "path": "/x/libnvrtc-builtins.so.13.0.88", "sha256": "91"},
+    {"bytes": 4380616, "family": "nvrtc-builtins", "path": "/x/libnvrtc-builtins.so.13.0.88", "sha256": "9191919191919191919191919191919191919191919191919191919191919191"},
     {"bytes": null, "family": "cuda", "path": "/y/libcuda.so.580.159.04", "sha256": null}
   ],
   "nvrtc": {"supported_archs": [75, 90], "version": "13.0"}

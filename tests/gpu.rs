@@ -954,7 +954,11 @@ fn chunk_digests_on_the_device_equal_the_hosts() {
                     .collect();
                 assert_eq!(
                     got,
-                    digest_chunked(&host, policy).chunks,
+                    digest_chunked(&host, policy)
+                        .chunks
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>(),
                     "{dist} n={n} {policy}"
                 );
                 checked += chunks;

@@ -44,7 +44,7 @@ fn case(arenas: Vec<usize>, dist: usize, contract: Contract, mean: bool) -> Case
         .unwrap()
 }
 
-fn digests(be: &mut dyn Backend, c: &Case) -> Vec<Vec<String>> {
+fn digests(be: &mut dyn Backend, c: &Case) -> Vec<Vec<foldprint::digest::Sha256>> {
     let r = be
         .run_case(c, &RunOptions::default())
         .unwrap_or_else(|e| panic!("{}: {e}", be.name()));

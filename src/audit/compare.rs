@@ -59,8 +59,8 @@ fn indent(s: &str) -> String {
         .join("\n")
 }
 
-fn digest_at(d: &[String], i: usize) -> &str {
-    d.get(i).map_or("(no arena)", String::as_str)
+fn digest_at(d: &[crate::digest::Sha256], i: usize) -> String {
+    d.get(i).map_or("(no arena)".into(), ToString::to_string)
 }
 
 pub(super) fn compare(

@@ -25,7 +25,7 @@ pub(super) const DIR: &str = ".oracle";
 
 /// The CPU oracle's results for one case.
 pub(super) struct OracleCase {
-    pub digests: Option<Vec<String>>,
+    pub digests: Option<Vec<crate::digest::Sha256>>,
     /// Why the oracle did not run it.
     pub skip: Option<String>,
     pub arrival_reversed: ControlCell,
@@ -172,7 +172,11 @@ fn experiment_files(runs: &[Case]) -> Vec<(String, String)> {
     files
 }
 
-fn control_cell(own: &[String], run: &Control, digests: &[Vec<String>]) -> ControlCell {
+fn control_cell(
+    own: &[crate::digest::Sha256],
+    run: &Control,
+    digests: &[Vec<crate::digest::Sha256>],
+) -> ControlCell {
     match run {
         Control::NotApplicable(reason) => ControlCell::NotApplicable {
             reason: reason.clone(),
@@ -240,7 +244,7 @@ fn run_child(
     timeout: Duration,
     dir: &Path,
     exe: &Path,
-) -> Result<Vec<Vec<String>>, AuditError> {
+) -> Result<Vec<Vec<crate::digest::Sha256>>, AuditError> {
     let io = |source: std::io::Error| AuditError::WorkDir {
         path: dir.to_path_buf(),
         source,
@@ -296,13 +300,10 @@ fn run_child(
         }
         ref e => return Err(AuditError::Oracle(format!("{e}{}", stderr()))),
     };
-    let mut by_id: HashMap<&str, Vec<String>> = report
+    let mut by_id: HashMap<&str, Vec<crate::digest::Sha256>> = report
         .cases
         .iter()
-        .map(|c| {
-            let d = c.digests().into_iter().map(str::to_string).collect();
-            (c.id.as_str(), d)
-        })
+        .map(|c| (c.id.as_str(), c.digests()))
         .collect();
     (0..runs.len())
         .map(|i| {

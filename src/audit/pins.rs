@@ -205,7 +205,7 @@ pub struct LibraryCheck {
     /// Real paths of the library files of this family the child mapped.
     pub loaded: Vec<String>,
     /// SHA-256 of the loaded file, from the report.
-    pub sha256: Option<String>,
+    pub sha256: Option<crate::digest::Sha256>,
     pub ok: bool,
     /// Why not, when not.
     pub message: Option<String>,
@@ -234,7 +234,7 @@ pub fn check(req: &LibRequest, loaded: &[LoadedLibrary], backend: &str) -> Libra
     let sha256 = mine
         .iter()
         .find(|(_, p)| *p == req.file)
-        .and_then(|(l, _)| l.sha256.clone());
+        .and_then(|(l, _)| l.sha256);
     let mut message = None;
     if mine.is_empty() {
         message = Some(format!(
@@ -290,7 +290,7 @@ mod tests {
         LoadedLibrary {
             family: family.into(),
             path: path.display().to_string(),
-            sha256: Some("ab".repeat(32)),
+            sha256: Some("ab".repeat(32).parse().unwrap()),
             bytes: Some(20),
         }
     }

@@ -17,7 +17,7 @@ pub(super) type CaseId = (String, String);
 pub(super) struct Digests {
     /// The configuration gave a report.
     pub ran: bool,
-    pub cases: HashMap<CaseId, Vec<String>>,
+    pub cases: HashMap<CaseId, Vec<crate::digest::Sha256>>,
     pub sensitivity: HashMap<CaseId, Sens>,
     /// Cases the backend declined, with its reason.
     pub skipped: HashMap<CaseId, String>,
@@ -39,8 +39,7 @@ impl Digests {
                     fraction: case.sensitivity.fraction,
                 },
             );
-            d.cases
-                .insert(id, case.digests().into_iter().map(str::to_string).collect());
+            d.cases.insert(id, case.digests());
         }
         for s in &r.skipped {
             d.skipped
@@ -53,7 +52,10 @@ impl Digests {
 /// First arena whose digest differs (a missing arena counts). Here, beside
 /// the digests, so the comparison and the oracle's controls share it
 /// without depending on each other.
-pub(super) fn first_difference(base: &[String], other: &[String]) -> Option<usize> {
+pub(super) fn first_difference(
+    base: &[crate::digest::Sha256],
+    other: &[crate::digest::Sha256],
+) -> Option<usize> {
     (0..base.len().max(other.len())).find(|&i| base.get(i) != other.get(i))
 }
 
@@ -89,9 +91,10 @@ mod tests {
 
     #[test]
     fn differences_are_located_by_arena() {
-        let a = vec!["x".to_string(), "y".to_string()];
+        let d = |s: &str| crate::digest::Sha256::of(s.as_bytes());
+        let a = vec![d("x"), d("y")];
         assert_eq!(first_difference(&a, &a), None);
-        assert_eq!(first_difference(&a, &["x".into(), "z".into()]), Some(1));
-        assert_eq!(first_difference(&a, &["x".into()]), Some(1));
+        assert_eq!(first_difference(&a, &[d("x"), d("z")]), Some(1));
+        assert_eq!(first_difference(&a, &[d("x")]), Some(1));
     }
 }

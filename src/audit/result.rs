@@ -84,17 +84,23 @@ pub struct ConfigOutcome {
 #[serde(tag = "state", rename_all = "kebab-case")]
 pub enum Cell {
     /// The baseline's own digests.
-    Baseline { digests: Vec<String> },
+    Baseline { digests: Vec<crate::digest::Sha256> },
     /// Same digests as the baseline.
     Equal,
     /// Different digests; `arena` is the first that differs.
-    Differs { digests: Vec<String>, arena: usize },
+    Differs {
+        digests: Vec<crate::digest::Sha256>,
+        arena: usize,
+    },
     /// A control with the baseline's digests.
     Unchanged,
     /// A control whose digests differ, as it should.
-    Changed { digests: Vec<String>, arena: usize },
+    Changed {
+        digests: Vec<crate::digest::Sha256>,
+        arena: usize,
+    },
     /// Ran, but the baseline has no digests for this case.
-    Uncompared { digests: Vec<String> },
+    Uncompared { digests: Vec<crate::digest::Sha256> },
     /// The backend declined the case (its report says why).
     Skipped { reason: String },
     /// The configuration's report does not list the case.
@@ -114,7 +120,7 @@ pub struct NamedCell {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "state", rename_all = "kebab-case")]
 pub enum ControlCell {
-    Changed { digests: Vec<String> },
+    Changed { digests: Vec<crate::digest::Sha256> },
     Unchanged,
     NotApplicable { reason: String },
 }
@@ -123,7 +129,7 @@ pub enum ControlCell {
 #[derive(Debug, Clone, Serialize)]
 pub struct OracleRow {
     /// Digests of the case itself on the CPU oracle.
-    pub digests: Option<Vec<String>>,
+    pub digests: Option<Vec<crate::digest::Sha256>>,
     /// Those, against the baseline's.
     pub vs_baseline: Cell,
     /// `arrival-order` folding in the reverse of the case's own fold order
@@ -149,7 +155,7 @@ pub struct CaseRow {
     pub contract: String,
     /// From the baseline's report (else the first report that ran the case).
     pub sensitivity: Option<Sens>,
-    pub baseline: Option<Vec<String>>,
+    pub baseline: Option<Vec<crate::digest::Sha256>>,
     /// One per configuration, in matrix order.
     pub cells: Vec<NamedCell>,
     pub oracle: Option<OracleRow>,

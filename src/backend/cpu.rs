@@ -164,7 +164,10 @@ fn differing_chunks(ranks: &[Vec<f32>]) -> Vec<(usize, Vec<usize>)> {
 /// Rank 0 is hashed (whole, and per chunk in parallel); a rank whose bytes
 /// equal rank 0's has the same digest by definition, and any rank that
 /// differs is hashed on its own.
-fn rank_digests(ranks: &[Vec<f32>], opts: &RunOptions) -> (Vec<String>, Vec<String>) {
+fn rank_digests(
+    ranks: &[Vec<f32>],
+    opts: &RunOptions,
+) -> (Vec<crate::digest::Sha256>, Vec<crate::digest::Sha256>) {
     let policy = opts.nan_policy;
     let (d0, chunks) = rayon::join(
         || digest_arena(&ranks[0], policy),
@@ -180,7 +183,7 @@ fn rank_digests(ranks: &[Vec<f32>], opts: &RunOptions) -> (Vec<String>, Vec<Stri
         .par_iter()
         .map(|r| {
             if same_bits(r, &ranks[0]) {
-                d0.clone()
+                d0
             } else {
                 digest_arena(r, policy)
             }

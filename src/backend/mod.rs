@@ -88,9 +88,9 @@ pub struct RunOptions {
 pub struct ReducedArena {
     pub len: usize,
     /// SHA-256 of each rank's copy, rank order.
-    pub rank_digests: Vec<String>,
+    pub rank_digests: Vec<crate::digest::Sha256>,
     /// Rank 0's per-chunk digests (`digest::CHUNK_ELEMS` elements each).
-    pub chunks: Vec<String>,
+    pub chunks: Vec<crate::digest::Sha256>,
     /// Rank 0's values when `keep_values` was asked for.
     pub values: Option<Vec<f32>>,
     /// Ranks whose copy differs from rank 0's, with the differing chunks
@@ -104,8 +104,10 @@ impl ReducedArena {
     }
 
     /// The arena's digest: rank 0's (every rank's, when they agree).
-    pub fn digest(&self) -> &str {
-        self.rank_digests.first().map_or("", String::as_str)
+    pub fn digest(&self) -> crate::digest::Sha256 {
+        // A world has at least one rank; an arena without digests is a
+        // backend's bug, and the all-zero value never matches a real one.
+        self.rank_digests.first().copied().unwrap_or_default()
     }
 }
 
@@ -281,12 +283,13 @@ pub(crate) fn repeat_rounds(
     mut round: impl FnMut() -> Result<(Vec<ReducedArena>, RoundTimings), BackendError>,
 ) -> Result<CaseRun, BackendError> {
     let mut timings = Vec::new();
-    let mut first: Option<Vec<Vec<String>>> = None;
+    let mut first: Option<Vec<Vec<crate::digest::Sha256>>> = None;
     let mut identical = true;
     let mut last = Vec::new();
     for _ in 0..rounds.max(1) {
         let (arenas, t) = round()?;
-        let digests: Vec<Vec<String>> = arenas.iter().map(|a| a.rank_digests.clone()).collect();
+        let digests: Vec<Vec<crate::digest::Sha256>> =
+            arenas.iter().map(|a| a.rank_digests.clone()).collect();
         match &first {
             None => first = Some(digests),
             Some(f) => identical &= *f == digests,

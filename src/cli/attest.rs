@@ -37,7 +37,7 @@ pub(super) fn run(a: AttestArgs) -> Result<i32> {
         .map_or("report.json".into(), |n| n.to_string_lossy().into_owned());
     let mut subjects = vec![attest::Subject {
         name,
-        sha256: foldprint::digest::sha256_hex(&bytes),
+        sha256: foldprint::digest::Sha256::of(&bytes),
     }];
     if let Some(dir) = &a.dump {
         subjects.extend(attest::dump_subjects(&report, dir)?);

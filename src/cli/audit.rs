@@ -121,10 +121,6 @@ fn status_text(s: Status) -> &'static str {
     }
 }
 
-fn short(d: &str) -> &str {
-    &d[..d.len().min(8)]
-}
-
 fn short16(d: &str) -> &str {
     &d[..d.len().min(16)]
 }
@@ -157,8 +153,8 @@ fn labels(r: &AuditResult) -> Vec<String> {
 }
 
 fn cell_text(cell: &Cell) -> String {
-    let marked = |prefix: &str, digests: &[String], arena: usize| {
-        let d = digests.get(arena).map_or("none", |d| short(d));
+    let marked = |prefix: &str, digests: &[foldprint::digest::Sha256], arena: usize| {
+        let d = digests.get(arena).map_or("none".into(), |d| d.short(8));
         if arena == 0 {
             format!("{prefix}{d}")
         } else {
@@ -166,9 +162,7 @@ fn cell_text(cell: &Cell) -> String {
         }
     };
     match cell {
-        Cell::Baseline { digests } => digests
-            .first()
-            .map_or("(no arena)".into(), |d| short(d).into()),
+        Cell::Baseline { digests } => digests.first().map_or("(no arena)".into(), |d| d.short(8)),
         Cell::Equal => "=".into(),
         Cell::Differs { digests, arena } => marked("!", digests, *arena),
         Cell::Unchanged => "UNCHANGED".into(),
@@ -284,7 +278,7 @@ fn print_result(r: &AuditResult, m: &audit::Matrix) {
                 } else {
                     check.loaded.join(", ")
                 },
-                check.sha256.as_deref().map_or("-", short16),
+                check.sha256.map_or("-".into(), |d| d.short(16)),
             ));
             if let Some(msg) = &check.message {
                 lines.push(format!("  {msg}"));
@@ -306,7 +300,7 @@ fn print_result(r: &AuditResult, m: &audit::Matrix) {
                 "{family} {}  loaded {}  sha256 {}  (not pinned by the matrix)",
                 version.unwrap_or("?"),
                 lib.path,
-                lib.sha256.as_deref().map_or("-", short16)
+                lib.sha256.map_or("-".into(), |d| d.short(16))
             ));
         }
         // Device facts sit at the top (CUDA loopback) or per device (NCCL).

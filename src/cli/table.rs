@@ -6,10 +6,6 @@ use foldprint::report::{Comparison, Report, Source};
 use foldprint::sensitivity::Verdict;
 use std::path::{Path, PathBuf};
 
-fn short(d: &str) -> &str {
-    &d[..d.len().min(16)]
-}
-
 fn fmt_ms(ms: f64) -> String {
     if ms >= 1000.0 {
         format!("{:.2} s", ms / 1000.0)
@@ -69,7 +65,7 @@ pub fn experiment_header(name: &str, path: &str, cases: usize, width: usize) {
 pub fn case_row(c: &foldprint::report::CaseReport, width: usize) {
     let ok = c.ranks_identical && c.rounds_identical;
     let lens: Vec<String> = c.params.arenas.iter().map(|n| n.to_string()).collect();
-    let digests: Vec<&str> = c.arenas.iter().map(|a| short(&a.sha256)).collect();
+    let digests: Vec<String> = c.arenas.iter().map(|a| a.sha256.short(16)).collect();
     let sens = match c.sensitivity.verdict {
         Verdict::Blind => Verdict::Blind.name().to_string(),
         Verdict::Weak | Verdict::Sensitive => format!("{:.1}%", c.sensitivity.fraction * 100.0),

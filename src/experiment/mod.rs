@@ -12,7 +12,6 @@ pub use order::DeliveryOrder;
 use crate::data::Distribution;
 use crate::fold::Contract;
 use schema::{RawExperiment, RawOrder, RawParams, RawSweep};
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use toml::Spanned;
@@ -65,7 +64,7 @@ pub struct Experiment {
     pub description: String,
     pub path: PathBuf,
     /// SHA-256 of the file's bytes: ties a report to the exact text.
-    pub sha256: String,
+    pub sha256: crate::digest::Sha256,
     pub cases: Vec<Case>,
 }
 
@@ -160,7 +159,7 @@ pub(crate) fn read_text(path: &Path) -> Result<String, InputError> {
 pub fn load(path: &Path) -> Result<Experiment, InputError> {
     let text = read_text(path)?;
     let mut exp = parse(path, &text)?;
-    exp.sha256 = hex::encode(Sha256::digest(text.as_bytes()));
+    exp.sha256 = crate::digest::Sha256::of(text.as_bytes());
     Ok(exp)
 }
 
@@ -317,7 +316,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, InputError> {
         name,
         description: raw.description.unwrap_or_default(),
         path: path.to_path_buf(),
-        sha256: hex::encode(Sha256::digest(text.as_bytes())),
+        sha256: crate::digest::Sha256::of(text.as_bytes()),
         cases,
     })
 }

@@ -123,7 +123,7 @@ impl Hashing {
 /// A hash found in this process, and whether it was read from the bytes.
 #[derive(Debug, Clone)]
 struct Known {
-    sha256: Option<String>,
+    sha256: Option<crate::digest::Sha256>,
     bytes: Option<u64>,
     fresh: bool,
 }
@@ -138,7 +138,10 @@ fn process_cache() -> &'static HashCache {
 /// SHA-256 and size of one file, found once per process, through `memo`
 /// when given. A request without a memo never takes an answer that came
 /// from one.
-pub(crate) fn file_sha256(path: &str, memo: Option<&HashMemo>) -> (Option<String>, Option<u64>) {
+pub(crate) fn file_sha256(
+    path: &str,
+    memo: Option<&HashMemo>,
+) -> (Option<crate::digest::Sha256>, Option<u64>) {
     let k = known_sha256(process_cache(), path, memo);
     (k.sha256, k.bytes)
 }
@@ -176,8 +179,8 @@ fn known_sha256(cache: &HashCache, path: &str, memo: Option<&HashMemo>) -> Known
     known
 }
 
-/// SHA-256 (hex) and length of everything `f` reads from its start.
-fn hash_reader(f: &mut std::fs::File) -> std::io::Result<(String, u64)> {
+/// SHA-256 and length of everything `f` reads from its start.
+fn hash_reader(f: &mut std::fs::File) -> std::io::Result<(crate::digest::Sha256, u64)> {
     let mut sha = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut total = 0u64;
@@ -192,11 +195,14 @@ fn hash_reader(f: &mut std::fs::File) -> std::io::Result<(String, u64)> {
             Err(e) => return Err(e),
         }
     }
-    Ok((hex::encode(sha.finalize()), total))
+    Ok((
+        crate::digest::Sha256::from_bytes(sha.finalize().into()),
+        total,
+    ))
 }
 
-/// SHA-256 (hex) and length of the file at `path`, read in full.
-pub fn hash_file(path: &Path) -> std::io::Result<(String, u64)> {
+/// SHA-256 and length of the file at `path`, read in full.
+pub fn hash_file(path: &Path) -> std::io::Result<(crate::digest::Sha256, u64)> {
     hash_reader(&mut std::fs::File::open(path)?)
 }
 
@@ -245,13 +251,13 @@ const MEMO_MAGIC: &str = "foldprint file-sha256 memo v1\n";
 struct MemoRecord {
     path: String,
     identity: FileIdentity,
-    sha256: String,
+    sha256: crate::digest::Sha256,
 }
 
 /// A file's SHA-256 as [`HashMemo::sha256`] found it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileHash {
-    pub sha256: String,
+    pub sha256: crate::digest::Sha256,
     pub bytes: u64,
     /// Taken from the memo (the file was not read).
     pub from_memo: bool,
@@ -327,7 +333,7 @@ impl HashMemo {
             .is_ok_and(|now| before.last_change() + self.settle <= now);
         if after == before && bytes == before.size && settled {
             // An optimisation only: a memo that cannot be written is skipped.
-            let _ = self.store(path, &before, &sha256);
+            let _ = self.store(path, &before, sha256);
         }
         Ok(FileHash {
             sha256,
@@ -337,23 +343,25 @@ impl HashMemo {
     }
 
     /// The remembered SHA-256 of `path` at `identity`, if a valid record says so.
-    fn lookup(&self, path: &Path, identity: &FileIdentity) -> Option<String> {
+    fn lookup(&self, path: &Path, identity: &FileIdentity) -> Option<crate::digest::Sha256> {
         let text = std::fs::read_to_string(self.record_path(path)).ok()?;
         let line = text.strip_prefix(MEMO_MAGIC)?.strip_suffix('\n')?;
         if line.contains('\n') {
             return None;
         }
+        // A malformed digest fails to parse: the record is ignored.
         let r: MemoRecord = serde_json::from_str(line).ok()?;
-        let hex_ok = r.sha256.len() == 64
-            && r.sha256
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        (hex_ok && r.path.as_bytes() == path.as_os_str().as_bytes() && r.identity == *identity)
+        (r.path.as_bytes() == path.as_os_str().as_bytes() && r.identity == *identity)
             .then_some(r.sha256)
     }
 
     /// Best effort: a memo that cannot be written is hashed again next time.
-    fn store(&self, path: &Path, identity: &FileIdentity, sha256: &str) -> std::io::Result<()> {
+    fn store(
+        &self,
+        path: &Path,
+        identity: &FileIdentity,
+        sha256: crate::digest::Sha256,
+    ) -> std::io::Result<()> {
         let path_text = path
             .to_str()
             .ok_or_else(|| std::io::Error::other("path is not UTF-8"))?;
@@ -361,7 +369,7 @@ impl HashMemo {
         let record = MemoRecord {
             path: path_text.to_string(),
             identity: *identity,
-            sha256: sha256.to_string(),
+            sha256,
         };
         let json = serde_json::to_string(&record).map_err(std::io::Error::other)?;
         crate::atomic::write(
@@ -412,8 +420,8 @@ mod tests {
         );
     }
 
-    fn sha_hex(bytes: &[u8]) -> String {
-        hex::encode(Sha256::digest(bytes))
+    fn sha_hex(bytes: &[u8]) -> crate::digest::Sha256 {
+        crate::digest::Sha256::of(bytes)
     }
 
     /// A file, its memo (settle 0: the file was just written) and its
@@ -428,11 +436,11 @@ mod tests {
     }
 
     /// Replace the record's hash with `sha` (same identity, valid format).
-    fn plant(record: &Path, sha: &str) {
+    fn plant(record: &Path, sha: crate::digest::Sha256) {
         let text = std::fs::read_to_string(record).unwrap();
         let line = text.strip_prefix(MEMO_MAGIC).unwrap();
         let mut r: MemoRecord = serde_json::from_str(line.trim_end()).unwrap();
-        r.sha256 = sha.to_string();
+        r.sha256 = sha;
         let json = serde_json::to_string(&r).unwrap();
         std::fs::write(record, format!("{MEMO_MAGIC}{json}\n")).unwrap();
     }
@@ -466,7 +474,7 @@ mod tests {
         // A planted hash the bytes do not have is what comes back: the file
         // was not read.
         let planted = sha_hex(b"not the content");
-        plant(&record, &planted);
+        plant(&record, planted);
         let third = memo.sha256(&file).unwrap();
         assert_eq!(third.sha256, planted);
         assert!(third.from_memo);
@@ -532,7 +540,7 @@ mod tests {
         ];
         for (what, change) in changes {
             memo.sha256(&file).unwrap();
-            plant(&record, &bogus);
+            plant(&record, bogus);
             let before = identity(&file);
             tick();
             let now = change();
@@ -553,56 +561,59 @@ mod tests {
         let good = std::fs::read_to_string(&record).unwrap();
         let line = good.strip_prefix(MEMO_MAGIC).unwrap().trim_end();
         let r: MemoRecord = serde_json::from_str(line).unwrap();
-        let with = |f: &dyn Fn(&mut MemoRecord)| {
-            let mut r = serde_json::from_str::<MemoRecord>(line).unwrap();
+        // Edited as JSON: a typed record cannot hold a malformed digest.
+        let with = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut r: serde_json::Value = serde_json::from_str(line).unwrap();
             f(&mut r);
             format!("{MEMO_MAGIC}{}\n", serde_json::to_string(&r).unwrap())
         };
-        let bogus = sha_hex(b"bogus");
+        let bogus = sha_hex(b"bogus").to_string();
+        let real = r.sha256.to_string();
         let cases: Vec<(&str, String)> = vec![
             ("empty", String::new()),
             ("magic only", MEMO_MAGIC.to_string()),
-            (
-                "no final newline",
-                good.trim_end().replace(&r.sha256, &bogus),
-            ),
+            ("no final newline", good.trim_end().replace(&real, &bogus)),
             (
                 "other magic",
-                good.replace("v1", "v2").replace(&r.sha256, &bogus),
+                good.replace("v1", "v2").replace(&real, &bogus),
             ),
             ("cut short", good[..good.len() - 10].to_string()),
             (
                 "a second line",
-                format!("{}{MEMO_MAGIC}", good.replace(&r.sha256, &bogus)),
+                format!("{}{MEMO_MAGIC}", good.replace(&real, &bogus)),
             ),
-            ("upper-case hex", with(&|r| r.sha256 = bogus.to_uppercase())),
-            ("short hex", with(&|r| r.sha256 = bogus[..63].to_string())),
-            ("not hex", with(&|r| r.sha256 = "g".repeat(64))),
+            (
+                "upper-case hex",
+                with(&|r| r["sha256"] = bogus.to_uppercase().into()),
+            ),
+            ("short hex", with(&|r| r["sha256"] = bogus[..63].into())),
+            ("not hex", with(&|r| r["sha256"] = "g".repeat(64).into())),
             (
                 "another path",
                 with(&|r| {
-                    r.sha256 = bogus.clone();
-                    r.path.push('x')
+                    r["sha256"] = bogus.clone().into();
+                    r["path"] = format!("{}x", r["path"].as_str().unwrap()).into()
                 }),
             ),
             (
                 "another inode",
                 with(&|r| {
-                    r.sha256 = bogus.clone();
-                    r.identity.ino += 1
+                    r["sha256"] = bogus.clone().into();
+                    r["identity"]["ino"] = (r["identity"]["ino"].as_u64().unwrap() + 1).into()
                 }),
             ),
             (
                 "another ctime",
                 with(&|r| {
-                    r.sha256 = bogus.clone();
-                    r.identity.ctime.1 ^= 1
+                    r["sha256"] = bogus.clone().into();
+                    let ns = &mut r["identity"]["ctime"][1];
+                    *ns = (ns.as_i64().unwrap() ^ 1).into()
                 }),
             ),
         ];
         // The control: a well-formed record with the right identity is used.
-        std::fs::write(&record, with(&|r| r.sha256 = bogus.clone())).unwrap();
-        assert_eq!(memo.sha256(&file).unwrap().sha256, bogus);
+        std::fs::write(&record, with(&|r| r["sha256"] = bogus.clone().into())).unwrap();
+        assert_eq!(memo.sha256(&file).unwrap().sha256.to_string(), bogus);
         for (what, text) in cases {
             std::fs::write(&record, &text).unwrap();
             let h = memo.sha256(&file).unwrap();
@@ -637,11 +648,11 @@ mod tests {
         let path = file.to_str().unwrap();
         memo.sha256(&file).unwrap();
         let bogus = sha_hex(b"bogus");
-        plant(&record, &bogus);
+        plant(&record, bogus);
         // With the memo, through a process cache: the remembered hash.
         let cache = HashCache::default();
         let k = known_sha256(&cache, path, Some(&memo));
-        assert_eq!(k.sha256.as_deref(), Some(bogus.as_str()));
+        assert_eq!(k.sha256, Some(bogus));
         assert!(!k.fresh);
         // A fresh request in the same process does not take it: it reads.
         let k = known_sha256(&cache, path, None);
@@ -649,7 +660,9 @@ mod tests {
         assert_eq!(k.bytes, Some(content.len() as u64));
         assert!(k.fresh);
         // The record is left as it was.
-        assert!(std::fs::read_to_string(&record).unwrap().contains(&bogus));
+        assert!(std::fs::read_to_string(&record)
+            .unwrap()
+            .contains(&bogus.to_string()));
         // A fresh answer serves later requests of either kind.
         assert_eq!(
             known_sha256(&cache, path, Some(&memo)).sha256,

@@ -67,7 +67,7 @@ pub fn experiment_plan(experiments: &[Experiment]) -> (Vec<String>, String) {
     );
     let names: Vec<String> = experiments
         .iter()
-        .map(|e| format!("{}@{}", e.name, &e.sha256[..12]))
+        .map(|e| format!("{}@{}", e.name, e.sha256.short(12)))
         .collect();
     let cases: usize = experiments.iter().map(|e| e.cases.len()).sum();
     (lines, format!("{cases} cases of {}", names.join(", ")))

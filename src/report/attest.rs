@@ -13,7 +13,7 @@ pub const PREDICATE_TYPE: &str = "urn:foldprint:predicate:run:v1";
 /// One attested artifact.
 pub struct Subject {
     pub name: String,
-    pub sha256: String,
+    pub sha256: crate::digest::Sha256,
 }
 
 /// Why a dump directory cannot be attested with a report.
@@ -58,13 +58,14 @@ pub fn dump_subjects(report: &Report, dir: &Path) -> Result<Vec<Subject>, DumpMi
         .map(|c| (c.experiment.as_str(), c.id.as_str(), c.arenas.len()))
         .collect();
     let names = crate::dumpdir::dump_names(&cases).map_err(DumpMismatch::Unreadable)?;
-    let mut expected: std::collections::BTreeMap<&str, &str> = std::collections::BTreeMap::new();
+    let mut expected: std::collections::BTreeMap<&str, crate::digest::Sha256> =
+        std::collections::BTreeMap::new();
     // Each file is read only up to the size the report gives its arena.
     let mut sizes: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
     for c in &report.cases {
         for (k, a) in c.arenas.iter().enumerate() {
             let name = names[&(c.experiment.as_str(), c.id.as_str(), k)].as_str();
-            expected.insert(name, a.sha256.as_str());
+            expected.insert(name, a.sha256);
             sizes.insert(name, a.len);
         }
     }
@@ -79,7 +80,8 @@ pub fn dump_subjects(report: &Report, dir: &Path) -> Result<Vec<Subject>, DumpMi
             ))
         };
         let (hash, file) = line.split_once("  ").ok_or_else(bad)?;
-        if !super::check::is_digest(hash) || file.is_empty() || file.contains('/') {
+        let hash: crate::digest::Sha256 = hash.parse().map_err(|_| bad())?;
+        if file.is_empty() || file.contains('/') {
             return Err(bad());
         }
         if !listed.insert(file) {
@@ -103,7 +105,7 @@ pub fn dump_subjects(report: &Report, dir: &Path) -> Result<Vec<Subject>, DumpMi
                 _ => DumpMismatch::Unreadable(m),
             }
         })?;
-        let actual = crate::digest::sha256_hex(&data);
+        let actual = crate::digest::Sha256::of(&data);
         if actual != hash {
             return Err(DumpMismatch::Contradicts(format!(
                 "{}: SHA-256 is {actual}, SHA256SUMS says {hash}",

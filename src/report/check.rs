@@ -12,13 +12,6 @@ use crate::digest::CHUNK_ELEMS;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 
-/// Whether `s` is a SHA-256 digest as foldprint writes it (64 lowercase hex).
-pub fn is_digest(s: &str) -> bool {
-    s.len() == 64
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
 fn check_case(c: &CaseReport, problems: &mut Vec<String>) {
     let mut bad = |m: String| problems.push(format!("case `{}` ({}): {m}", c.id, c.key));
     if let Some(case) = check_params::params(c, &mut bad) {
@@ -46,14 +39,6 @@ fn check_case(c: &CaseReport, problems: &mut Vec<String>) {
         if let Some(&n) = c.params.arenas.get(i) {
             if a.len != n {
                 bad_arena(format!("len {} but the parameters say {n}", a.len));
-            }
-        }
-        for (what, d) in std::iter::once(("sha256", &a.sha256))
-            .chain(a.rank_sha256.iter().map(|d| ("rank_sha256", d)))
-            .chain(a.chunk_sha256.iter().map(|d| ("chunk_sha256", d)))
-        {
-            if !is_digest(d) {
-                bad_arena(format!("{what} `{d}` is not a SHA-256 digest"));
             }
         }
         if a.rank_sha256.len() != c.params.world {
@@ -126,21 +111,14 @@ fn check_chunks(a: &ArenaReport, bad: &mut dyn FnMut(String)) {
             a.len,
         ));
     }
-    let root = crate::digest::ChunkedDigest {
-        sha256: String::new(),
-        chunks: a.chunk_sha256.clone(),
-    }
-    .chunk_root();
-    if a.chunk_root.is_empty() {
-        bad("no chunk_root (required of every arena)".into());
-    } else if a.chunk_root != root {
+    if a.chunk_root != crate::digest::chunk_root(&a.chunk_sha256) {
         bad("chunk_root does not match its chunk digests".into());
     }
     match a.chunk_sha256.as_slice() {
         [one] if want == 1 && *one != a.sha256 => {
             bad("its one chunk digest is not its sha256 (one chunk is the whole arena)".into())
         }
-        [] if a.len == 0 && a.sha256 != root => {
+        [] if a.len == 0 && a.sha256 != crate::digest::Sha256::of(&[]) => {
             bad("an empty arena's sha256 is not SHA-256 of no bytes".into())
         }
         _ => {}
@@ -213,12 +191,6 @@ fn check_experiments(r: &Report, out: &mut Vec<String>) {
         let name = printable(&e.name);
         if listed.insert(e.name.as_str(), ()).is_some() {
             out.push(format!("experiments: `{name}` is listed twice"));
-        }
-        if !is_digest(&e.sha256) {
-            out.push(format!(
-                "experiments: `{name}`: sha256 `{}` is not a SHA-256 digest",
-                printable(&e.sha256)
-            ));
         }
         let held = count.get(e.name.as_str()).copied().unwrap_or(0);
         if e.cases != held {

@@ -193,7 +193,7 @@ impl Source {
                         View {
                             id: c.id.clone(),
                             params: Some(&c.params),
-                            digests: c.arenas.iter().map(|a| a.sha256.as_str()).collect(),
+                            digests: c.arenas.iter().map(|a| a.sha256).collect(),
                             sensitivity: Some((
                                 c.sensitivity.changed,
                                 c.sensitivity.checked,
@@ -213,7 +213,7 @@ impl Source {
                         View {
                             id: c.id.clone(),
                             params: None,
-                            digests: c.arenas.iter().map(String::as_str).collect(),
+                            digests: c.arenas.clone(),
                             sensitivity: c
                                 .sensitivity
                                 .as_ref()
@@ -231,7 +231,7 @@ impl Source {
 struct View<'a> {
     id: String,
     params: Option<&'a CaseParams>,
-    digests: Vec<&'a str>,
+    digests: Vec<crate::digest::Sha256>,
     /// Order sensitivity: elements changed, checked, and the sample.
     sensitivity: Option<(u64, u64, &'a str)>,
     /// Full arena records (reports only).
@@ -381,8 +381,8 @@ fn compare_case(key: &str, l: (&String, &View), r: (&String, &View), out: &mut C
             if p != q && a == b {
                 out.mismatches.push(field(
                     format!("arena {i} rank {rank} digest"),
-                    p.clone(),
-                    q.clone(),
+                    p.to_string(),
+                    q.to_string(),
                 ));
             }
         }
@@ -406,8 +406,8 @@ fn compare_case(key: &str, l: (&String, &View), r: (&String, &View), out: &mut C
             if x.chunk_root != y.chunk_root && a == b {
                 out.mismatches.push(field(
                     format!("arena {i} chunk_root"),
-                    x.chunk_root.clone(),
-                    y.chunk_root.clone(),
+                    x.chunk_root.to_string(),
+                    y.chunk_root.to_string(),
                 ));
             }
             if a == b {
@@ -423,8 +423,8 @@ fn compare_case(key: &str, l: (&String, &View), r: (&String, &View), out: &mut C
                             let (s, e) = chunk_range(k, x.chunk_elems, x.len);
                             out.mismatches.push(field(
                                 format!("arena {i} chunk {k} (elements {s}..{e}) digest"),
-                                p.clone(),
-                                q.clone(),
+                                p.to_string(),
+                                q.to_string(),
                             ));
                         }
                     }

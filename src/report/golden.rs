@@ -29,15 +29,15 @@ pub struct GoldenCase {
     pub key: String,
     pub id: String,
     /// SHA-256 of each reduced arena.
-    pub arenas: Vec<String>,
+    pub arenas: Vec<crate::digest::Sha256>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sensitivity: Option<GoldenSensitivity>,
     /// Per arena: SHA-256 of its concatenated raw chunk digests.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub chunk_root: Vec<String>,
+    pub chunk_root: Vec<crate::digest::Sha256>,
     /// Per arena: the SHA-256 of each `chunk_elems`-element chunk.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub chunk_sha256: Vec<Vec<String>>,
+    pub chunk_sha256: Vec<Vec<crate::digest::Sha256>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -85,13 +85,13 @@ impl Golden {
                 .map(|c| GoldenCase {
                     key: c.key.clone(),
                     id: c.id.clone(),
-                    arenas: c.arenas.iter().map(|a| a.sha256.clone()).collect(),
+                    arenas: c.arenas.iter().map(|a| a.sha256).collect(),
                     sensitivity: Some(GoldenSensitivity {
                         changed: c.sensitivity.changed,
                         checked: c.sensitivity.checked,
                         sample: c.sensitivity.sample.clone(),
                     }),
-                    chunk_root: c.arenas.iter().map(|a| a.chunk_root.clone()).collect(),
+                    chunk_root: c.arenas.iter().map(|a| a.chunk_root).collect(),
                     chunk_sha256: c.arenas.iter().map(|a| a.chunk_sha256.clone()).collect(),
                 })
                 .collect(),
@@ -127,8 +127,8 @@ impl Golden {
                 match want.chunk_root.get(i) {
                     Some(root) if *root != a.chunk_root => out.push(GoldenProblem::ChunkRoot {
                         at: at(i),
-                        got: a.chunk_root.clone(),
-                        want: root.clone(),
+                        got: a.chunk_root,
+                        want: *root,
                     }),
                     Some(_) => {}
                     None => out.push(GoldenProblem::NoChunkRoot { at: at(i) }),
@@ -261,14 +261,6 @@ impl Golden {
                     c.key, c.id
                 ));
             }
-            for (i, d) in c.arenas.iter().enumerate() {
-                if !super::check::is_digest(d) {
-                    out.push(format!(
-                        "case `{}` arena {i}: `{d}` is not a SHA-256 digest",
-                        c.id
-                    ));
-                }
-            }
         }
         out
     }
@@ -393,8 +385,8 @@ pub enum GoldenProblem {
     #[error("{at}: digest {got} but golden {} says {want}", golden.display())]
     Digest {
         at: ArenaOf,
-        got: String,
-        want: String,
+        got: crate::digest::Sha256,
+        want: crate::digest::Sha256,
         golden: PathBuf,
     },
     /// The case has another number of arenas than its golden entry.
@@ -409,8 +401,8 @@ pub enum GoldenProblem {
     #[error("{at}: chunk root {got} but golden says {want}")]
     ChunkRoot {
         at: ArenaOf,
-        got: String,
-        want: String,
+        got: crate::digest::Sha256,
+        want: crate::digest::Sha256,
     },
     #[error("{at}: golden has no chunk root")]
     NoChunkRoot { at: ArenaOf },
@@ -487,8 +479,8 @@ pub fn check(
                             key: c.key.clone(),
                             arena: i,
                         },
-                        got: got.sha256.clone(),
-                        want: exp.clone(),
+                        got: got.sha256,
+                        want: *exp,
                         golden: path.clone(),
                     });
                 }
@@ -658,10 +650,10 @@ seed = 5
         let report = run(&exp);
         let good = Golden::from_report(&report, "g");
         let key = good.cases[0].key.clone();
-        let got = good.cases[0].arenas[1].clone();
+        let got = good.cases[0].arenas[1];
 
         let mut g = good.clone();
-        g.cases[0].arenas[1] = "0".repeat(64);
+        g.cases[0].arenas[1] = crate::digest::Sha256::from_bytes([0; 32]);
         assert_eq!(
             lines(&check(&file(g), std::slice::from_ref(&exp), &report)),
             vec![format!(
@@ -671,7 +663,9 @@ seed = 5
         );
 
         let mut g = good.clone();
-        g.cases[0].arenas.push("1".repeat(64));
+        g.cases[0]
+            .arenas
+            .push(crate::digest::Sha256::from_bytes([0x11; 32]));
         assert_eq!(
             lines(&check(&file(g), std::slice::from_ref(&exp), &report)),
             vec!["case `a`: 2 arenas, golden has 3".to_string()]
@@ -687,8 +681,8 @@ seed = 5
         let check_one = |g: Golden| lines(&check(&file(g), std::slice::from_ref(&exp), &report));
 
         let mut g = good.clone();
-        g.cases[1].chunk_root[0] = "2".repeat(64);
-        g.cases[1].chunk_sha256[1][0] = "3".repeat(64);
+        g.cases[1].chunk_root[0] = crate::digest::Sha256::from_bytes([0x22; 32]);
+        g.cases[1].chunk_sha256[1][0] = crate::digest::Sha256::from_bytes([0x33; 32]);
         assert_eq!(
             check_one(g),
             vec![

@@ -119,7 +119,8 @@ pub fn build_groups(cases: &[CaseReport]) -> Vec<Group> {
             continue;
         }
         let contract = members[0].params.contract;
-        let mut results: Vec<Vec<&str>> = members.iter().map(|c| c.digests()).collect();
+        let mut results: Vec<Vec<crate::digest::Sha256>> =
+            members.iter().map(|c| c.digests()).collect();
         results.sort();
         results.dedup();
         let distinct = results.len();
@@ -245,7 +246,8 @@ mod tests {
             .unwrap();
         let arena = ReducedArena {
             len: 10,
-            rank_digests: vec![digest.into(); 4],
+            // Distinct names, distinct digests.
+            rank_digests: vec![crate::digest::Sha256::of(digest.as_bytes()); 4],
             chunks: vec![],
             values: None,
             differing: vec![],
@@ -420,7 +422,7 @@ mod tests {
             assert_eq!(sens.verdict, Verdict::Sensitive);
             let arena = ReducedArena {
                 len: 1,
-                rank_digests: vec!["aa".into(); 4],
+                rank_digests: vec![crate::digest::Sha256::of(b"aa"); 4],
                 chunks: vec![],
                 values: None,
                 differing: vec![],

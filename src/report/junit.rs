@@ -36,7 +36,7 @@ pub fn junit(report: &Report, extra_failures: &[String]) -> String {
                 .cloned(),
         );
         let secs = c.timings.rounds.iter().map(|t| t.total_ms).sum::<f64>() / 1e3;
-        let digests: Vec<&str> = c.digests();
+        let digests: Vec<String> = c.digests().iter().map(ToString::to_string).collect();
         cases.push((
             format!("{}.{}", c.experiment, c.id),
             c.key.clone(),

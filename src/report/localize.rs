@@ -53,7 +53,7 @@ pub struct DumpComparison {
 /// each listed file must exist and hash to its line, and no other file may
 /// be there (`sha256sum -c` catches the first two; a dump directory that
 /// lies is corrupt input, not a comparison result).
-fn read_sums(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
+fn read_sums(dir: &Path) -> Result<BTreeMap<String, crate::digest::Sha256>, ReportError> {
     let sums = read_sums_file(dir)?;
     for (name, hash) in &sums {
         let path = dir.join(name);
@@ -62,7 +62,7 @@ fn read_sums(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
                 path: path.clone(),
                 source,
             })?;
-        let actual = crate::digest::sha256_hex(&bytes);
+        let actual = crate::digest::Sha256::of(&bytes);
         if actual != *hash {
             return Err(ReportError::Dump {
                 path,
@@ -90,7 +90,7 @@ fn read_sums(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
     Ok(sums)
 }
 
-fn read_sums_file(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
+fn read_sums_file(dir: &Path) -> Result<BTreeMap<String, crate::digest::Sha256>, ReportError> {
     let path = dir.join("SHA256SUMS");
     let text = crate::input::read_capped(&path, crate::input::MAX_REPORT_BYTES)
         .and_then(|b| {
@@ -103,19 +103,16 @@ fn read_sums_file(dir: &Path) -> Result<BTreeMap<String, String>, ReportError> {
         })?;
     let mut out = BTreeMap::new();
     for (i, line) in text.lines().enumerate() {
-        let Some((hash, name)) = line.split_once("  ") else {
-            return Err(ReportError::Dump {
-                path: path.clone(),
-                message: format!("line {} is not `<sha256>  <file>`", i + 1),
-            });
+        let malformed = || ReportError::Dump {
+            path: path.clone(),
+            message: format!("line {} is not `<sha256>  <file>`", i + 1),
         };
-        if !super::check::is_digest(hash) || name.is_empty() || name.contains('/') {
-            return Err(ReportError::Dump {
-                path: path.clone(),
-                message: format!("line {} is not `<sha256>  <file>`", i + 1),
-            });
+        let (hash, name) = line.split_once("  ").ok_or_else(malformed)?;
+        let hash: crate::digest::Sha256 = hash.parse().map_err(|_| malformed())?;
+        if name.is_empty() || name.contains('/') {
+            return Err(malformed());
         }
-        if out.insert(name.to_string(), hash.to_string()).is_some() {
+        if out.insert(name.to_string(), hash).is_some() {
             return Err(ReportError::Dump {
                 path: path.clone(),
                 message: format!("line {}: {name} is listed twice", i + 1),

@@ -82,6 +82,8 @@ pub enum ReportError {
     },
 }
 
+use crate::digest::Sha256;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     pub format: String,
@@ -126,7 +128,7 @@ impl ToolInfo {
 pub struct ExperimentInfo {
     pub name: String,
     pub path: String,
-    pub sha256: String,
+    pub sha256: Sha256,
     pub description: String,
     pub cases: usize,
 }
@@ -136,7 +138,7 @@ impl From<&Experiment> for ExperimentInfo {
         ExperimentInfo {
             name: e.name.clone(),
             path: e.path.display().to_string(),
-            sha256: e.sha256.clone(),
+            sha256: e.sha256,
             description: e.description.clone(),
             cases: e.cases.len(),
         }
@@ -149,17 +151,16 @@ pub struct ArenaReport {
     pub len: usize,
     /// SHA-256 of the reduced arena (rank 0's copy; equal on every rank when
     /// `ranks_identical`).
-    pub sha256: String,
+    pub sha256: Sha256,
     pub ranks_identical: bool,
-    pub rank_sha256: Vec<String>,
+    pub rank_sha256: Vec<Sha256>,
     /// Localization: SHA-256 of each `chunk_elems`-element chunk of rank
     /// 0's hashed bytes, and of their concatenation (`chunk_root`).
     #[serde(default)]
     pub chunk_elems: usize,
     #[serde(default)]
-    pub chunk_sha256: Vec<String>,
-    #[serde(default)]
-    pub chunk_root: String,
+    pub chunk_sha256: Vec<Sha256>,
+    pub chunk_root: Sha256,
     /// Ranks whose copy differs from rank 0's, with the differing chunk
     /// indices; absent when every copy agrees.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -212,15 +213,11 @@ impl CaseReport {
             .map(|(i, a)| ArenaReport {
                 index: i,
                 len: a.len,
-                sha256: a.digest().to_string(),
+                sha256: a.digest(),
                 ranks_identical: a.ranks_identical(),
                 rank_sha256: a.rank_digests.clone(),
                 chunk_elems: crate::digest::CHUNK_ELEMS,
-                chunk_root: crate::digest::ChunkedDigest {
-                    sha256: String::new(),
-                    chunks: a.chunks.clone(),
-                }
-                .chunk_root(),
+                chunk_root: crate::digest::chunk_root(&a.chunks),
                 chunk_sha256: a.chunks.clone(),
                 rank_differing_chunks: a
                     .differing
@@ -261,8 +258,8 @@ impl CaseReport {
     }
 
     /// The arena digests that identify this case's result.
-    pub fn digests(&self) -> Vec<&str> {
-        self.arenas.iter().map(|a| a.sha256.as_str()).collect()
+    pub fn digests(&self) -> Vec<Sha256> {
+        self.arenas.iter().map(|a| a.sha256).collect()
     }
 }
 

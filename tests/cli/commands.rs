@@ -115,12 +115,10 @@ fn compare_catches_a_single_flipped_bit_and_names_the_case() {
     // digest is rank 0's, every rank agrees, and its one chunk is the arena.
     v["cases"][2]["arenas"][1]["sha256"] = flipped.clone().into();
     v["cases"][2]["arenas"][1]["chunk_sha256"] = serde_json::json!([flipped]);
-    v["cases"][2]["arenas"][1]["chunk_root"] = foldprint::digest::ChunkedDigest {
-        sha256: String::new(),
-        chunks: vec![flipped.clone()],
-    }
-    .chunk_root()
-    .into();
+    v["cases"][2]["arenas"][1]["chunk_root"] =
+        foldprint::digest::chunk_root(&[flipped.parse().unwrap()])
+            .to_string()
+            .into();
     for r in v["cases"][2]["arenas"][1]["rank_sha256"]
         .as_array_mut()
         .unwrap()
@@ -532,7 +530,7 @@ fn compare_of_dumps_localizes_a_single_differing_element() {
     let old = u32::from_le_bytes(bytes[400..404].try_into().unwrap());
     bytes[400..404].copy_from_slice(&(old + 1).to_le_bytes());
     std::fs::write(db.join(&name), &bytes).unwrap();
-    let new_hash = foldprint::digest::sha256_hex(&bytes);
+    let new_hash = foldprint::digest::Sha256::of(&bytes);
     let first = sums.lines().next().unwrap().to_string();
     let sums = sums.replacen(&first, &format!("{new_hash}  {name}"), 1);
     std::fs::write(db.join("SHA256SUMS"), sums).unwrap();
@@ -581,7 +579,7 @@ fn attestation_is_a_canonical_in_toto_statement_over_report_and_dumps() {
     assert_eq!(subjects[0]["name"], "r.json");
     assert_eq!(
         subjects[0]["digest"]["sha256"],
-        foldprint::digest::sha256_hex(&std::fs::read(&report).unwrap())
+        foldprint::digest::Sha256::of(&std::fs::read(&report).unwrap()).to_string()
     );
     assert_eq!(v["predicate"]["cases"].as_array().unwrap().len(), 6);
     // Canonical: re-canonicalizing the parsed statement gives the same bytes.
@@ -685,20 +683,17 @@ fn compare_of_reports_narrows_a_one_element_difference_to_its_chunk() {
     let arena = &mut v["cases"][0]["arenas"][0];
     assert_eq!(arena["chunk_elems"], chunk);
     assert_eq!(arena["chunk_sha256"].as_array().unwrap().len(), 4);
-    let digest = foldprint::digest::sha256_hex(&bytes);
+    let digest = foldprint::digest::Sha256::of(&bytes).to_string();
     arena["sha256"] = digest.clone().into();
     for r in arena["rank_sha256"].as_array_mut().unwrap() {
         *r = digest.clone().into();
     }
-    arena["chunk_sha256"][2] =
-        foldprint::digest::sha256_hex(&bytes[2 * chunk * 4..3 * chunk * 4]).into();
-    let chunks: Vec<String> = serde_json::from_value(arena["chunk_sha256"].clone()).unwrap();
-    arena["chunk_root"] = foldprint::digest::ChunkedDigest {
-        sha256: String::new(),
-        chunks,
-    }
-    .chunk_root()
-    .into();
+    arena["chunk_sha256"][2] = foldprint::digest::Sha256::of(&bytes[2 * chunk * 4..3 * chunk * 4])
+        .to_string()
+        .into();
+    let chunks: Vec<foldprint::digest::Sha256> =
+        serde_json::from_value(arena["chunk_sha256"].clone()).unwrap();
+    arena["chunk_root"] = foldprint::digest::chunk_root(&chunks).to_string().into();
     std::fs::write(&rb, serde_json::to_vec(&v).unwrap()).unwrap();
     fp().arg("compare")
         .arg(&ra)

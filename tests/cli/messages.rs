@@ -87,8 +87,8 @@ fn a_digest_mismatch_without_chunk_differences_says_nothing_dangling() {
     // (two of them: a single chunk would have to be the arena digest).
     let mut r: foldprint::report::Report =
         serde_json::from_slice(&std::fs::read(&a).unwrap()).unwrap();
-    let other = "ab".repeat(32);
-    r.cases[0].arenas[0].sha256 = other.clone();
+    let other = foldprint::digest::Sha256::from_bytes([0xab; 32]);
+    r.cases[0].arenas[0].sha256 = other;
     r.cases[0].arenas[0].rank_sha256 = vec![other; 3];
     let b = dir.path().join("b.json");
     std::fs::write(&b, r.to_json()).unwrap();

@@ -320,7 +320,7 @@ while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do shift; done
 shift
 first="${LD_LIBRARY_PATH%%:*}"
 lib="${FAKE_LOADED:-$(readlink -f "$first/libnvrtc.so")}"
-"$FOLDPRINT_REAL" run --json --backend cpu -- "$@" | sed "s|\"backend\": \"cpu\",|\"backend\": \"cuda\",|; s|\"kind\": \"cpu\",|\"kind\": \"cuda-loopback\", \"nvrtc\": {\"version\": \"12.4\"}, \"libraries\": [{\"family\": \"nvrtc\", \"path\": \"$lib\", \"sha256\": \"00\", \"bytes\": 13}],|"
+"$FOLDPRINT_REAL" run --json --backend cpu -- "$@" | sed "s|\"backend\": \"cpu\",|\"backend\": \"cuda\",|; s|\"kind\": \"cpu\",|\"kind\": \"cuda-loopback\", \"nvrtc\": {\"version\": \"12.4\"}, \"libraries\": [{\"family\": \"nvrtc\", \"path\": \"$lib\", \"sha256\": \"0000000000000000000000000000000000000000000000000000000000000000\", \"bytes\": 13}],|"
 "#;
 
 fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
@@ -371,7 +371,10 @@ env = {{ FAKE_LOADED = "{}" }}
         assert_eq!(o.requested.len(), 1);
         assert!(o.requested[0].ok, "{:?}", o.requested[0]);
         assert_eq!(o.requested[0].loaded, [want.display().to_string()]);
-        assert_eq!(o.requested[0].sha256.as_deref(), Some("00"));
+        assert_eq!(
+            o.requested[0].sha256,
+            Some(foldprint::digest::Sha256::from_bytes([0; 32]))
+        );
         assert_eq!(o.versions.nvrtc.as_deref(), Some("12.4"));
         assert!(o.env["LD_LIBRARY_PATH"].contains("/by-"), "{:?}", o.env);
     }

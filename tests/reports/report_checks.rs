@@ -221,9 +221,10 @@ fn experiments_must_list_the_cases() {
     refused(&v, &["experiments", "smoke", "22 cases", "23"]);
     let mut v = base();
     v["experiments"][0]["sha256"] = json!("zz");
+    // Read as a typed digest: refused by its path, before any check.
     refused(
         &v,
-        &["experiments", "smoke", "`zz` is not a SHA-256 digest"],
+        &["experiments[0].sha256", "`zz` is not a SHA-256 digest"],
     );
     let mut v = base();
     v["cases"][0]["experiment"] = json!("other");
@@ -243,8 +244,11 @@ fn chunk_digests_are_required() {
     let mut v = base();
     let a = v["cases"][0]["arenas"][0].as_object_mut().unwrap();
     a.remove("chunk_sha256");
-    a.remove("chunk_root");
     refused(&v, &["w3-pinned", "arena 0", "chunk_sha256", "chunk_root"]);
+    let mut v = base();
+    let a = v["cases"][0]["arenas"][0].as_object_mut().unwrap();
+    a.remove("chunk_root");
+    refused(&v, &["cases[0].arenas[0]", "missing field `chunk_root`"]);
     let mut v = base();
     let a = v["cases"][0]["arenas"][0].as_object_mut().unwrap();
     a.remove("chunk_elems");
@@ -258,11 +262,7 @@ fn a_single_chunk_is_the_arena() {
     let d = a["chunk_sha256"][0].as_str().unwrap();
     let other = format!("{}{}", &d[..63], if d.ends_with('0') { '1' } else { '0' });
     a["chunk_sha256"][0] = json!(other);
-    a["chunk_root"] = json!(foldprint::digest::ChunkedDigest {
-        sha256: String::new(),
-        chunks: vec![other],
-    }
-    .chunk_root());
+    a["chunk_root"] = json!(foldprint::digest::chunk_root(&[other.parse().unwrap()]).to_string());
     refused(&v, &["w3-pinned", "arena 0", "its one chunk digest"]);
 }
 
@@ -365,10 +365,11 @@ fn chunk_ranges_never_wrap() {
         let a = &mut c.cases[0].arenas[0];
         a.len = usize::MAX;
         a.chunk_elems = 1 << (usize::BITS - 1);
-        a.chunk_sha256 = vec![a.sha256.clone(); 2];
+        a.chunk_sha256 = vec![a.sha256; 2];
     }
-    let d = rr.cases[0].arenas[0].sha256.replace('a', "b");
-    rr.cases[0].arenas[0].chunk_sha256[1] = d;
+    let mut d = *rr.cases[0].arenas[0].sha256.as_bytes();
+    d[0] ^= 1;
+    rr.cases[0].arenas[0].chunk_sha256[1] = foldprint::digest::Sha256::from_bytes(d);
     let cmp = foldprint::report::compare(&[("l".into(), l), ("r".into(), rr)], false);
     let text: Vec<String> = cmp.mismatches.iter().map(|m| m.to_string()).collect();
     let half = 1usize << (usize::BITS - 1);
@@ -408,7 +409,7 @@ fn compare_dump_dirs_as_json() {
     let mut bytes = std::fs::read(e.join(name)).unwrap();
     bytes[4] ^= 1;
     std::fs::write(e.join(name), &bytes).unwrap();
-    let new = foldprint::digest::sha256_hex(&bytes);
+    let new = foldprint::digest::Sha256::of(&bytes).to_string();
     std::fs::write(e.join("SHA256SUMS"), sums.replacen(hash, &new, 1)).unwrap();
     let out = fp()
         .arg("compare")

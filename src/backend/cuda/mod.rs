@@ -485,7 +485,7 @@ impl CudaBackend {
             reduced,
             world: case.world(),
             len: n,
-            digest: arena.digest().to_string(),
+            digest: arena.digest(),
         })
     }
 }
@@ -498,7 +498,7 @@ pub struct PeerFiles {
     pub world: usize,
     pub len: usize,
     /// Digest (canonical NaN policy) of the reduced arena.
-    pub digest: String,
+    pub digest: crate::digest::Sha256,
 }
 
 /// The fold mode and device program (order or postfix tree) of a case's contract.

@@ -282,8 +282,8 @@ pub struct DigestProfile {
 /// Every rank's digest, rank 0's chunk digests, rank 0's values if kept,
 /// and for each rank whose copy differs from rank 0's, the differing chunks.
 pub struct RankDigests {
-    pub digests: Vec<String>,
-    pub chunks: Vec<String>,
+    pub digests: Vec<crate::digest::Sha256>,
+    pub chunks: Vec<crate::digest::Sha256>,
     pub values: Option<Vec<f32>>,
     pub differing: Vec<(usize, Vec<usize>)>,
     pub profile: DigestProfile,
@@ -378,8 +378,8 @@ impl DeviceChunks {
         Ok(DeviceChunks { stream, out })
     }
 
-    /// The digests as hex, chunk order.
-    fn finish(self) -> Result<Vec<String>, GpuError> {
+    /// The digests, chunk order.
+    fn finish(self) -> Result<Vec<crate::digest::Sha256>, GpuError> {
         self.stream
             .synchronize()
             .map_err(|e| GpuError::driver("cuStreamSynchronize", e))?;
@@ -387,8 +387,11 @@ impl DeviceChunks {
         Ok(words
             .chunks_exact(8)
             .map(|d| {
-                let bytes: Vec<u8> = d.iter().flat_map(|w| w.to_be_bytes()).collect();
-                hex::encode(bytes)
+                let mut bytes = [0u8; 32];
+                for (out, w) in bytes.chunks_exact_mut(4).zip(d) {
+                    out.copy_from_slice(&w.to_be_bytes());
+                }
+                crate::digest::Sha256::from_bytes(bytes)
             })
             .collect())
     }
@@ -441,7 +444,7 @@ pub fn digest_ranks(
     };
     let chunked_on_host = device_chunks.is_none();
     let workers = readers.len().min(hashed.len()).max(1);
-    let mut digests: Vec<Option<String>> = vec![None; world];
+    let mut digests: Vec<Option<crate::digest::Sha256>> = vec![None; world];
     let mut chunks = Vec::new();
     let mut values = None;
     let outcome: Result<(), GpuError> = std::thread::scope(|scope| {
@@ -497,11 +500,11 @@ pub fn digest_ranks(
         profile.device_chunks_wait_ms = t.elapsed().as_secs_f64() * 1e3;
     }
     // Ranks found bit-identical to rank 0 on the device share its digest.
-    let first = digests[0].clone();
+    let first = digests[0];
     let digests = digests
         .into_iter()
         .map(|d| {
-            d.or_else(|| first.clone())
+            d.or(first)
                 .ok_or_else(|| GpuError::bounds("a rank was not digested"))
         })
         .collect::<Result<Vec<_>, _>>()?;

@@ -355,7 +355,10 @@ pub(super) fn rank_arena(
 impl NcclBackend {
     /// Every rank's digest, in rank order: collected from threads, or moved
     /// between processes with an all-gather of the 32 digest bytes.
-    pub(super) fn gather(&mut self, mine: &[String]) -> Result<Vec<String>, Fault> {
+    pub(super) fn gather(
+        &mut self,
+        mine: &[crate::digest::Sha256],
+    ) -> Result<Vec<crate::digest::Sha256>, Fault> {
         let world = self.world;
         let (dog, timeout) = (&self.watchdog, self.cfg.timeout);
         let Some(ctx) = self.ranks.first_mut().filter(|_| self.env.is_some()) else {
@@ -373,8 +376,8 @@ impl NcclBackend {
             Some(g) => g,
             None => return Err(infra("digest gather", "no gather buffers")),
         };
-        let bytes = hex::decode(&mine[0]).map_err(|e| infra("digest gather", e.to_string()))?;
-        let words: Vec<u32> = bytes
+        let words: Vec<u32> = mine[0]
+            .as_bytes()
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
@@ -410,9 +413,13 @@ impl NcclBackend {
             .enumerate()
             .map(|(p, w)| {
                 if p == me {
-                    return mine[0].clone();
+                    return mine[0];
                 }
-                hex::encode(w.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())
+                let mut bytes = [0u8; 32];
+                for (out, v) in bytes.chunks_exact_mut(4).zip(w) {
+                    out.copy_from_slice(&v.to_le_bytes());
+                }
+                crate::digest::Sha256::from_bytes(bytes)
             })
             .collect())
     }

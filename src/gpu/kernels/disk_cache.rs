@@ -35,7 +35,7 @@ pub struct KeyParts<'a> {
     /// The source exactly as NVRTC gets it.
     pub source: &'a str,
     /// SHA-256 (hex) of the NVRTC library file.
-    pub nvrtc_sha256: &'a str,
+    pub nvrtc_sha256: crate::digest::Sha256,
     /// The option list exactly as NVRTC gets it.
     pub options: &'a [String],
     pub target: ResolvedTarget,
@@ -55,7 +55,8 @@ pub fn key(p: &KeyParts) -> String {
     field(MAGIC);
     field(p.program.as_bytes());
     field(p.source.as_bytes());
-    field(p.nvrtc_sha256.as_bytes());
+    // As hex: the keys of existing caches stay valid.
+    field(p.nvrtc_sha256.to_string().as_bytes());
     field(&(p.options.len() as u64).to_le_bytes());
     for o in p.options {
         field(o.as_bytes());
@@ -274,7 +275,7 @@ mod tests {
         KeyParts {
             program: "foldprint_fold",
             source: "__global__ void k() {}",
-            nvrtc_sha256: "aa",
+            nvrtc_sha256: crate::digest::Sha256::from_bytes([0xaa; 32]),
             options,
             target: ResolvedTarget {
                 kind: "cubin",
@@ -307,7 +308,7 @@ mod tests {
                 ..base
             },
             KeyParts {
-                nvrtc_sha256: "ab",
+                nvrtc_sha256: crate::digest::Sha256::from_bytes([0xab; 32]),
                 ..base
             },
             KeyParts {

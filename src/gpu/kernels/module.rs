@@ -145,7 +145,7 @@ fn ms(since: Instant) -> f64 {
 /// warm start). With `--no-kernel-cache` (and in every audit child) nothing
 /// asks, and the report's library list hashes the files afresh, so the
 /// library-version audit never rests on a remembered hash.
-fn nvrtc_library_sha256(cache: &DiskCache) -> Result<String, GpuError> {
+fn nvrtc_library_sha256(cache: &DiskCache) -> Result<crate::digest::Sha256, GpuError> {
     let lib = super::super::probe::nvrtc_library();
     let path = lib.path.ok_or_else(|| {
         GpuError::missing("the NVRTC library's file is unknown (not in /proc/self/maps)")
@@ -222,7 +222,7 @@ pub fn image_for(
         let key = disk_cache::key(&KeyParts {
             program: request.program,
             source: src,
-            nvrtc_sha256: &nvrtc_sha256,
+            nvrtc_sha256,
             options: &options,
             target: request.target,
             explicit: request.explicit,
