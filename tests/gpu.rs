@@ -9,9 +9,7 @@ use foldprint::data::{Distribution, Lane, ALL_DISTRIBUTIONS};
 use foldprint::digest::NanPolicy;
 use foldprint::experiment::{Case, DeliveryOrder};
 use foldprint::fold::{mean_scale, reference_fixed, Contract, ALL_CONTRACTS};
-use foldprint::gpu::{
-    self as cuda, bench, kernels, CompileOptions, KernelVariant, LaunchTuning, Target,
-};
+use foldprint::gpu::{self as cuda, kernels, CompileOptions, KernelVariant, LaunchTuning, Target};
 use std::sync::Mutex;
 
 /// Serializes the heavy tests so they do not fight over host memory.
@@ -704,126 +702,6 @@ fn arena_beyond_2_pow_31_elements() {
         );
         let got: Vec<String> = r.arenas.iter().map(|a| a.digest().to_string()).collect();
         assert_eq!(got, want, "{variant} beyond 2^31");
-    }
-}
-
-/// `cargo test --release --features gpu-tests --test gpu -- --ignored bench_fold_rows`
-#[test]
-#[ignore = "benchmark: run explicitly with --ignored"]
-fn bench_fold_rows() {
-    let _g = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
-    let report = bench::bench_fold(&bench::BenchConfig::default()).expect("bench");
-    let json = serde_json::to_string_pretty(&report).unwrap();
-    println!("{json}");
-    if let Ok(path) = std::env::var("FOLDPRINT_BENCH_JSON") {
-        std::fs::write(path, &json).unwrap();
-    }
-    for r in &report.rows {
-        println!(
-            "W={:<3} n={:<9} {:<9} median {:>9.4} ms  min {:>9.4} ms  {:>6.3} TB/s  bits_ok={:?}",
-            r.world, r.n, r.what, r.median_ms, r.min_ms, r.effective_tb_s, r.bits_ok
-        );
-        assert_ne!(r.bits_ok, Some(false), "{r:?}");
-    }
-}
-
-/// Writes addends.f32 and reduced.f32 for bench/torch_peer.py into
-/// $FOLDPRINT_PEER_DIR (W=8, n=2^25, mixed-magnitude, fixed order).
-#[test]
-#[ignore = "writes ~1 GiB for bench/torch_peer.py: run explicitly with --ignored"]
-fn write_torch_peer_files() {
-    let _g = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = std::env::var("FOLDPRINT_PEER_DIR").expect("set FOLDPRINT_PEER_DIR");
-    let mut be = gpu(CudaConfig::default());
-    let c = case(
-        8,
-        vec![1 << 25],
-        Distribution::MixedMagnitude,
-        Contract::FixedOrder,
-        DeliveryOrder::Ascending,
-        false,
-    );
-    let files = be
-        .write_peer_files(&c, std::path::Path::new(&dir))
-        .expect("peer files");
-    println!("{}", serde_json::to_string_pretty(&files).unwrap());
-}
-
-/// `--ignored bench_fast_tuning_sweep`: launch shapes of the fast fold.
-#[test]
-#[ignore = "benchmark: run explicitly with --ignored"]
-fn bench_fast_tuning_sweep() {
-    let _g = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
-    let mut extra = Vec::new();
-    for fast_block in [256u32, 512, 1024] {
-        for fast_blocks_per_sm in [4u32, 8, 16, 64] {
-            extra.push(LaunchTuning {
-                seed_block: 256,
-                fast_block,
-                fast_blocks_per_sm,
-            });
-        }
-    }
-    let cfg = bench::BenchConfig {
-        // About the same bytes per launch at every W, from the 8 of the
-        // large case to 128.
-        shapes: vec![
-            (8, 1 << 25),
-            (16, 1 << 22),
-            (32, 1 << 21),
-            (48, 3 << 19),
-            (64, 1 << 20),
-            (128, 1 << 19),
-        ],
-        iters: 50,
-        extra_fast: extra,
-        ..bench::BenchConfig::default()
-    };
-    let report = bench::bench_fold(&cfg).expect("bench");
-    for r in &report.rows {
-        println!(
-            "W={:<3} n={:<9} {:<18} median {:>8.4} ms {:>6.3} TB/s bits_ok={:?}",
-            r.world, r.n, r.what, r.median_ms, r.effective_tb_s, r.bits_ok
-        );
-        assert_ne!(r.bits_ok, Some(false), "{r:?}");
-    }
-}
-
-/// `--ignored dump_fold_images`: the fold as NVRTC builds it with ftz off
-/// and on, as PTX and CUBIN, into $FOLDPRINT_DUMP_DIR (for cuobjdump).
-#[test]
-#[ignore = "diagnostic: run explicitly with --ignored"]
-fn dump_fold_images() {
-    let dir = std::path::PathBuf::from(
-        std::env::var("FOLDPRINT_DUMP_DIR").expect("set FOLDPRINT_DUMP_DIR"),
-    );
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = cuda::probe();
-    let d = p.devices.first().expect("a device");
-    let arch = (d.compute_capability.0 * 10 + d.compute_capability.1) as u32;
-    let plain = kernels::FOLD_SRC
-        .replace("__fadd_rn(a, b)", "a + b")
-        .replace("__fmul_rn(a, s)", "a * s");
-    for (src_name, src) in [("fold", kernels::FOLD_SRC.to_string()), ("plainadd", plain)] {
-        for ftz in [false, true] {
-            for kind in ["ptx", "cubin"] {
-                let t = kernels::ResolvedTarget { kind, arch };
-                let opts = kernels::option_list(false, ftz, t);
-                let img = kernels::nvrtc_compile("dump", &src, &opts, t).expect("compile");
-                let name = format!("{src_name}-ftz{ftz}.{kind}");
-                let data = img.data.strip_suffix(&[0]).unwrap_or(&img.data).to_vec();
-                std::fs::write(dir.join(&name), &data).unwrap();
-                let text = String::from_utf8_lossy(&data);
-                println!(
-                    "{name}: nvrtc {:?} sha {} add.rn.ftz.f32 x{} add.rn.f32 x{} add.ftz.f32 x{}",
-                    img.nvrtc_version,
-                    &img.sha256[..16],
-                    text.matches("add.rn.ftz.f32").count(),
-                    text.matches("add.rn.f32").count(),
-                    text.matches("add.ftz.f32").count()
-                );
-            }
-        }
     }
 }
 
