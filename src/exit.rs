@@ -93,6 +93,7 @@ impl HasExitCode for BackendError {
             | BackendError::OutOfMemory { .. }
             | BackendError::Unsupported { .. } => ExitCode::Unavailable,
             BackendError::Gpu { source, .. } => source.exit_code(),
+            BackendError::Rank(e) => e.exit_code(),
         }
     }
 }
@@ -163,6 +164,8 @@ impl HasExitCode for RankError {
             | RankError::Disagree(_)
             | RankError::Launch(_) => ExitCode::Infrastructure,
             RankError::LaunchSize(_) => ExitCode::BadInput,
+            RankError::Placement(_) => ExitCode::Unavailable,
+            RankError::Interrupted(sig) => ExitCode::Interrupted(*sig),
         }
     }
 }

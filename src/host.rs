@@ -98,7 +98,7 @@ pub fn facts() -> HostFacts {
     let machine = uname_machine();
     let kernel_arch = read_trimmed("/proc/sys/kernel/arch").filter(|s| !s.is_empty());
     HostFacts {
-        hostname: read_trimmed("/proc/sys/kernel/hostname").unwrap_or_default(),
+        hostname: hostname(),
         os: os_release(),
         kernel: read_trimmed("/proc/sys/kernel/osrelease").unwrap_or_default(),
         arch: std::env::consts::ARCH.to_string(),
@@ -150,6 +150,11 @@ pub fn cpu_under_cuda_combination(
         "the CPU backend ran under the CUDA combination `{combo}`: its pinned NVRTC/NCCL were not used, \
          so this is the CPU oracle's result, not a GPU result of `{combo}`"
     ))
+}
+
+/// This machine's host name (the kernel's, as `hostname` prints it).
+pub fn hostname() -> String {
+    read_trimmed("/proc/sys/kernel/hostname").unwrap_or_default()
 }
 
 #[cfg(test)]

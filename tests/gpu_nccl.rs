@@ -26,6 +26,7 @@ fn nccl() -> NcclBackend {
         init_timeout: Duration::from_secs(60),
         timeout: Duration::from_secs(60),
         plan: Plan::new(&["gpu-tests".into()], "gpu tests"),
+        emulate_hosts: false,
     })
     .unwrap_or_else(|e| panic!("the NCCL tests need a GPU and NCCL: {e}"))
 }

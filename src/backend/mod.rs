@@ -64,6 +64,11 @@ pub enum BackendError {
         #[source]
         source: crate::gpu::error::GpuError,
     },
+    /// The ranks could not start together: no device for this rank, a
+    /// rendezvous that failed (a peer died, plans disagree), or a signal
+    /// that stopped the wait. Its exit code is the rank error's.
+    #[error("{0}")]
+    Rank(#[from] crate::ranks::RankError),
     /// The machinery around the numbers broke (an NCCL error, a dead peer,
     /// the watchdog, the rendezvous, a driver error mid-run): no digest was
     /// judged, so this is not a failed check.
@@ -219,6 +224,8 @@ pub struct BackendOptions {
     /// The lines all NCCL ranks must agree on (one per case).
     pub plan: Vec<String>,
     pub plan_summary: String,
+    /// NCCL under a launcher: emulated hosts (`ranks::placement`).
+    pub emulate_hosts: bool,
 }
 
 impl Default for BackendOptions {
@@ -230,6 +237,7 @@ impl Default for BackendOptions {
             timeout: std::time::Duration::from_secs(300),
             plan: Vec::new(),
             plan_summary: String::new(),
+            emulate_hosts: false,
         }
     }
 }
@@ -249,6 +257,7 @@ pub fn select(
                 init_timeout: opts.init_timeout,
                 timeout: opts.timeout,
                 plan: crate::ranks::rendezvous::Plan::new(&opts.plan, opts.plan_summary.clone()),
+                emulate_hosts: opts.emulate_hosts,
             };
             Ok((Box::new(nccl::NcclBackend::new(cfg)?), None))
         }

@@ -53,6 +53,23 @@ pub(super) enum Command {
     /// Run experiments under a matrix of configurations (libraries, targets,
     /// kernels, env) and compare every digest with the baseline's.
     Audit(audit::AuditArgs),
+    /// Check the ranks a launcher started (torchrun, srun, mpirun, launch):
+    /// discovery and rendezvous only, no GPU work; rank 0 prints the world.
+    World(WorldArgs),
+}
+
+#[derive(Args)]
+pub(super) struct WorldArgs {
+    /// Check the placement `--emulate-hosts` would give a run (ranks share
+    /// devices by local rank, each its own NCCL host).
+    #[arg(long)]
+    pub(super) emulate_hosts: bool,
+    /// Seconds allowed for every rank to join.
+    #[arg(long, default_value_t = 60)]
+    pub(super) init_timeout: u64,
+    /// Print the world as JSON.
+    #[arg(long)]
+    pub(super) json: bool,
 }
 
 #[derive(Args)]
@@ -169,6 +186,13 @@ pub(super) struct NcclArgs {
     /// NCCL backend: seconds allowed for each collective window.
     #[arg(long, default_value_t = 300)]
     pub(super) timeout: u64,
+    /// NCCL backend under torchrun, srun or mpirun: ranks share the visible
+    /// GPUs by local rank, each its own NCCL host (its NCCL_HOSTID from its
+    /// global rank), as `foldprint launch --emulate-hosts` does. Also
+    /// FOLDPRINT_EMULATE_HOSTS=1. A correctness run over NCCL's network
+    /// transport, not a bandwidth result.
+    #[arg(long)]
+    pub(super) emulate_hosts: bool,
 }
 
 impl Default for CudaArgs {
@@ -191,6 +215,7 @@ impl Default for NcclArgs {
             gpus: 1,
             init_timeout: 120,
             timeout: 300,
+            emulate_hosts: false,
         }
     }
 }
@@ -220,6 +245,9 @@ impl Common {
             timeout: std::time::Duration::from_secs(n.timeout),
             plan,
             plan_summary,
+            emulate_hosts: foldprint::ranks::placement::emulation_requested(n.emulate_hosts, |k| {
+                std::env::var(k).ok()
+            }),
         }
     }
 }

@@ -22,6 +22,7 @@ mod run;
 mod run_common;
 mod table;
 mod verify;
+mod world;
 
 use args::{Cli, Command};
 use clap::Parser;
@@ -60,6 +61,7 @@ pub fn main() -> i32 {
         Command::Launch(a) => launch::run(a),
         Command::Attest(a) => attest::run(a),
         Command::Audit(a) => audit::run(a),
+        Command::World(a) => world::run(a),
     };
     let code = match result {
         Ok(code) => code,

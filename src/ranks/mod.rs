@@ -1,6 +1,7 @@
 //! Ranks as processes: the glue every multi-process NCCL run needs, kept
 //! free of CUDA so it is tested on any machine. Which rank this process is
-//! (`discover`), the job's identity and rank 0's address (`job`), how the
+//! (`discover`), which device it uses and whether it emulates a host
+//! (`placement`), the job's identity and rank 0's address (`job`), how the
 //! NCCL unique id and the case agreement travel (`rendezvous`), how a stuck
 //! collective is bounded (`watchdog`), and the local launcher that starts
 //! one process per rank (`launch`).
@@ -8,6 +9,7 @@
 pub mod discover;
 pub mod job;
 pub mod launch;
+pub mod placement;
 pub mod rendezvous;
 pub mod watchdog;
 
@@ -24,4 +26,10 @@ pub enum RankError {
     /// `launch` was asked for a world it will not start (bad input).
     #[error("launch: {0}")]
     LaunchSize(String),
+    /// This rank has no device to run on here (refused before the rendezvous).
+    #[error("{0}")]
+    Placement(String),
+    /// A signal (a launcher stopping the job) ended a wait.
+    #[error("stopped by {}", crate::interrupt::signal_name(*.0))]
+    Interrupted(i32),
 }

@@ -3,14 +3,19 @@
 //! hangs rather than errors, so disagreement must be caught here.
 //!
 //! TCP: rank 0 listens; each peer connects and presents the job token, its
-//! rank and its plan (a digest of the cases it is about to run plus a short
-//! description). Rank 0 answers nobody until all W-1 peers have presented
-//! matching plans, then sends the id to all; on a mismatch it tells all of
-//! them and everyone fails with the same message. Wrong tokens are turned
-//! away without disturbing the job. Everything runs under a deadline.
+//! rank, its plan (a digest of the cases it is about to run plus a short
+//! description) and itself as a [`Member`] (host, pid, device). Rank 0
+//! answers nobody until all W-1 peers have presented matching plans, then
+//! sends the id to all; on a mismatch it tells all of them and everyone
+//! fails with the same message. Wrong tokens are turned away without
+//! disturbing the job. A peer whose connection closes while rank 0 waits
+//! (it died, or its launcher stopped it) fails the job at once, and so does
+//! rank 0's: nobody waits for the deadline on a rank that is gone. A signal
+//! (a launcher stopping the job) ends every wait within 0.2 s.
 //!
 //! Directory: rank 0 writes `<job>.id` atomically; peers read it, compare
-//! plans and acknowledge with `<job>.ack.<rank>`; rank 0 waits for the acks.
+//! plans and acknowledge with `<job>.ack.<rank>` (holding the member);
+//! rank 0 waits for the acks.
 
 use super::discover::RankEnv;
 use super::{job, RankError};
@@ -21,11 +26,72 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-const MAGIC: &[u8; 5] = b"FPRV1";
+const MAGIC: &[u8; 5] = b"FPRV2";
 const OK: u8 = 0;
 const BAD_TOKEN: u8 = 1;
 const DISAGREE: u8 = 2;
 const BAD_RANK: u8 = 3;
+const PEER_LOST: u8 = 4;
+
+/// How often a wait looks at signals and dead peers.
+const POLL: Duration = Duration::from_millis(200);
+
+/// One rank as it presents itself in the rendezvous.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Member {
+    pub rank: usize,
+    pub local_rank: usize,
+    pub host: String,
+    pub pid: u32,
+    /// The CUDA device this rank uses (or would), when it knows.
+    pub device: Option<usize>,
+    /// Its `NCCL_HOSTID`, when it sets one (emulated hosts).
+    pub nccl_hostid: Option<String>,
+    /// Why this rank cannot run here, if it cannot.
+    pub problem: Option<String>,
+}
+
+impl Member {
+    /// This process as rank `e.rank`, with nothing known of devices.
+    pub fn this(e: &RankEnv) -> Member {
+        Member {
+            rank: e.rank,
+            local_rank: e.local_rank,
+            host: crate::host::hostname(),
+            pid: std::process::id(),
+            device: None,
+            nccl_hostid: std::env::var("NCCL_HOSTID").ok().filter(|v| !v.is_empty()),
+            problem: None,
+        }
+    }
+
+    fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// `rank 3 (node7, pid 1234)`.
+    pub fn who(&self) -> String {
+        format!("rank {} ({}, pid {})", self.rank, self.host, self.pid)
+    }
+}
+
+/// What the rendezvous gave this rank.
+#[derive(Debug, Clone)]
+pub struct Agreement {
+    /// Rank 0's payload (NCCL's unique id).
+    pub payload: Vec<u8>,
+    /// How it travelled, for the report.
+    pub how: String,
+    /// Every rank in rank order on rank 0; this rank alone elsewhere.
+    pub members: Vec<Member>,
+}
+
+fn interrupted() -> Result<(), RankError> {
+    match crate::interrupt::pending() {
+        Some(sig) => Err(RankError::Interrupted(sig)),
+        None => Ok(()),
+    }
+}
 
 /// What the ranks must agree on before any collective.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,6 +180,7 @@ struct Hello {
     rank: usize,
     token: Vec<u8>,
     plan: Plan,
+    member: Option<Member>,
 }
 
 fn read_hello(s: &mut TcpStream) -> std::io::Result<Hello> {
@@ -131,10 +198,12 @@ fn read_hello(s: &mut TcpStream) -> std::io::Result<Hello> {
     let mut digest = [0u8; 32];
     s.read_exact(&mut digest)?;
     let summary = String::from_utf8_lossy(&read_frame(s, 4096)?).into_owned();
+    let member = serde_json::from_slice(&read_frame(s, 4096)?).ok();
     Ok(Hello {
         rank: u32::from_le_bytes(rank) as usize,
         token,
         plan: Plan { digest, summary },
+        member,
     })
 }
 
@@ -143,7 +212,8 @@ fn reply(s: &mut TcpStream, status: u8, body: &[u8]) {
 }
 
 /// Rank 0: accept W-1 peers on `listener`, check tokens and plans, then send
-/// `payload` (the NCCL unique id) to all of them.
+/// `payload` (the NCCL unique id) to all of them. Returns every member in
+/// rank order, `me` first.
 pub fn serve(
     listener: &TcpListener,
     world: usize,
@@ -151,22 +221,45 @@ pub fn serve(
     plan: &Plan,
     payload: &[u8],
     deadline: Instant,
-) -> Result<(), RankError> {
+    me: &Member,
+) -> Result<Vec<Member>, RankError> {
     let role = "rank 0";
     listener
         .set_nonblocking(true)
         .map_err(|e| err(role, format!("listener: {e}")))?;
-    let mut peers: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+    let mut peers: Vec<Option<(TcpStream, Member)>> = (0..world).map(|_| None).collect();
     let mut joined = 0;
     let mut disagreement: Option<String> = None;
     // After a disagreement, keep accepting until every peer has heard it
     // (or the deadline passes), so all ranks fail with the same message.
     while joined < world - 1 {
+        if let Err(e) = interrupted() {
+            let msg = format!("rank 0 was stopped ({e}) during the rendezvous");
+            for (s, _) in peers.iter_mut().flatten() {
+                reply(s, PEER_LOST, msg.as_bytes());
+            }
+            return Err(e);
+        }
+        if disagreement.is_none() {
+            if let Some(gone) = lost_peer(&mut peers) {
+                let msg = format!(
+                    "{gone} closed its connection before all {world} ranks had joined: it failed or was stopped"
+                );
+                for (s, _) in peers.iter_mut().flatten() {
+                    reply(s, PEER_LOST, msg.as_bytes());
+                }
+                return Err(err(role, msg));
+            }
+        }
         let Some(rest) = left(deadline) else {
             if disagreement.is_some() {
                 break;
             }
             let missing: Vec<usize> = (1..world).filter(|&r| peers[r].is_none()).collect();
+            let msg = format!("ranks {missing:?} did not join before the deadline");
+            for (s, _) in peers.iter_mut().flatten() {
+                reply(s, PEER_LOST, msg.as_bytes());
+            }
             return Err(err(
                 role,
                 format!(
@@ -210,6 +303,15 @@ pub fn serve(
             );
             continue;
         }
+        let member = hello.member.clone().unwrap_or_else(|| Member {
+            rank: hello.rank,
+            local_rank: 0,
+            host: from.ip().to_string(),
+            pid: 0,
+            device: None,
+            nccl_hostid: None,
+            problem: Some("sent no description of itself".into()),
+        });
         if hello.plan.digest != plan.digest {
             disagreement = Some(format!(
                 "rank {} would run `{}` but rank 0 would run `{}` (plan {} vs {})",
@@ -220,43 +322,67 @@ pub fn serve(
                 &hex::encode(plan.digest)[..16]
             ));
         }
-        peers[hello.rank] = Some(s);
+        // Non-blocking from here, so `lost_peer` can look without waiting.
+        let _ = s.set_nonblocking(true);
+        peers[hello.rank] = Some((s, member));
         joined += 1;
     }
+    let mut members = vec![me.clone()];
+    for (s, m) in peers.iter_mut().flatten() {
+        let _ = s.set_nonblocking(false);
+        let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
+        members.push(m.clone());
+    }
+    members.sort_by_key(|m| m.rank);
     match disagreement {
         Some(msg) => {
-            for s in peers.iter_mut().flatten() {
+            for (s, _) in peers.iter_mut().flatten() {
                 reply(s, DISAGREE, msg.as_bytes());
             }
             Err(RankError::Disagree(msg))
         }
         None => {
-            for s in peers.iter_mut().flatten() {
+            for (s, _) in peers.iter_mut().flatten() {
                 reply(s, OK, payload);
             }
-            Ok(())
+            Ok(members)
         }
     }
 }
 
+/// The first joined peer whose connection has closed, by name.
+fn lost_peer(peers: &mut [Option<(TcpStream, Member)>]) -> Option<String> {
+    let mut byte = [0u8; 1];
+    peers
+        .iter_mut()
+        .flatten()
+        .find_map(|(s, m)| match s.peek(&mut byte) {
+            Ok(0) => Some(m.who()),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Some(m.who()),
+            _ => None,
+        })
+}
+
 /// A peer: connect to rank 0 (retrying until it listens), present the
-/// token and plan, and receive the payload.
+/// token, plan and itself, and receive the payload.
 pub fn join(
     addr: SocketAddr,
-    rank: usize,
+    me: &Member,
     token: &[u8],
     plan: &Plan,
     deadline: Instant,
 ) -> Result<Vec<u8>, RankError> {
+    let rank = me.rank;
     let role = format!("rank {rank}");
     let mut s = loop {
+        interrupted()?;
         let Some(rest) = left(deadline) else {
             return Err(err(
                 &role,
                 format!("rank 0 at {addr} did not answer before the deadline"),
             ));
         };
-        match TcpStream::connect_timeout(&addr, rest.min(Duration::from_secs(1))) {
+        match TcpStream::connect_timeout(&addr, rest.min(POLL)) {
             Ok(s) => break s,
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
@@ -269,23 +395,47 @@ pub fn join(
     write_frame(&mut s, token).map_err(io)?;
     s.write_all(&plan.digest).map_err(io)?;
     write_frame(&mut s, plan.summary.as_bytes()).map_err(io)?;
-    let rest = left(deadline).unwrap_or(Duration::from_millis(1));
-    s.set_read_timeout(Some(rest)).map_err(io)?;
+    write_frame(&mut s, &me.to_json()).map_err(io)?;
+    // Wait for the answer in short steps, so a signal or rank 0's end is
+    // seen at once rather than at the deadline.
     let mut status = [0u8; 1];
-    s.read_exact(&mut status).map_err(|e| {
-        err(
-            &role,
-            format!(
-                "no answer from rank 0 at {addr} before the deadline ({e}); are all ranks started?"
-            ),
-        )
-    })?;
+    loop {
+        interrupted()?;
+        let Some(rest) = left(deadline) else {
+            return Err(err(
+                &role,
+                format!(
+                    "no answer from rank 0 at {addr} before the deadline; are all ranks started?"
+                ),
+            ));
+        };
+        s.set_read_timeout(Some(rest.min(POLL))).map_err(io)?;
+        use std::io::ErrorKind as K;
+        let closed = match s.read(&mut status) {
+            Ok(1) => break,
+            Ok(_) => true,
+            Err(e) if matches!(e.kind(), K::ConnectionReset | K::ConnectionAborted) => true,
+            Err(e) if matches!(e.kind(), K::WouldBlock | K::TimedOut | K::Interrupted) => false,
+            Err(e) => return Err(io(e)),
+        };
+        if closed {
+            return Err(err(
+                &role,
+                format!(
+                    "rank 0 at {addr} closed the connection before answering: it failed or was stopped"
+                ),
+            ));
+        }
+    }
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(io)?;
     let body = read_frame(&mut s, 1 << 16).map_err(io)?;
     match status[0] {
         OK => Ok(body),
         DISAGREE => Err(RankError::Disagree(
             String::from_utf8_lossy(&body).into_owned(),
         )),
+        PEER_LOST => Err(err(&role, String::from_utf8_lossy(&body).into_owned())),
         _ => Err(err(
             &role,
             format!("rank 0 refused: {}", String::from_utf8_lossy(&body)),
@@ -301,7 +451,8 @@ pub fn publish_dir(
     plan: &Plan,
     payload: &[u8],
     deadline: Instant,
-) -> Result<(), RankError> {
+    me: &Member,
+) -> Result<Vec<Member>, RankError> {
     let role = "rank 0";
     let id = dir.join(format!("{job}.id"));
     if id.exists() {
@@ -323,7 +474,9 @@ pub fn publish_dir(
         .map_err(|e| err(role, format!("{}: {e}", id.display())))?;
     let mut acked = vec![false; world];
     acked[0] = true;
+    let mut members = vec![me.clone()];
     loop {
+        interrupted()?;
         for (r, done) in acked.iter_mut().enumerate().skip(1) {
             if *done {
                 continue;
@@ -336,11 +489,25 @@ pub fn publish_dir(
                         plan.summary
                     )));
                 }
-                *done = text.starts_with("ok");
+                if let Some(rest) = text.strip_prefix("ok\n") {
+                    *done = true;
+                    members.push(
+                        serde_json::from_str(rest.trim()).unwrap_or_else(|_| Member {
+                            rank: r,
+                            local_rank: 0,
+                            host: "?".into(),
+                            pid: 0,
+                            device: None,
+                            nccl_hostid: None,
+                            problem: Some("its acknowledgement holds no description".into()),
+                        }),
+                    );
+                }
             }
         }
         if acked.iter().all(|&a| a) {
-            return Ok(());
+            members.sort_by_key(|m| m.rank);
+            return Ok(members);
         }
         if left(deadline).is_none() {
             let missing: Vec<usize> = (0..world).filter(|&r| !acked[r]).collect();
@@ -360,13 +527,15 @@ pub fn publish_dir(
 pub fn join_dir(
     dir: &Path,
     job: &str,
-    rank: usize,
+    me: &Member,
     plan: &Plan,
     deadline: Instant,
 ) -> Result<Vec<u8>, RankError> {
+    let rank = me.rank;
     let role = format!("rank {rank}");
     let id = dir.join(format!("{job}.id"));
     let text = loop {
+        interrupted()?;
         match std::fs::read_to_string(&id) {
             Ok(t) => break t,
             Err(_) if left(deadline).is_some() => std::thread::sleep(Duration::from_millis(10)),
@@ -386,7 +555,7 @@ pub fn join_dir(
     let ack = dir.join(format!("{job}.ack.{rank}"));
     let agrees = digest == Some(hex::encode(plan.digest).as_str());
     let body = if agrees {
-        "ok\n".to_string()
+        format!("ok\n{}\n", String::from_utf8_lossy(&me.to_json()))
     } else {
         format!("mismatch {}\n", plan.summary)
     };
@@ -404,37 +573,43 @@ pub fn join_dir(
 /// Rank 0's `payload` (NCCL's unique id) handed to every rank of the job
 /// of `e`, once every rank has presented the same plan: through the
 /// directory `FOLDPRINT_RENDEZVOUS_DIR` when set, else over TCP at rank 0's
-/// address. Returns the payload and how it travelled (for the report).
+/// address.
 pub fn exchange(
     e: &RankEnv,
+    me: &Member,
     plan: &Plan,
     payload: &[u8],
     deadline: Instant,
-) -> Result<(Vec<u8>, String), RankError> {
+) -> Result<Agreement, RankError> {
     let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    exchange_with(e, get, plan, payload, deadline)
+    exchange_with(e, get, me, plan, payload, deadline)
 }
 
 /// [`exchange`] with the environment given as a lookup.
 pub fn exchange_with(
     e: &RankEnv,
     get: impl Fn(&str) -> Option<String>,
+    me: &Member,
     plan: &Plan,
     payload: &[u8],
     deadline: Instant,
-) -> Result<(Vec<u8>, String), RankError> {
+) -> Result<Agreement, RankError> {
     let (token, job, _) = job::identity_from(&get);
     let role = format!("rank {}", e.rank);
     if let Some(dir) = get("FOLDPRINT_RENDEZVOUS_DIR") {
         let dir = std::path::PathBuf::from(dir);
         let how = format!("directory {} (job {job})", dir.display());
-        let got = if e.rank == 0 {
-            publish_dir(&dir, &job, e.world, plan, payload, deadline)?;
-            payload.to_vec()
+        let (payload, members) = if e.rank == 0 {
+            let members = publish_dir(&dir, &job, e.world, plan, payload, deadline, me)?;
+            (payload.to_vec(), members)
         } else {
-            join_dir(&dir, &job, e.rank, plan, deadline)?
+            (join_dir(&dir, &job, me, plan, deadline)?, vec![me.clone()])
         };
-        return Ok((got, how));
+        return Ok(Agreement {
+            payload,
+            how,
+            members,
+        });
     }
     let (host, port) = job::rendezvous_addr_from(e, &get).map_err(|m| err(&role, m))?;
     let how = format!("tcp {host}:{port}");
@@ -442,16 +617,20 @@ pub fn exchange_with(
         let listener = TcpListener::bind((host.as_str(), port))
             .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
             .map_err(|x| err(&role, format!("cannot listen on {host}:{port}: {x}")))?;
-        serve(&listener, e.world, &token, plan, payload, deadline)?;
-        payload.to_vec()
+        let members = serve(&listener, e.world, &token, plan, payload, deadline, me)?;
+        (payload.to_vec(), members)
     } else {
         let addr = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
             .ok()
             .and_then(|mut a| a.next())
             .ok_or_else(|| err(&role, format!("cannot resolve {host}:{port}")))?;
-        join(addr, e.rank, &token, plan, deadline)?
+        (join(addr, me, &token, plan, deadline)?, vec![me.clone()])
     };
-    Ok((got, how))
+    Ok(Agreement {
+        payload: got.0,
+        how,
+        members: got.1,
+    })
 }
 
 #[cfg(test)]
@@ -498,7 +677,22 @@ mod tests {
         assert_ne!(same.digest, experiment_plan_of(&[a]).digest);
     }
 
-    type Outcome = (Result<(), RankError>, Vec<Result<Vec<u8>, RankError>>);
+    type Outcome = (
+        Result<Vec<Member>, RankError>,
+        Vec<Result<Vec<u8>, RankError>>,
+    );
+
+    fn member(rank: usize) -> Member {
+        Member {
+            rank,
+            local_rank: rank,
+            host: format!("host{rank}"),
+            pid: 100 + rank as u32,
+            device: Some(rank),
+            nccl_hostid: None,
+            problem: None,
+        }
+    }
 
     fn tcp_job(world: usize, plans: Vec<Plan>, tokens: Vec<&'static [u8]>, secs: u64) -> Outcome {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -508,7 +702,7 @@ mod tests {
             .map(|r| {
                 let p = plans[r].clone();
                 let t = tokens[r];
-                std::thread::spawn(move || join(addr, r, t, &p, deadline))
+                std::thread::spawn(move || join(addr, &member(r), t, &p, deadline))
             })
             .collect();
         let served = serve(
@@ -518,6 +712,7 @@ mod tests {
             &plans[0],
             &[7u8; 128],
             deadline,
+            &member(0),
         );
         (
             served,
@@ -528,7 +723,8 @@ mod tests {
     #[test]
     fn every_peer_gets_the_id_when_plans_and_tokens_match() {
         let (s, peers) = tcp_job(4, vec![plan("a"); 4], vec![b"tok"; 4], 10);
-        s.unwrap();
+        // Rank 0 learns every member, in rank order.
+        assert_eq!(s.unwrap(), (0..4).map(member).collect::<Vec<_>>());
         for p in peers {
             assert_eq!(p.unwrap(), vec![7u8; 128]);
         }
@@ -566,7 +762,7 @@ mod tests {
         let t = Instant::now();
         let e = join(
             addr,
-            1,
+            &member(1),
             b"t",
             &plan("a"),
             Instant::now() + Duration::from_millis(300),
@@ -584,19 +780,21 @@ mod tests {
         let peers: Vec<_> = (1..3)
             .map(|r| {
                 let d = d.clone();
-                std::thread::spawn(move || join_dir(&d, "job1", r, &plan("a"), deadline))
+                std::thread::spawn(move || join_dir(&d, "job1", &member(r), &plan("a"), deadline))
             })
             .collect();
-        publish_dir(&d, "job1", 3, &plan("a"), &[1, 2, 3], deadline).unwrap();
+        let members = publish_dir(&d, "job1", 3, &plan("a"), &[1, 2, 3], deadline, &member(0));
+        assert_eq!(members.unwrap(), (0..3).map(member).collect::<Vec<_>>());
         for p in peers {
             assert_eq!(p.join().unwrap().unwrap(), vec![1, 2, 3]);
         }
-        let e = publish_dir(&d, "job1", 3, &plan("a"), &[1], deadline).unwrap_err();
+        let e = publish_dir(&d, "job1", 3, &plan("a"), &[1], deadline, &member(0)).unwrap_err();
         assert!(e.to_string().contains("stale"), "{e}");
         // A peer with another plan refuses, and rank 0 hears about it.
         let d2 = d.clone();
-        let peer = std::thread::spawn(move || join_dir(&d2, "job2", 1, &plan("b"), deadline));
-        let e = publish_dir(&d, "job2", 2, &plan("a"), &[1], deadline).unwrap_err();
+        let peer =
+            std::thread::spawn(move || join_dir(&d2, "job2", &member(1), &plan("b"), deadline));
+        let e = publish_dir(&d, "job2", 2, &plan("a"), &[1], deadline, &member(0)).unwrap_err();
         assert!(e.to_string().contains("rank 1 would run `b`"), "{e}");
         assert!(peer.join().unwrap().is_err());
     }
@@ -625,7 +823,8 @@ mod tests {
                 std::thread::spawn(move || {
                     let get = |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
                     let payload = if r == 0 { vec![5u8; 128] } else { Vec::new() };
-                    exchange_with(&rank_env(r, 3), get, &p, &payload, deadline).map(|(got, _)| got)
+                    exchange_with(&rank_env(r, 3), get, &member(r), &p, &payload, deadline)
+                        .map(|a| a.payload)
                 })
             })
             .collect();
@@ -671,6 +870,7 @@ mod tests {
         let e = exchange_with(
             &rank_env(1, 3),
             |_| None,
+            &member(1),
             &plan("a"),
             &[],
             Instant::now() + Duration::from_secs(1),
@@ -678,5 +878,70 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("FOLDPRINT_MASTER_ADDR"), "{e}");
+    }
+
+    /// A peer that presents itself and then goes away, as a rank killed
+    /// mid-rendezvous does.
+    fn vanishing_peer(addr: SocketAddr, rank: usize, token: &[u8], p: &Plan) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let mut hello = MAGIC.to_vec();
+        hello.extend_from_slice(&(rank as u32).to_le_bytes());
+        s.write_all(&hello).unwrap();
+        write_frame(&mut s, token).unwrap();
+        s.write_all(&p.digest).unwrap();
+        write_frame(&mut s, p.summary.as_bytes()).unwrap();
+        write_frame(&mut s, &member(rank).to_json()).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    #[test]
+    fn a_peer_that_dies_after_joining_fails_every_rank_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Generous deadline: the test shows nobody waits for it.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let t = Instant::now();
+        let waiting =
+            std::thread::spawn(move || join(addr, &member(1), b"tok", &plan("a"), deadline));
+        let gone = std::thread::spawn(move || vanishing_peer(addr, 2, b"tok", &plan("a")));
+        // Rank 3 never comes: without the check, rank 0 would wait 60 s.
+        let e = serve(
+            &listener,
+            4,
+            b"tok",
+            &plan("a"),
+            &[7; 128],
+            deadline,
+            &member(0),
+        )
+        .unwrap_err()
+        .to_string();
+        gone.join().unwrap();
+        assert!(
+            e.contains("rank 2 (host2, pid 102) closed its connection"),
+            "{e}"
+        );
+        let peer = waiting.join().unwrap().unwrap_err().to_string();
+        assert!(
+            peer.contains("rank 2 (host2, pid 102) closed its connection"),
+            "{peer}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_peer_sees_rank_zero_go_away_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let t = Instant::now();
+        let peer = std::thread::spawn(move || join(addr, &member(1), b"tok", &plan("a"), deadline));
+        // Rank 0 takes the connection and dies without answering.
+        let (s, _) = listener.accept().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        drop(s);
+        let e = peer.join().unwrap().unwrap_err().to_string();
+        assert!(e.contains("closed the connection before answering"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     }
 }

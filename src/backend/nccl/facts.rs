@@ -13,6 +13,46 @@ pub fn emulated_hosts() -> Option<serde_json::Value> {
     }))
 }
 
+/// NCCL's INIT/NET log routed into a private file of this process, so the
+/// report names the transports NCCL chose under any launcher, not only
+/// under `foldprint launch` (which routes its ranks' logs itself). The
+/// file is removed when this is dropped.
+pub struct OwnLog {
+    path: tempfile::TempPath,
+}
+
+impl OwnLog {
+    /// Route NCCL's log, unless the user (or `launch`) already does
+    /// (`NCCL_DEBUG` or `NCCL_DEBUG_FILE` set). Call before NCCL's first
+    /// call, which reads these once.
+    pub fn start() -> Option<OwnLog> {
+        if std::env::var_os("NCCL_DEBUG").is_some() || std::env::var_os("NCCL_DEBUG_FILE").is_some() {
+            return None;
+        }
+        let path = tempfile::Builder::new()
+            .prefix("foldprint-nccl-")
+            .suffix(".log")
+            .tempfile()
+            .ok()?
+            .into_temp_path();
+        std::env::set_var("NCCL_DEBUG", "INFO");
+        std::env::set_var("NCCL_DEBUG_SUBSYS", "INIT,NET");
+        std::env::set_var("NCCL_DEBUG_FILE", &path);
+        Some(OwnLog { path })
+    }
+
+    /// NCCL's WARN lines so far (at most 20): what it would have printed
+    /// to the terminal had its log not been routed here.
+    pub fn warnings(&self) -> Vec<String> {
+        let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+        text.lines()
+            .filter(|l| l.contains("NCCL WARN"))
+            .take(20)
+            .map(str::to_string)
+            .collect()
+    }
+}
+
 /// What NCCL's own log (INIT/NET, as `foldprint launch` routes it) says
 /// about the transports it chose: the network plugin and the connections
 /// by transport. `None` when no readable per-process log file is set.

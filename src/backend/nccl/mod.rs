@@ -33,6 +33,7 @@ use crate::gpu::mem::DeviceBuffer;
 use crate::gpu::readback::Reader;
 use crate::gpu::{mapped, Device};
 use crate::ranks::discover::RankEnv;
+use crate::ranks::placement;
 use crate::ranks::rendezvous::{self, Plan};
 use crate::ranks::watchdog::Watchdog;
 use comm::{AbortHandle, Comm};
@@ -57,6 +58,9 @@ pub struct NcclConfig {
     pub timeout: Duration,
     /// What all ranks must agree on before any collective.
     pub plan: Plan,
+    /// Under a launcher: share devices by local rank, each rank its own
+    /// NCCL host (see `ranks::placement`).
+    pub emulate_hosts: bool,
 }
 
 struct RankBufs {
@@ -111,6 +115,10 @@ pub struct NcclBackend {
     watchdog: Watchdog,
     comms: Arc<Mutex<Vec<AbortHandle>>>,
     rendezvous: String,
+    /// Every rank as it presented itself in the rendezvous (rank 0 only).
+    members: Vec<rendezvous::Member>,
+    /// NCCL's log, when this process routed it (see `facts::OwnLog`).
+    log: Option<facts::OwnLog>,
 }
 
 fn unavailable(reason: impl std::fmt::Display) -> BackendError {
@@ -144,6 +152,8 @@ impl NcclBackend {
         if !probe.usable {
             return Err(unavailable(probe.short_reason()));
         }
+        // Before NCCL is loaded: it reads its log settings once.
+        let log = facts::OwnLog::start();
         let nccl = Arc::new(Nccl::load().map_err(unavailable)?);
         let version = nccl.version().map_err(unavailable)?;
         let env = crate::ranks::discover::from_process_env().map_err(unavailable)?;
@@ -176,12 +186,20 @@ impl NcclBackend {
             watchdog,
             comms,
             rendezvous: String::new(),
+            members: Vec::new(),
+            log,
         };
-        match env {
-            Some(e) => backend.init_process(&e)?,
-            None => backend.init_threads(cfg.gpus.max(1))?,
+        let started = match env {
+            Some(e) => backend.init_process(&e),
+            None => backend.init_threads(cfg.gpus.max(1)),
+        };
+        if started.is_err() {
+            // NCCL's own account of the failure went to its routed log.
+            for w in backend.log.iter().flat_map(facts::OwnLog::warnings) {
+                eprintln!("{w}");
+            }
         }
-        Ok(backend)
+        started.map(|()| backend)
     }
 
     fn open_rank(&self, rank: usize, ordinal: usize) -> Result<OpenedRank, BackendError> {
@@ -237,19 +255,28 @@ impl NcclBackend {
         Ok(())
     }
 
-    /// One process per rank: rendezvous, agreement, init.
+    /// One process per rank: placement, rendezvous, agreement, init.
     fn init_process(&mut self, e: &RankEnv) -> Result<(), BackendError> {
-        let opened = self.open_rank(e.rank, e.local_rank)?;
+        let devices = crate::gpu::probe().device_count;
+        let (_, job, _) = crate::ranks::job::identity();
+        let hostid_set = std::env::var_os("NCCL_HOSTID").is_some_and(|v| !v.is_empty());
+        let place = placement::place(e, devices, self.cfg.emulate_hosts, &job, hostid_set)?;
+        // Before NCCL's first call (it reads NCCL_HOSTID once) and before
+        // any device is opened.
+        placement::export(&place);
+        let opened = self.open_rank(e.rank, place.device)?;
         let deadline = Instant::now() + self.cfg.init_timeout;
         let payload = if e.rank == 0 {
             id_bytes(&self.unique_id()?)
         } else {
             Vec::new()
         };
-        let (id_payload, how) =
-            rendezvous::exchange(e, &self.cfg.plan, &payload, deadline).map_err(unavailable)?;
-        self.rendezvous = how;
-        let id = id_from(&id_payload)?;
+        let mut me = rendezvous::Member::this(e);
+        me.device = Some(place.device);
+        let agreed = rendezvous::exchange(e, &me, &self.cfg.plan, &payload, deadline)?;
+        self.rendezvous = agreed.how;
+        self.members = agreed.members;
+        let id = id_from(&agreed.payload)?;
         let comm = {
             let _g = self
                 .watchdog
@@ -296,6 +323,7 @@ impl Backend for NcclBackend {
                 None => serde_json::json!({"mode": "thread-per-gpu", "gpus": self.world}),
             },
             "rendezvous": self.rendezvous,
+            "members": (!self.members.is_empty()).then_some(&self.members),
             "job": job,
             "token_source": token_source,
             "nccl": {
