@@ -26,7 +26,8 @@ impl OwnLog {
     /// (`NCCL_DEBUG` or `NCCL_DEBUG_FILE` set). Call before NCCL's first
     /// call, which reads these once.
     pub fn start() -> Option<OwnLog> {
-        if std::env::var_os("NCCL_DEBUG").is_some() || std::env::var_os("NCCL_DEBUG_FILE").is_some() {
+        if std::env::var_os("NCCL_DEBUG").is_some() || std::env::var_os("NCCL_DEBUG_FILE").is_some()
+        {
             return None;
         }
         let path = tempfile::Builder::new()
