@@ -8,7 +8,8 @@
 //! copied to another machine, `FOLDPRINT_REPO` the checkout holding
 //! experiments/ (default: the current directory). `FOLDPRINT_TEST_NCCL_ALT`
 //! names a second NCCL library to compare against; `FOLDPRINT_TEST_OUT` a
-//! directory for the digest tables. docs/GPU-TESTING.md has the commands.
+//! directory for the digest tables; `FOLDPRINT_TORCHRUN` torchrun's command
+//! for the ignored `torchrun_*` tests. docs/GPU-TESTING.md has the commands.
 
 use foldprint::backend::cpu::CpuBackend;
 use foldprint::backend::nccl::{NcclBackend, NcclConfig};
@@ -675,4 +676,126 @@ fn emulated_world_of_64_reproduces_its_goldens() {
     let r = read_json(&out);
     assert_emulated(&r, 64);
     assert!(!r["cases"].as_array().unwrap().is_empty());
+}
+
+/// `torchrun --standalone --no-python --nproc_per_node N PROGRAM ARGS`, with
+/// torchrun as `FOLDPRINT_TORCHRUN` names it (`torchrun`, or
+/// `python3 -m torch.distributed.run`), in the repository.
+fn torchrun(n: usize, program: &Path, args: &[&str]) -> Output {
+    let cmd = std::env::var("FOLDPRINT_TORCHRUN").expect(
+        "set FOLDPRINT_TORCHRUN to torchrun's command, e.g. `python3 -m torch.distributed.run`",
+    );
+    let mut parts = cmd.split_whitespace();
+    Command::new(parts.next().expect("FOLDPRINT_TORCHRUN is empty"))
+        .args(parts)
+        .args([
+            "--standalone",
+            "--no-python",
+            "--nproc_per_node",
+            &n.to_string(),
+        ])
+        .arg(program)
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .unwrap()
+}
+
+#[test]
+#[ignore = "needs torchrun: run with --ignored and FOLDPRINT_TORCHRUN"]
+fn torchrun_with_emulated_hosts_reproduces_the_goldens_and_names_the_transport() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut table = String::new();
+    for n in [2, 4, 8] {
+        let out = dir.path().join(format!("torchrun-w{n}.json"));
+        let args = [
+            "verify",
+            "experiments",
+            "--golden",
+            "experiments/golden",
+            "--backend",
+            "nccl",
+            "--emulate-hosts",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        let o = torchrun(n, &bin(), &args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "W={n}: {err}");
+        let r = read_json(&out);
+        assert_emulated(&r, n);
+        let b = &r["environment"]["backend"];
+        assert_eq!(b["launch"]["launcher"], "torchrun", "{b}");
+        assert_eq!(b["launch"]["variables"]["WORLD_SIZE"], n.to_string(), "{b}");
+        assert!(
+            b["emulated_hosts"]["layout"]
+                .as_str()
+                .is_some_and(|l| l.contains("under torchrun")),
+            "{b}"
+        );
+        let members = b["members"].as_array().expect("rank 0 lists the members");
+        let ids: std::collections::BTreeSet<&str> = members
+            .iter()
+            .map(|m| m["nccl_hostid"].as_str().unwrap())
+            .collect();
+        assert_eq!((members.len(), ids.len()), (n, n), "{b}");
+        let cases = r["cases"].as_array().unwrap().len();
+        assert!(cases > 0, "W={n}: no case of this world was verified");
+        table += &format!(
+            "torchrun W={n}: {cases} cases verified, network {}, connections {}\n",
+            b["transport"]["network"], b["transport"]["connections"]
+        );
+    }
+    eprint!("{table}");
+    save("torchrun.txt", &table);
+}
+
+#[test]
+#[ignore = "needs torchrun: run with --ignored and FOLDPRINT_TORCHRUN"]
+fn torchrun_without_emulated_hosts_refuses_a_local_rank_with_no_device() {
+    // One rank more than this host has devices.
+    let n = foldprint::gpu::probe().device_count + 1;
+    let t = Instant::now();
+    let args = [
+        "verify",
+        "experiments/smoke.toml",
+        "--golden",
+        "experiments/golden",
+        "--backend",
+        "nccl",
+    ];
+    let o = torchrun(n, &bin(), &args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("local rank {}", n - 1)) && err.contains("--emulate-hosts"),
+        "{err}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+}
+
+#[test]
+#[ignore = "needs torchrun: run with --ignored and FOLDPRINT_TORCHRUN"]
+fn torchrun_ends_the_job_in_seconds_when_a_rank_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("rank.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n[ \"$RANK\" = 2 ] && exit 7\nexec '{}' verify experiments --golden experiments/golden --backend nccl --emulate-hosts --init-timeout 120\n",
+            bin().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let t = Instant::now();
+    let o = torchrun(4, &script, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    // Before, rank 0 sat in the rendezvous until torchrun's SIGKILL (35 s).
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "{:?}: {err}",
+        t.elapsed()
+    );
 }

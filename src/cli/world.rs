@@ -66,6 +66,7 @@ pub(super) fn run(a: WorldArgs) -> Result<i32> {
         let v = serde_json::json!({
             "world": e.world,
             "launcher": e.source,
+            "variables": e.variables.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
             "rendezvous": agreed.how,
             "job": job_id,
             "token_source": token_source,

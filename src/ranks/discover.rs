@@ -13,6 +13,8 @@ pub struct RankEnv {
     pub source: &'static str,
     /// Where rank 0's rendezvous listens (host, port), when the launcher says.
     pub master: Option<(String, u16)>,
+    /// The launcher's variables that were read, as they were set.
+    pub variables: Vec<(&'static str, String)>,
 }
 
 struct Scheme {
@@ -104,12 +106,18 @@ pub fn discover(get: impl Fn(&str) -> Option<String>) -> Result<Option<RankEnv>,
             }
             _ => None,
         };
+        let variables = [Some(s.rank), Some(s.world), Some(s.local), s.addr, s.port]
+            .into_iter()
+            .flatten()
+            .filter_map(|name| get(name).map(|v| (name, v)))
+            .collect();
         return Ok(Some(RankEnv {
             rank,
             world,
             local_rank,
             source: s.source,
             master,
+            variables,
         }));
     }
     Ok(None)
@@ -149,6 +157,17 @@ mod tests {
             (3, 8, 1, "torchrun")
         );
         assert_eq!(t.master, Some(("node0".into(), 29500)));
+        let names: Vec<&str> = t.variables.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            [
+                "RANK",
+                "WORLD_SIZE",
+                "LOCAL_RANK",
+                "MASTER_ADDR",
+                "MASTER_PORT"
+            ]
+        );
         let s = discover(env(&[
             ("SLURM_PROCID", "5"),
             ("SLURM_NTASKS", "16"),

@@ -80,6 +80,7 @@ mod tests {
             local_rank: 0,
             source,
             master: master.map(|(h, p)| (h.to_string(), p)),
+            variables: Vec::new(),
         }
     }
 

@@ -102,6 +102,7 @@ mod tests {
             local_rank,
             source: "torchrun",
             master: None,
+            variables: Vec::new(),
         }
     }
 

@@ -806,6 +806,7 @@ mod tests {
             local_rank: 0,
             source: "foldprint",
             master: None,
+            variables: Vec::new(),
         }
     }
 

@@ -319,7 +319,13 @@ impl Backend for NcclBackend {
         let own = serde_json::json!({
             "world": self.world,
             "launch": match &self.env {
-                Some(e) => serde_json::json!({"mode": "process-per-rank", "launcher": e.source, "rank": e.rank, "local_rank": e.local_rank}),
+                Some(e) => serde_json::json!({
+                    "mode": "process-per-rank",
+                    "launcher": e.source,
+                    "rank": e.rank,
+                    "local_rank": e.local_rank,
+                    "variables": e.variables.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+                }),
                 None => serde_json::json!({"mode": "thread-per-gpu", "gpus": self.world}),
             },
             "rendezvous": self.rendezvous,
