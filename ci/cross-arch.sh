@@ -128,16 +128,9 @@ missing_resource() {
     echo "cross-arch: $*" >&2
     exit 3
 }
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then
-        "$@"
-    elif command -v sudo >/dev/null 2>&1; then
-        sudo -n "$@"
-    else
-        echo "cross-arch: need root or sudo to run: $*" >&2
-        return 1
-    fi
-}
+ci_name="cross-arch"
+# shellcheck source=ci/lib.sh
+source ci/lib.sh
 elapsed() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 
 start_all=$SECONDS

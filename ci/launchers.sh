@@ -12,16 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then
-        "$@"
-    elif command -v sudo >/dev/null 2>&1; then
-        sudo -n "$@"
-    else
-        echo "launchers: need root or sudo to run: $*" >&2
-        return 1
-    fi
-}
+ci_name="launchers"
+# shellcheck source=ci/lib.sh
+source ci/lib.sh
 
 if ! command -v mpirun >/dev/null 2>&1; then
     as_root apt-get update -qq

@@ -20,16 +20,9 @@ cd "$(dirname "$0")/.."
 
 step() { echo "-- $*"; }
 
-as_root() {
-    if [ "$(id -u)" -eq 0 ]; then
-        "$@"
-    elif command -v sudo >/dev/null 2>&1; then
-        sudo -n "$@"
-    else
-        echo "packaging checks: need root or sudo to run: $*" >&2
-        return 1
-    fi
-}
+ci_name="packaging checks"
+# shellcheck source=ci/lib.sh
+source ci/lib.sh
 
 # --- tools -------------------------------------------------------------------
 missing=()

@@ -134,27 +134,33 @@ fn a_stopped_rank_zero_stops_waiting_and_its_peer_hears_of_it() {
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 }
 
-/// `mpirun` with what it needs to run here (as root in CI containers).
-fn mpirun(np: usize) -> Command {
-    let mut c = Command::new("mpirun");
-    c.args(["-np", &np.to_string(), "--oversubscribe"])
+/// `mpirun -np N PROGRAM...` with what it needs to run here (as root in CI
+/// containers) and rank 0's rendezvous address passed to every rank.
+fn mpirun(np: usize, program: &[&std::ffi::OsStr]) -> std::process::Output {
+    let port = free_port();
+    Command::new("mpirun")
+        .args(["-np", &np.to_string(), "--oversubscribe"])
+        .args(["-x", "FOLDPRINT_MASTER_ADDR=127.0.0.1", "-x"])
+        .arg(format!("FOLDPRINT_MASTER_PORT={port}"))
+        .args(program)
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .stdin(Stdio::null());
-    c
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+/// `sh -c SCRIPT`, for mpirun.
+fn sh(script: &str) -> std::process::Output {
+    let script = std::ffi::OsStr::new(script);
+    mpirun(4, &["sh".as_ref(), "-c".as_ref(), script])
 }
 
 #[test]
 #[ignore = "needs Open MPI's mpirun: .ci/run installs it and runs this with --ignored"]
 fn world_under_mpirun_lists_every_rank() {
-    let port = free_port().to_string();
-    let out = mpirun(4)
-        .args(["-x", "FOLDPRINT_MASTER_ADDR=127.0.0.1", "-x"])
-        .arg(format!("FOLDPRINT_MASTER_PORT={port}"))
-        .arg(bin())
-        .args(["world", "--json"])
-        .output()
-        .unwrap();
+    let bin = bin();
+    let out = mpirun(4, &[bin.as_os_str(), "world".as_ref(), "--json".as_ref()]);
     assert!(
         out.status.success(),
         "{}",
@@ -181,18 +187,11 @@ fn world_under_mpirun_lists_every_rank() {
 #[test]
 #[ignore = "needs Open MPI's mpirun: .ci/run installs it and runs this with --ignored"]
 fn a_failing_rank_under_mpirun_ends_the_job_in_seconds() {
-    let port = free_port().to_string();
     let t = Instant::now();
-    let script = format!(
+    let out = sh(&format!(
         "if [ \"$OMPI_COMM_WORLD_RANK\" = 2 ]; then exit 7; fi; exec '{}' world --init-timeout 60",
         bin().display()
-    );
-    let out = mpirun(4)
-        .args(["-x", "FOLDPRINT_MASTER_ADDR=127.0.0.1", "-x"])
-        .arg(format!("FOLDPRINT_MASTER_PORT={port}"))
-        .args(["sh", "-c", &script])
-        .output()
-        .unwrap();
+    ));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
@@ -201,14 +200,10 @@ fn a_failing_rank_under_mpirun_ends_the_job_in_seconds() {
         t.elapsed()
     );
     // Negative control: the same job without the failing rank succeeds.
-    let ok = format!("exec '{}' world --init-timeout 60", bin().display());
-    let port = free_port().to_string();
-    let out = mpirun(4)
-        .args(["-x", "FOLDPRINT_MASTER_ADDR=127.0.0.1", "-x"])
-        .arg(format!("FOLDPRINT_MASTER_PORT={port}"))
-        .args(["sh", "-c", &ok])
-        .output()
-        .unwrap();
+    let out = sh(&format!(
+        "exec '{}' world --init-timeout 60",
+        bin().display()
+    ));
     assert!(
         out.status.success(),
         "{}",
