@@ -176,7 +176,8 @@ fn launch(world: usize, s: &Setting, args: &[&str]) -> Output {
 
 /// `verify` of every committed experiment against its golden, on a world of
 /// `world` emulated hosts, report to `out`.
-fn verify_goldens(world: usize, extra: &[&str], out: &Path) -> Output {
+/// `verify` of every golden on the NCCL backend, the report to `out`.
+fn verify_args<'a>(out: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "verify",
         "experiments",
@@ -188,7 +189,11 @@ fn verify_goldens(world: usize, extra: &[&str], out: &Path) -> Output {
         out.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    launch(world, &setting("default", &[]), &args)
+    args
+}
+
+fn verify_goldens(world: usize, extra: &[&str], out: &Path) -> Output {
+    launch(world, &setting("default", &[]), &verify_args(out, extra))
 }
 
 fn read_json(p: &Path) -> Value {
@@ -708,18 +713,7 @@ fn torchrun_with_emulated_hosts_reproduces_the_goldens_and_names_the_transport()
     let mut table = String::new();
     for n in [2, 4, 8] {
         let out = dir.path().join(format!("torchrun-w{n}.json"));
-        let args = [
-            "verify",
-            "experiments",
-            "--golden",
-            "experiments/golden",
-            "--backend",
-            "nccl",
-            "--emulate-hosts",
-            "--out",
-            out.to_str().unwrap(),
-        ];
-        let o = torchrun(n, &bin(), &args);
+        let o = torchrun(n, &bin(), &verify_args(&out, &["--emulate-hosts"]));
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(o.status.success(), "W={n}: {err}");
         let r = read_json(&out);
