@@ -1,7 +1,8 @@
 //! `foldprint world` under real launchers: `foldprint launch`, ranks started
-//! by hand as a launcher would, and Open MPI's `mpirun` (ignored here,
-//! run by .ci/run, which installs Open MPI). Each rank is a real process
-//! and the rendezvous is real TCP on loopback.
+//! by hand as a launcher would, Open MPI's `mpirun` and Slurm's `srun`
+//! (these two ignored here; ci/launchers.sh installs them, starts a
+//! one-node Slurm and runs them). Each rank is a real process and the
+//! rendezvous is real TCP on loopback.
 
 use crate::common::fp;
 use std::process::{Child, Command, Stdio};
@@ -134,42 +135,71 @@ fn a_stopped_rank_zero_stops_waiting_and_its_peer_hears_of_it() {
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 }
 
-/// `mpirun -np N PROGRAM...` with what it needs to run here (as root in CI
-/// containers) and rank 0's rendezvous address passed to every rank.
-fn mpirun(np: usize, program: &[&std::ffi::OsStr]) -> std::process::Output {
-    let port = free_port();
-    Command::new("mpirun")
-        .args(["-np", &np.to_string(), "--oversubscribe"])
-        .args(["-x", "FOLDPRINT_MASTER_ADDR=127.0.0.1", "-x"])
-        .arg(format!("FOLDPRINT_MASTER_PORT={port}"))
-        .args(program)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
+/// A launcher users already run, as CI runs it on one host.
+#[derive(Clone, Copy)]
+enum Launcher {
+    /// Open MPI's `mpirun` (as root in CI containers).
+    Mpirun,
+    /// Slurm's `srun` against the one-node Slurm ci/launchers.sh starts.
+    Srun,
 }
 
-/// `sh -c SCRIPT`, for mpirun.
-fn sh(script: &str) -> std::process::Output {
-    let script = std::ffi::OsStr::new(script);
-    mpirun(4, &["sh".as_ref(), "-c".as_ref(), script])
+impl Launcher {
+    /// The variable holding a rank's global rank, and how reports name it.
+    fn rank_var_and_source(self) -> (&'static str, &'static str) {
+        match self {
+            Launcher::Mpirun => ("OMPI_COMM_WORLD_RANK", "openmpi"),
+            Launcher::Srun => ("SLURM_PROCID", "slurm"),
+        }
+    }
+
+    /// `np` ranks of `program`, each told rank 0's rendezvous address.
+    fn run(self, np: usize, program: &[&std::ffi::OsStr]) -> std::process::Output {
+        let port = free_port().to_string();
+        let n = np.to_string();
+        let mut c = match self {
+            Launcher::Mpirun => {
+                let mut c = Command::new("mpirun");
+                c.args(["-np", &n, "--oversubscribe"])
+                    .args(["-x", "FOLDPRINT_MASTER_ADDR", "-x", "FOLDPRINT_MASTER_PORT"])
+                    .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+                    .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+                c
+            }
+            Launcher::Srun => {
+                let mut c = Command::new("srun");
+                c.args(["-n", &n, "--overcommit", "--kill-on-bad-exit=1"]);
+                c
+            }
+        };
+        c.env("FOLDPRINT_MASTER_ADDR", "127.0.0.1")
+            .env("FOLDPRINT_MASTER_PORT", port)
+            .args(program)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// `sh -c SCRIPT` as each of 4 ranks.
+    fn sh(self, script: &str) -> std::process::Output {
+        let script = std::ffi::OsStr::new(script);
+        self.run(4, &["sh".as_ref(), "-c".as_ref(), script])
+    }
 }
 
-#[test]
-#[ignore = "needs Open MPI's mpirun: .ci/run installs it and runs this with --ignored"]
-fn world_under_mpirun_lists_every_rank() {
+fn world_lists_every_rank(l: Launcher) {
     let bin = bin();
-    let out = mpirun(4, &[bin.as_os_str(), "world".as_ref(), "--json".as_ref()]);
+    let out = l.run(4, &[bin.as_os_str(), "world".as_ref(), "--json".as_ref()]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let v = json_of(&out.stdout);
+    let (_, source) = l.rank_var_and_source();
     assert_eq!(
         (v["world"].as_u64(), v["launcher"].as_str()),
-        (Some(4), Some("openmpi"))
+        (Some(4), Some(source))
     );
     let members = v["members"].as_array().unwrap();
     let ranks: Vec<(u64, u64)> = members
@@ -184,12 +214,11 @@ fn world_under_mpirun_lists_every_rank() {
     assert_eq!(ranks, [(0, 0), (1, 1), (2, 2), (3, 3)]);
 }
 
-#[test]
-#[ignore = "needs Open MPI's mpirun: .ci/run installs it and runs this with --ignored"]
-fn a_failing_rank_under_mpirun_ends_the_job_in_seconds() {
+fn a_failing_rank_ends_the_job_in_seconds(l: Launcher) {
+    let (rank_var, _) = l.rank_var_and_source();
     let t = Instant::now();
-    let out = sh(&format!(
-        "if [ \"$OMPI_COMM_WORLD_RANK\" = 2 ]; then exit 7; fi; exec '{}' world --init-timeout 60",
+    let out = l.sh(&format!(
+        "if [ \"${rank_var}\" = 2 ]; then exit 7; fi; exec '{}' world --init-timeout 60",
         bin().display()
     ));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -200,7 +229,7 @@ fn a_failing_rank_under_mpirun_ends_the_job_in_seconds() {
         t.elapsed()
     );
     // Negative control: the same job without the failing rank succeeds.
-    let out = sh(&format!(
+    let out = l.sh(&format!(
         "exec '{}' world --init-timeout 60",
         bin().display()
     ));
@@ -209,4 +238,28 @@ fn a_failing_rank_under_mpirun_ends_the_job_in_seconds() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+#[ignore = "needs Open MPI's mpirun: ci/launchers.sh installs it and runs this with --ignored"]
+fn world_under_mpirun_lists_every_rank() {
+    world_lists_every_rank(Launcher::Mpirun);
+}
+
+#[test]
+#[ignore = "needs Open MPI's mpirun: ci/launchers.sh installs it and runs this with --ignored"]
+fn a_failing_rank_under_mpirun_ends_the_job_in_seconds() {
+    a_failing_rank_ends_the_job_in_seconds(Launcher::Mpirun);
+}
+
+#[test]
+#[ignore = "needs a running Slurm: ci/launchers.sh starts one and runs this with --ignored"]
+fn world_under_srun_lists_every_rank() {
+    world_lists_every_rank(Launcher::Srun);
+}
+
+#[test]
+#[ignore = "needs a running Slurm: ci/launchers.sh starts one and runs this with --ignored"]
+fn a_failing_rank_under_srun_ends_the_job_in_seconds() {
+    a_failing_rank_ends_the_job_in_seconds(Launcher::Srun);
 }
