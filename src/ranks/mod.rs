@@ -29,7 +29,7 @@ pub enum RankError {
     /// This rank has no device to run on here (refused before the rendezvous).
     #[error("{0}")]
     Placement(String),
-    /// A signal (a launcher stopping the job) ended a wait.
-    #[error("stopped by {}", crate::interrupt::signal_name(*.0))]
+    /// A signal (a launcher stopping the job) ended a rendezvous wait.
+    #[error("stopped by {} during the rendezvous", crate::interrupt::signal_name(*.0))]
     Interrupted(i32),
 }

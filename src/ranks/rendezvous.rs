@@ -234,7 +234,7 @@ pub fn serve(
     // (or the deadline passes), so all ranks fail with the same message.
     while joined < world - 1 {
         if let Err(e) = interrupted() {
-            let msg = format!("rank 0 was stopped ({e}) during the rendezvous");
+            let msg = format!("rank 0 was {e}");
             for (s, _) in peers.iter_mut().flatten() {
                 reply(s, PEER_LOST, msg.as_bytes());
             }
