@@ -683,25 +683,27 @@ fn emulated_world_of_64_reproduces_its_goldens() {
     assert!(!r["cases"].as_array().unwrap().is_empty());
 }
 
-/// `torchrun --standalone --no-python --nproc_per_node N PROGRAM ARGS`, with
 /// torchrun as `FOLDPRINT_TORCHRUN` names it (`torchrun`, or
-/// `python3 -m torch.distributed.run`), in the repository.
-fn torchrun(n: usize, program: &Path, args: &[&str]) -> Output {
+/// `python3 -m torch.distributed.run`) starting `n` ranks, in the
+/// repository; the caller adds the program.
+fn torchrun_cmd(n: usize) -> Command {
     let cmd = std::env::var("FOLDPRINT_TORCHRUN").expect(
         "set FOLDPRINT_TORCHRUN to torchrun's command, e.g. `python3 -m torch.distributed.run`",
     );
     let mut parts = cmd.split_whitespace();
-    Command::new(parts.next().expect("FOLDPRINT_TORCHRUN is empty"))
-        .args(parts)
-        .args([
-            "--standalone",
-            "--no-python",
-            "--nproc_per_node",
-            &n.to_string(),
-        ])
+    let mut c = Command::new(parts.next().expect("FOLDPRINT_TORCHRUN is empty"));
+    c.args(parts)
+        .args(["--standalone", "--nproc_per_node", &n.to_string()])
+        .current_dir(repo());
+    c
+}
+
+/// `torchrun ... --no-python PROGRAM ARGS`.
+fn torchrun(n: usize, program: &Path, args: &[&str]) -> Output {
+    torchrun_cmd(n)
+        .arg("--no-python")
         .arg(program)
         .args(args)
-        .current_dir(repo())
         .output()
         .unwrap()
 }
@@ -792,4 +794,144 @@ fn torchrun_ends_the_job_in_seconds_when_a_rank_fails() {
         "{:?}: {err}",
         t.elapsed()
     );
+}
+
+/// The NCCL library PyTorch runs (`FOLDPRINT_TORCH_NCCL`), which foldprint
+/// must load too for its control to be comparable.
+fn torch_nccl() -> String {
+    std::env::var("FOLDPRINT_TORCH_NCCL")
+        .expect("set FOLDPRINT_TORCH_NCCL to the libnccl.so.2 of PyTorch's environment")
+}
+
+/// Rank 0's arena digest of the case of `report` under `contract`.
+fn digest_of_contract(report: &Value, contract: &str) -> String {
+    let c = report["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["params"]["contract"] == contract)
+        .unwrap_or_else(|| panic!("no {contract} case in the report"));
+    c["arenas"][0]["sha256"].as_str().unwrap().to_string()
+}
+
+/// SHA-256 of a float32 file PyTorch wrote, after checking it holds no
+/// NaN (so its raw bytes are what foldprint hashes under any NaN policy).
+fn digest_of_f32_file(path: &Path, n: usize) -> String {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(bytes.len(), n * 4, "{}", path.display());
+    assert!(
+        bytes
+            .chunks_exact(4)
+            .all(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_nan()),
+        "{} holds a NaN",
+        path.display()
+    );
+    foldprint::digest::Sha256::of(&bytes).to_string()
+}
+
+#[test]
+#[ignore = "needs torchrun and PyTorch: FOLDPRINT_TORCHRUN and FOLDPRINT_TORCH_NCCL"]
+fn pytorch_all_reduce_is_the_nccl_control_and_its_rank_order_adds_are_fixed_order() {
+    const N: usize = 1 << 22;
+    const SEED: u64 = 21;
+    let nccl = torch_nccl();
+    let mut table = String::new();
+    for world in [4usize, 8] {
+        let dir = tempfile::tempdir().unwrap();
+        // Every rank's addends, from the generator every backend runs.
+        for r in 0..world {
+            let lane = foldprint::data::Lane::new(
+                foldprint::data::Distribution::MixedMagnitude,
+                SEED,
+                r as u32,
+                0,
+            );
+            let mut v = vec![0f32; N];
+            lane.fill(0, &mut v);
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            std::fs::write(dir.path().join(format!("rank{r}.f32")), bytes).unwrap();
+        }
+        // foldprint on the same addends and the same NCCL, each rank its
+        // own emulated host with the host id the PyTorch ranks take.
+        let exp = dir.path().join("parity.toml");
+        std::fs::write(
+            &exp,
+            format!(
+                "name = \"parity\"\n[defaults]\nworld = {world}\narenas = [{N}]\ndistribution = \"mixed-magnitude\"\nseed = {SEED}\n\n[[sweep]]\nid = \"p\"\ncontract = [\"fixed-order\", \"nccl-allreduce\"]\n"
+            ),
+        )
+        .unwrap();
+        let report = dir.path().join("r.json");
+        let o = torchrun_cmd(world)
+            .env("FOLDPRINT_JOB_ID", "parity")
+            .env("FOLDPRINT_NCCL_LIBRARY", &nccl)
+            .arg("--no-python")
+            .arg(bin())
+            .args([
+                "run",
+                exp.to_str().unwrap(),
+                "--backend",
+                "nccl",
+                "--emulate-hosts",
+            ])
+            .arg("--out")
+            .arg(&report)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "foldprint W={world}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let r = read_json(&report);
+        let (fixed, control) = (
+            digest_of_contract(&r, "fixed-order"),
+            digest_of_contract(&r, "nccl-allreduce"),
+        );
+        assert_ne!(
+            fixed, control,
+            "W={world}: NCCL's sum is fixed-order here, nothing to tell apart"
+        );
+        // PyTorch, under each NCCL setting.
+        let torch = |settings: &[(&str, &str)]| {
+            let o = torchrun_cmd(world)
+                .envs(settings.iter().copied())
+                .arg("tools/torch_parity.py")
+                .arg(dir.path())
+                .arg("foldprint-parity-host")
+                .output()
+                .unwrap();
+            let out = String::from_utf8_lossy(&o.stdout).into_owned();
+            assert!(
+                o.status.success(),
+                "PyTorch W={world}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            (
+                digest_of_f32_file(&dir.path().join("allreduce.f32"), N),
+                digest_of_f32_file(&dir.path().join("rank-order.f32"), N),
+                out.trim().to_string(),
+            )
+        };
+        let (all_reduce, rank_order, versions) = torch(&[]);
+        assert_eq!(
+            rank_order, fixed,
+            "W={world}: PyTorch's rank-order adds vs fixed-order"
+        );
+        assert_eq!(
+            all_reduce, control,
+            "W={world}: torch all_reduce vs the nccl-allreduce control"
+        );
+        table += &format!("W={world}: all_reduce == nccl-allreduce control, rank-order adds == fixed-order ({versions})\n");
+        if world == 8 {
+            // Negative control: another NCCL protocol moves NCCL's bits, and
+            // this comparison sees it; the rank-order adds do not move.
+            let (ll, rank_order, _) = torch(&[("NCCL_PROTO", "LL")]);
+            assert_eq!(rank_order, fixed);
+            assert_ne!(ll, control, "W=8: NCCL_PROTO=LL left NCCL's sum unchanged");
+            table += "W=8, PyTorch under NCCL_PROTO=LL: all_reduce differs from the default control (negative control)\n";
+        }
+    }
+    eprint!("{table}");
+    save("torch-parity.txt", &table);
 }
