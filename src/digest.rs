@@ -211,15 +211,8 @@ pub struct ChunkedDigest {
     pub chunks: Vec<Sha256>,
 }
 
-impl ChunkedDigest {
-    /// SHA-256 over the concatenated raw chunk digests: one value that
-    /// commits to the whole list.
-    pub fn chunk_root(&self) -> Sha256 {
-        chunk_root(&self.chunks)
-    }
-}
-
-/// SHA-256 over the concatenated raw bytes of `chunks`.
+/// SHA-256 over the concatenated raw chunk digests: one value that commits
+/// to the whole list (a report's `chunk_root`).
 pub fn chunk_root(chunks: &[Sha256]) -> Sha256 {
     let mut h = Hasher::new();
     for c in chunks {

@@ -2,6 +2,7 @@
 //! configurations, the digest matrix against the baseline and the negative
 //! controls, and exit 0 / 1 / 2 / 3 (docs/AUDIT.md).
 
+use super::output::print_grid;
 use foldprint::exit::{Context, Failure};
 type Result<T, E = Failure> = std::result::Result<T, E>;
 use clap::Args;
@@ -125,16 +126,6 @@ fn short16(d: &str) -> &str {
     &d[..d.len().min(16)]
 }
 
-fn truncate(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_string()
-    } else {
-        let mut t: String = s.chars().take(n.saturating_sub(1)).collect();
-        t.push('~');
-        t
-    }
-}
-
 /// Column labels: 1, 2 ... for configurations, c1, c2 ... for controls.
 fn labels(r: &AuditResult) -> Vec<String> {
     let (mut n, mut c) = (0, 0);
@@ -190,31 +181,6 @@ fn sens_text(row: &CaseRow) -> String {
     }
 }
 
-/// Print rows of cells under headers, each column as wide as its widest entry.
-fn print_grid(headers: &[String], rows: &[Vec<String>], first_width: usize) {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
-    for r in rows {
-        for (w, c) in widths.iter_mut().zip(r) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    if let Some(w) = widths.first_mut() {
-        *w = (*w).min(first_width);
-    }
-    let line = |cells: &[String]| {
-        let parts: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(c, &w)| format!("{:<w$}", truncate(c, w)))
-            .collect();
-        outln!("  {}", parts.join("  ").trim_end());
-    };
-    line(headers);
-    for r in rows {
-        line(r);
-    }
-}
-
 /// Text of `key` in an environment object, if it is a string.
 fn text_of<'a>(obj: &'a serde_json::Map<String, serde_json::Value>, key: &str) -> Option<&'a str> {
     obj.get(key).and_then(serde_json::Value::as_str)
@@ -260,7 +226,7 @@ fn print_result(r: &AuditResult, m: &audit::Matrix) {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    print_grid(&headers, &rows, 8);
+    print_grid("  ", &headers, &rows, 8);
     for (o, label) in r.configurations.iter().zip(&labels) {
         let mut lines = Vec::new();
         for check in &o.requested {
@@ -388,7 +354,7 @@ fn print_result(r: &AuditResult, m: &audit::Matrix) {
             cells
         })
         .collect();
-    print_grid(&headers, &rows, label_width);
+    print_grid("  ", &headers, &rows, label_width);
 
     let control_idx: Vec<usize> = (0..r.configurations.len())
         .filter(|&i| r.configurations[i].control)
@@ -421,7 +387,7 @@ fn print_result(r: &AuditResult, m: &audit::Matrix) {
                 cells
             })
             .collect();
-        print_grid(&headers, &rows, label_width);
+        print_grid("  ", &headers, &rows, label_width);
         if r.oracle {
             outln!("  (contract controls run on the CPU oracle and compare with the case's own CPU digests; n/a: W <= 2 for a reversed order, W <= 3 or the case itself for the tree)");
         }

@@ -58,3 +58,45 @@ pub(super) fn finish_stdout(code: i32) -> i32 {
         None => code,
     }
 }
+
+/// Print rows of cells under headers, each column as wide as its widest
+/// entry (the first at most `first_width`, cut with `~`), every line
+/// after `indent`.
+pub(super) fn print_grid(
+    indent: &str,
+    headers: &[String],
+    rows: &[Vec<String>],
+    first_width: usize,
+) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    if let Some(w) = widths.first_mut() {
+        *w = (*w).min(first_width);
+    }
+    let line = |cells: &[String]| {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, &w)| format!("{:<w$}", truncate(c, w)))
+            .collect();
+        outln!("{indent}{}", parts.join("  ").trim_end());
+    };
+    line(headers);
+    for r in rows {
+        line(r);
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(n.saturating_sub(1)).collect();
+        t.push('~');
+        t
+    }
+}

@@ -106,19 +106,7 @@ pub(super) fn execute(
     stream: bool,
 ) -> Result<Option<Executed>> {
     let t0 = std::time::Instant::now();
-    let (mut be, note) = match backend::select(common.backend, &common.options(experiments)) {
-        Ok(b) => b,
-        // A launcher stopping the job mid-rendezvous: the signal's exit code.
-        Err(e) => {
-            return Err(match foldprint::interrupt::pending() {
-                Some(signal) => Failure::Interrupted {
-                    signal,
-                    message: e.to_string(),
-                },
-                None => e.into(),
-            })
-        }
-    };
+    let (mut be, note) = backend::select(common.backend, &common.options(experiments))?;
     let backend_init_ms = t0.elapsed().as_secs_f64() * 1e3;
     let reporting = be.is_reporting_rank();
     let dump = dump.filter(|_| reporting);

@@ -43,15 +43,7 @@ pub(super) fn run(a: WorldArgs) -> Result<i32> {
         format!("foldprint {} world check", env!("CARGO_PKG_VERSION")),
     );
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(a.init_timeout);
-    let agreed = rendezvous::exchange(&e, &me, &plan, &[], deadline).map_err(|err| {
-        match foldprint::interrupt::pending() {
-            Some(signal) => Failure::Interrupted {
-                signal,
-                message: err.to_string(),
-            },
-            None => err.into(),
-        }
-    })?;
+    let agreed = rendezvous::exchange(&e, &me, &plan, &[], deadline)?;
     if e.rank != 0 {
         return Ok(if me.problem.is_some() { 3 } else { 0 });
     }
@@ -84,11 +76,11 @@ pub(super) fn run(a: WorldArgs) -> Result<i32> {
             hosts.len(),
             agreed.how
         );
-        let rows: Vec<[String; 6]> = agreed
+        let rows: Vec<Vec<String>> = agreed
             .members
             .iter()
             .map(|m| {
-                [
+                vec![
                     m.rank.to_string(),
                     m.local_rank.to_string(),
                     m.host.clone(),
@@ -98,29 +90,8 @@ pub(super) fn run(a: WorldArgs) -> Result<i32> {
                 ]
             })
             .collect();
-        let head = ["RANK", "LOCAL", "HOST", "PID", "DEVICE", "NCCL_HOSTID"];
-        let width: Vec<usize> = (0..head.len())
-            .map(|i| {
-                rows.iter()
-                    .map(|r| r[i].len())
-                    .chain([head[i].len()])
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let line = |cells: &[&str]| {
-            let parts: Vec<String> = cells
-                .iter()
-                .zip(&width)
-                .map(|(c, w)| format!("{c:<w$}"))
-                .collect();
-            parts.join("  ").trim_end().to_string()
-        };
-        outln!("{}", line(&head));
-        for r in &rows {
-            let cells: Vec<&str> = r.iter().map(String::as_str).collect();
-            outln!("{}", line(&cells));
-        }
+        let head = ["RANK", "LOCAL", "HOST", "PID", "DEVICE", "NCCL_HOSTID"].map(String::from);
+        super::output::print_grid("", &head, &rows, usize::MAX);
         if devices.is_none() {
             outln!(
                 "devices not checked on rank 0's host: {}",

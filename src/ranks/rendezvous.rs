@@ -69,6 +69,19 @@ impl Member {
         serde_json::to_vec(self).unwrap_or_default()
     }
 
+    /// Rank `rank`, which said nothing of itself: `why` says where.
+    fn undescribed(rank: usize, host: String, why: &str) -> Member {
+        Member {
+            rank,
+            local_rank: 0,
+            host,
+            pid: 0,
+            device: None,
+            nccl_hostid: None,
+            problem: Some(why.into()),
+        }
+    }
+
     /// `rank 3 (node7, pid 1234)`.
     pub fn who(&self) -> String {
         format!("rank {} ({}, pid {})", self.rank, self.host, self.pid)
@@ -234,10 +247,7 @@ pub fn serve(
     // (or the deadline passes), so all ranks fail with the same message.
     while joined < world - 1 {
         if let Err(e) = interrupted() {
-            let msg = format!("rank 0 was {e}");
-            for (s, _) in peers.iter_mut().flatten() {
-                reply(s, PEER_LOST, msg.as_bytes());
-            }
+            reply_all(&mut peers, PEER_LOST, &format!("rank 0 was {e}"));
             return Err(e);
         }
         if disagreement.is_none() {
@@ -245,9 +255,7 @@ pub fn serve(
                 let msg = format!(
                     "{gone} closed its connection before all {world} ranks had joined: it failed or was stopped"
                 );
-                for (s, _) in peers.iter_mut().flatten() {
-                    reply(s, PEER_LOST, msg.as_bytes());
-                }
+                reply_all(&mut peers, PEER_LOST, &msg);
                 return Err(err(role, msg));
             }
         }
@@ -257,9 +265,7 @@ pub fn serve(
             }
             let missing: Vec<usize> = (1..world).filter(|&r| peers[r].is_none()).collect();
             let msg = format!("ranks {missing:?} did not join before the deadline");
-            for (s, _) in peers.iter_mut().flatten() {
-                reply(s, PEER_LOST, msg.as_bytes());
-            }
+            reply_all(&mut peers, PEER_LOST, &msg);
             return Err(err(
                 role,
                 format!(
@@ -279,7 +285,7 @@ pub fn serve(
         // A silent client must not stall the job: bound each handshake.
         let _ = s.set_nonblocking(false);
         let _ = s.set_read_timeout(Some(rest.min(Duration::from_secs(5))));
-        let hello = match read_hello(&mut s) {
+        let mut hello = match read_hello(&mut s) {
             Ok(h) => h,
             Err(_) => continue,
         };
@@ -303,14 +309,12 @@ pub fn serve(
             );
             continue;
         }
-        let member = hello.member.clone().unwrap_or_else(|| Member {
-            rank: hello.rank,
-            local_rank: 0,
-            host: from.ip().to_string(),
-            pid: 0,
-            device: None,
-            nccl_hostid: None,
-            problem: Some("sent no description of itself".into()),
+        let member = hello.member.take().unwrap_or_else(|| {
+            Member::undescribed(
+                hello.rank,
+                from.ip().to_string(),
+                "sent no description of itself",
+            )
         });
         if hello.plan.digest != plan.digest {
             disagreement = Some(format!(
@@ -336,9 +340,7 @@ pub fn serve(
     members.sort_by_key(|m| m.rank);
     match disagreement {
         Some(msg) => {
-            for (s, _) in peers.iter_mut().flatten() {
-                reply(s, DISAGREE, msg.as_bytes());
-            }
+            reply_all(&mut peers, DISAGREE, &msg);
             Err(RankError::Disagree(msg))
         }
         None => {
@@ -347,6 +349,13 @@ pub fn serve(
             }
             Ok(members)
         }
+    }
+}
+
+/// Tell every joined peer the same thing.
+fn reply_all(peers: &mut [Option<(TcpStream, Member)>], status: u8, msg: &str) {
+    for (s, _) in peers.iter_mut().flatten() {
+        reply(s, status, msg.as_bytes());
     }
 }
 
@@ -491,17 +500,13 @@ pub fn publish_dir(
                 }
                 if let Some(rest) = text.strip_prefix("ok\n") {
                     *done = true;
-                    members.push(
-                        serde_json::from_str(rest.trim()).unwrap_or_else(|_| Member {
-                            rank: r,
-                            local_rank: 0,
-                            host: "?".into(),
-                            pid: 0,
-                            device: None,
-                            nccl_hostid: None,
-                            problem: Some("its acknowledgement holds no description".into()),
-                        }),
-                    );
+                    members.push(serde_json::from_str(rest.trim()).unwrap_or_else(|_| {
+                        Member::undescribed(
+                            r,
+                            "?".into(),
+                            "its acknowledgement holds no description",
+                        )
+                    }));
                 }
             }
         }
