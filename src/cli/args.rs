@@ -221,7 +221,10 @@ impl Default for NcclArgs {
 }
 
 impl Common {
-    pub(super) fn options(&self, experiments: &[Experiment]) -> backend::BackendOptions {
+    pub(super) fn options(
+        &self,
+        experiments: &[Experiment],
+    ) -> Result<backend::BackendOptions, foldprint::exit::Failure> {
         let (c, n) = (&self.cuda, &self.nccl);
         use foldprint::backend::cuda::CudaConfig;
         let mut cuda = CudaConfig {
@@ -238,17 +241,20 @@ impl Common {
             cuda.tuning.seed_block = b;
         }
         let (plan, plan_summary) = foldprint::ranks::rendezvous::experiment_plan(experiments);
-        backend::BackendOptions {
+        let emulate_hosts =
+            foldprint::ranks::placement::emulation_requested(n.emulate_hosts, |k| {
+                std::env::var(k).ok()
+            })
+            .map_err(foldprint::exit::Failure::Refused)?;
+        Ok(backend::BackendOptions {
             cuda,
             gpus: n.gpus,
             init_timeout: std::time::Duration::from_secs(n.init_timeout),
             timeout: std::time::Duration::from_secs(n.timeout),
             plan,
             plan_summary,
-            emulate_hosts: foldprint::ranks::placement::emulation_requested(n.emulate_hosts, |k| {
-                std::env::var(k).ok()
-            }),
-        }
+            emulate_hosts,
+        })
     }
 }
 

@@ -106,7 +106,7 @@ pub(super) fn execute(
     stream: bool,
 ) -> Result<Option<Executed>> {
     let t0 = std::time::Instant::now();
-    let (mut be, note) = backend::select(common.backend, &common.options(experiments))?;
+    let (mut be, note) = backend::select(common.backend, &common.options(experiments)?)?;
     let backend_init_ms = t0.elapsed().as_secs_f64() * 1e3;
     let reporting = be.is_reporting_rank();
     let dump = dump.filter(|_| reporting);

@@ -21,7 +21,8 @@ pub(super) fn run(a: WorldArgs) -> Result<i32> {
     let probe = foldprint::gpu::probe();
     let devices = probe.usable.then_some(probe.device_count);
     let (_, job_id, token_source) = job::identity();
-    let emulate = placement::emulation_requested(a.emulate_hosts, |k| std::env::var(k).ok());
+    let emulate = placement::emulation_requested(a.emulate_hosts, |k| std::env::var(k).ok())
+        .map_err(Failure::Refused)?;
     let mut me = Member::this(&e);
     // Where a driver answers, the device this rank would use (or why it
     // has none); elsewhere devices are not checked, and the table says so.

@@ -29,9 +29,26 @@ pub struct Placement {
     pub layout: Option<String>,
 }
 
-/// Whether emulated hosts were asked for by the flag or by [`EMULATE_VAR`].
-pub fn emulation_requested(flag: bool, get: impl Fn(&str) -> Option<String>) -> bool {
-    flag || get(EMULATE_VAR).is_some_and(|v| matches!(v.trim(), "1" | "true" | "yes"))
+/// Whether emulated hosts were asked for by the flag or by [`EMULATE_VAR`];
+/// a value of that variable that is neither yes nor no is an error, so a
+/// typo never silently runs without emulation.
+pub fn emulation_requested(
+    flag: bool,
+    get: impl Fn(&str) -> Option<String>,
+) -> Result<bool, String> {
+    let var = match get(EMULATE_VAR) {
+        None => false,
+        Some(v) => match v.trim() {
+            "1" | "true" | "yes" => true,
+            "" | "0" | "false" | "no" => false,
+            other => {
+                return Err(format!(
+                    "{EMULATE_VAR}={other:?}: expected 1 (emulate hosts) or 0"
+                ))
+            }
+        },
+    };
+    Ok(flag || var)
 }
 
 /// The placement of rank `e` on a host with `devices` visible devices.
@@ -149,9 +166,20 @@ mod tests {
     #[test]
     fn emulation_is_asked_for_by_flag_or_variable() {
         let none = |_: &str| None;
-        assert!(!emulation_requested(false, none));
-        assert!(emulation_requested(true, none));
-        assert!(emulation_requested(false, |_: &str| Some("1".into())));
-        assert!(!emulation_requested(false, |_: &str| Some("0".into())));
+        assert_eq!(emulation_requested(false, none), Ok(false));
+        assert_eq!(emulation_requested(true, none), Ok(true));
+        assert_eq!(
+            emulation_requested(false, |_: &str| Some("1".into())),
+            Ok(true)
+        );
+        assert_eq!(
+            emulation_requested(false, |_: &str| Some("0".into())),
+            Ok(false)
+        );
+        let typo = emulation_requested(true, |_: &str| Some("ye".into())).unwrap_err();
+        assert!(
+            typo.contains(EMULATE_VAR) && typo.contains("\"ye\""),
+            "{typo}"
+        );
     }
 }

@@ -71,6 +71,26 @@ fn world_without_a_launcher_says_how_to_start_it() {
         .stderr(predicates::str::contains("torchrun, srun, mpirun"));
 }
 
+#[test]
+fn a_misspelt_emulation_variable_is_refused_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    fp().args(["run", "experiments/smoke.toml", "--backend", "cpu", "--out"])
+        .arg(&out)
+        .env("FOLDPRINT_EMULATE_HOSTS", "ye")
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("FOLDPRINT_EMULATE_HOSTS=\"ye\""));
+    assert!(!out.exists());
+    // Negative control: a value it knows runs.
+    fp().args(["run", "experiments/smoke.toml", "--backend", "cpu", "--out"])
+        .arg(&out)
+        .env("FOLDPRINT_EMULATE_HOSTS", "0")
+        .assert()
+        .success();
+    assert!(out.exists());
+}
+
 /// Rank `r` of a world of `world` started the way a launcher starts it.
 fn rank(r: usize, world: usize, port: u16, timeout_s: u64) -> Child {
     Command::new(bin())
