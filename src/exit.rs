@@ -85,6 +85,17 @@ pub fn io_exit_code(e: &std::io::Error) -> ExitCode {
     }
 }
 
+impl HasExitCode for crate::addends::AddendError {
+    fn exit_code(&self) -> ExitCode {
+        use crate::addends::AddendError as E;
+        match self {
+            E::Bad { .. } | E::Changed { .. } => ExitCode::BadInput,
+            E::Io { .. } => ExitCode::Unavailable,
+            E::NotOpened { .. } => ExitCode::Infrastructure,
+        }
+    }
+}
+
 impl HasExitCode for BackendError {
     fn exit_code(&self) -> ExitCode {
         match self {
@@ -94,6 +105,7 @@ impl HasExitCode for BackendError {
             | BackendError::Unsupported { .. } => ExitCode::Unavailable,
             BackendError::Gpu { source, .. } => source.exit_code(),
             BackendError::Rank(e) => e.exit_code(),
+            BackendError::Addends { source, .. } => source.exit_code(),
         }
     }
 }

@@ -4,6 +4,7 @@
 //! Dataflow: [`experiment`] (TOML -> cases) -> [`backend`] (reduce) ->
 //! [`digest`] (bytes -> SHA-256) -> [`report`] (JSON, compare, goldens).
 
+pub mod addends;
 pub mod atomic;
 pub use atomic::write as atomic_write;
 pub use atomic::{check_writable, same_file};

@@ -1,6 +1,7 @@
 //! One `run`: experiments -> backend -> digests -> report (+ dumps).
 
 use crate::backend::{Backend, BackendError, RunOptions};
+use crate::report::expect::ExpectOutcome;
 use crate::digest::{hashed_bytes, NanPolicy};
 pub use crate::dumpdir::{dump_name, dump_names};
 use crate::environment::Environment;
@@ -69,9 +70,14 @@ pub fn run_staged(
     cfg: &RunConfig<'_>,
     progress: &mut dyn Progress,
 ) -> Result<(Report, Option<crate::dumpdir::DumpDir>), RunError> {
-    let opts = RunOptions {
+    let dump_opts = RunOptions {
         nan_policy: cfg.nan_policy,
         keep_values: cfg.dump.is_some(),
+    };
+    // A case with `expect` needs its values to compare them.
+    let opts_for = |case: &Case| RunOptions {
+        keep_values: dump_opts.keep_values || case.expect().is_some(),
+        ..dump_opts
     };
     let all: Vec<&Case> = experiments.iter().flat_map(|e| &e.cases).collect();
     // Everything that can be known before the first case is checked first:
@@ -89,7 +95,7 @@ pub fn run_staged(
     )
     .map_err(RunError::DumpNames)?;
     for case in &running {
-        backend.preflight(case, &opts)?;
+        backend.preflight(case, &opts_for(case))?;
     }
     let mut dump = match cfg.dump {
         Some(dir) => {
@@ -123,11 +129,31 @@ pub fn run_staged(
             progress.done(case, None);
             continue;
         }
-        let mut out = backend.run_case(case, &opts)?;
+        let mut out = backend.run_case(case, &opts_for(case))?;
         let s0 = std::time::Instant::now();
-        let sensitivity = crate::sensitivity::measure(case);
+        let sensitivity = match out.sensitivity.take() {
+            // Measured by the backend (NCCL ranks that each hold only
+            // their own file gather the sample).
+            Some(s) => s,
+            None => crate::sensitivity::measure(case).map_err(addends_error(case))?,
+        };
         let sensitivity_ms = s0.elapsed().as_secs_f64() * 1e3;
-        if let Some(dir) = dump.as_mut() {
+        let expect = match case.expect() {
+            Some(file) => {
+                let values: Option<Vec<&[f32]>> =
+                    out.arenas.iter().map(|a| a.values.as_deref()).collect();
+                let values = values.ok_or_else(|| {
+                    RunError::Backend(crate::backend::infrastructure(
+                        case.id(),
+                        "expect",
+                        "the backend returned no values to compare",
+                    ))
+                })?;
+                Some(ExpectOutcome::compare(file, &values).map_err(addends_error(case))?)
+            }
+            None => None,
+        };
+        if let Some(dir) = dump.as_mut().filter(|_| dump_opts.keep_values) {
             for (a, arena) in out.arenas.iter_mut().enumerate() {
                 if let Some(values) = arena.values.take() {
                     let name = &names[&(case.experiment(), case.id(), a)];
@@ -148,6 +174,7 @@ pub fn run_staged(
             sensitivity,
         );
         report.timings.sensitivity_ms = sensitivity_ms;
+        report.expect = expect;
         progress.done(case, Some(&report));
         cases.push(report);
     }
@@ -202,6 +229,10 @@ pub fn run_staged(
     };
     report.summarize();
     Ok((report, dump))
+}
+
+fn addends_error(case: &Case) -> impl Fn(crate::addends::AddendError) -> RunError + '_ {
+    move |e| RunError::Backend(crate::backend::addends_error(case)(e))
 }
 
 #[cfg(test)]

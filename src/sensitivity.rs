@@ -2,12 +2,13 @@
 //! reversed. A case whose data cannot see reordering proves nothing about
 //! delivery-order immunity, so the report flags it.
 //!
-//! Computed on the host from the generator alone (it never looks at a
-//! backend's output), over every element when the case is small and a
-//! fixed stride sample otherwise.
+//! Computed on the host from the addends alone, the generator's or the
+//! rank files' (it never looks at a backend's output), over every element
+//! when the case is small and a fixed stride sample otherwise.
 
+use crate::addends::AddendError;
 use crate::data::Lane;
-use crate::experiment::Case;
+use crate::experiment::{Addends, Case};
 use crate::fold::{fold_fixed, fold_in_order};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -69,38 +70,80 @@ impl std::fmt::Display for Verdict {
     }
 }
 
-pub fn measure(case: &Case) -> Sensitivity {
-    let total = case.total_len();
-    let stride = total.div_ceil(SAMPLE_CAP).max(1);
+/// The sample of a case: every `stride`-th element of each arena.
+pub fn stride(case: &Case) -> u64 {
+    case.total_len().div_ceil(SAMPLE_CAP).max(1)
+}
+
+/// How many elements of an arena of `n` the sample takes.
+pub fn picks(n: usize, stride: u64) -> u64 {
+    (n as u64).div_ceil(stride)
+}
+
+/// The sensitivity of `case`, from the generator or the rank files (read
+/// here: every rank's file must be open in this process).
+pub fn measure(case: &Case) -> Result<Sensitivity, AddendError> {
+    let stride = stride(case);
     let world = case.world();
-    let reversed: Vec<usize> = (0..world).rev().collect();
-    let mut changed = 0u64;
-    let mut checked = 0u64;
+    let mut counts = Vec::new();
     for (a, &n) in case.arenas().iter().enumerate() {
-        let lanes: Vec<Lane> = (0..world as u32)
-            .map(|r| Lane::new(case.distribution(), case.seed(), r, a as u32))
-            .collect();
-        let picks = (n as u64).div_ceil(stride);
-        let (c, k) = (0..picks)
-            .into_par_iter()
-            .fold(
-                || (0u64, 0u64, vec![0f32; world]),
-                |(c, k, mut slots), p| {
-                    let i = p * stride;
-                    for (s, l) in slots.iter_mut().zip(&lanes) {
-                        *s = l.value(i);
-                    }
-                    let fwd = fold_fixed(&slots);
-                    let rev = fold_in_order(&slots, &reversed);
-                    let same = fwd.to_bits() == rev.to_bits() || (fwd.is_nan() && rev.is_nan());
-                    (c + u64::from(!same), k + 1, slots)
-                },
-            )
-            .map(|(c, k, _)| (c, k))
-            .reduce(|| (0, 0), |x, y| (x.0 + y.0, x.1 + y.1));
-        changed += c;
-        checked += k;
+        let picks = picks(n, stride);
+        counts.push(match case.addends() {
+            Addends::Generated { seed, distribution } => {
+                let lanes: Vec<Lane> = (0..world as u32)
+                    .map(|r| Lane::new(*distribution, *seed, r, a as u32))
+                    .collect();
+                count(world, picks, |r, p| lanes[r].value(p * stride))
+            }
+            Addends::Files(f) => {
+                let samples = (0..world)
+                    .into_par_iter()
+                    .map(|r| f.sample(r, a, stride, picks))
+                    .collect::<Result<Vec<_>, _>>()?;
+                count(world, picks, |r, p| samples[r][p as usize])
+            }
+        });
     }
+    Ok(of_counts(&counts, stride))
+}
+
+/// The sensitivity of rank samples gathered elsewhere: for each arena,
+/// each rank's values at the sample's positions.
+pub fn of_samples(case: &Case, samples: &[Vec<Vec<f32>>]) -> Sensitivity {
+    let counts: Vec<(u64, u64)> = samples
+        .iter()
+        .map(|ranks| {
+            let picks = ranks.first().map_or(0, |r| r.len() as u64);
+            count(ranks.len(), picks, |r, p| ranks[r][p as usize])
+        })
+        .collect();
+    of_counts(&counts, stride(case))
+}
+
+/// (changed, checked) over `picks` positions whose rank values `value` gives.
+fn count(world: usize, picks: u64, value: impl Fn(usize, u64) -> f32 + Sync) -> (u64, u64) {
+    let reversed: Vec<usize> = (0..world).rev().collect();
+    (0..picks)
+        .into_par_iter()
+        .fold(
+            || (0u64, 0u64, vec![0f32; world]),
+            |(c, k, mut slots), p| {
+                for (r, s) in slots.iter_mut().enumerate() {
+                    *s = value(r, p);
+                }
+                let fwd = fold_fixed(&slots);
+                let rev = fold_in_order(&slots, &reversed);
+                let same = fwd.to_bits() == rev.to_bits() || (fwd.is_nan() && rev.is_nan());
+                (c + u64::from(!same), k + 1, slots)
+            },
+        )
+        .map(|(c, k, _)| (c, k))
+        .reduce(|| (0, 0), |x, y| (x.0 + y.0, x.1 + y.1))
+}
+
+fn of_counts(counts: &[(u64, u64)], stride: u64) -> Sensitivity {
+    let changed: u64 = counts.iter().map(|c| c.0).sum();
+    let checked: u64 = counts.iter().map(|c| c.1).sum();
     let fraction = if checked == 0 {
         0.0
     } else {
@@ -143,6 +186,10 @@ pub fn sequences_differ(p: &crate::experiment::CaseParams, seqs: &[Vec<usize>]) 
     if seqs.len() < 2 || work > SEQUENCE_CHECK_CAP || !seqs.iter().all(permutation) {
         return None;
     }
+    // Only the generator's addends can be remade from a report.
+    let (Some(seed), Some(distribution)) = (p.seed, p.distribution) else {
+        return None;
+    };
     let scale = p.mean.then(|| crate::fold::mean_scale(world));
     let bits = |v: f32| {
         let v = scale.map_or(v, |k| v * k);
@@ -155,7 +202,7 @@ pub fn sequences_differ(p: &crate::experiment::CaseParams, seqs: &[Vec<usize>]) 
     };
     for (a, &n) in p.arenas.iter().enumerate() {
         let lanes: Vec<Lane> = (0..world as u32)
-            .map(|r| Lane::new(p.distribution, p.seed, r, a as u32))
+            .map(|r| Lane::new(distribution, seed, r, a as u32))
             .collect();
         let mut slots = vec![0f32; world];
         for i in 0..n as u64 {

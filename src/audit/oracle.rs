@@ -11,7 +11,7 @@ use super::result::ControlCell;
 use super::workdir::WorkArea;
 use super::{AuditError, Options};
 use crate::digest::NanPolicy;
-use crate::experiment::{Case, CaseParams, DeliveryOrder, MAX_CASES};
+use crate::experiment::{Addends, Case, CaseParams, DeliveryOrder, MAX_CASES};
 use crate::fold::Contract;
 use crate::input::MAX_EXPERIMENT_BYTES;
 use crate::report::Report;
@@ -120,20 +120,44 @@ fn case_toml(id: &str, c: &Case) -> String {
         arenas,
         order: _, // written from the order itself, below
         order_sequence: _,
-        seed,
-        distribution,
+        seed: _,
+        distribution: _,
         contract,
         mean,
         rounds,
+        addends: _, // from the case's own files, below
     } = c.params();
     let order = match c.order() {
         DeliveryOrder::Explicit(p) => format!("[{}]", list(p)),
         named => format!("\"{}\"", named.canonical()),
     };
+    let inputs = match c.addends() {
+        Addends::Generated { seed, distribution } => format!(
+            "arenas = [{}]\nseed = {seed}\ndistribution = \"{}\"\n",
+            list(&arenas),
+            distribution.name()
+        ),
+        // The same files, wherever the oracle's experiment is written.
+        Addends::Files(f) => {
+            let names: Vec<toml::Value> = f
+                .arenas()
+                .iter()
+                .map(|a| toml::Value::String(a.name.clone()))
+                .collect();
+            let tensors = match f.format() {
+                crate::addends::Format::Safetensors => {
+                    format!("tensors = {}\n", toml::Value::Array(names))
+                }
+                crate::addends::Format::Npy => String::new(),
+            };
+            format!(
+                "addends = {}\n{tensors}",
+                toml::Value::String(f.resolved_template())
+            )
+        }
+    };
     format!(
-        "[[case]]\nid = \"{id}\"\nworld = {world}\narenas = [{}]\norder = {order}\nseed = {seed}\ndistribution = \"{}\"\ncontract = \"{}\"\nmean = {mean}\nrounds = {rounds}\n\n",
-        list(&arenas),
-        distribution.name(),
+        "[[case]]\nid = \"{id}\"\nworld = {world}\n{inputs}order = {order}\ncontract = \"{}\"\nmean = {mean}\nrounds = {rounds}\n\n",
         contract.name(),
     )
 }

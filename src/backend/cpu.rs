@@ -7,7 +7,9 @@
 //! except per-thread scratch.
 
 use super::{Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
+use crate::addends::AddendError;
 use crate::data::Lane;
+use crate::experiment::Addends;
 use crate::digest::{digest_arena, CHUNK_ELEMS};
 use crate::experiment::Case;
 use crate::fold::{
@@ -74,7 +76,7 @@ impl Backend for CpuBackend {
             return Err(super::unsupported(case.id(), why));
         }
         check_memory(case, opts)?;
-        super::repeat_rounds(case.rounds(), || Ok(run_round(case, opts)))
+        super::repeat_rounds(case.rounds(), || run_round(case, opts))
     }
 }
 
@@ -107,13 +109,16 @@ fn check_memory(case: &Case, opts: &RunOptions) -> Result<(), BackendError> {
     Ok(())
 }
 
-fn run_round(case: &Case, opts: &RunOptions) -> (Vec<ReducedArena>, RoundTimings) {
+fn run_round(
+    case: &Case,
+    opts: &RunOptions,
+) -> Result<(Vec<ReducedArena>, RoundTimings), BackendError> {
     let start = Instant::now();
     let mut t = RoundTimings::default();
     let mut out = Vec::with_capacity(case.arenas().len());
     for (a, &n) in case.arenas().iter().enumerate() {
         let g = Instant::now();
-        let mut ranks = generate(case, a as u32, n);
+        let mut ranks = generate(case, a as u32, n).map_err(super::addends_error(case))?;
         t.generate_ms += ms(g);
 
         let r = Instant::now();
@@ -141,7 +146,7 @@ fn run_round(case: &Case, opts: &RunOptions) -> (Vec<ReducedArena>, RoundTimings
         });
     }
     t.total_ms = ms(start);
-    (out, t)
+    Ok((out, t))
 }
 
 /// For each rank whose bits differ from rank 0's, the differing chunks.
@@ -196,20 +201,26 @@ fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1e3
 }
 
-/// Every rank's own copy of arena `a`, filled with its addends.
-fn generate(case: &Case, a: u32, n: usize) -> Vec<Vec<f32>> {
+/// Every rank's own copy of arena `a`, filled with its addends: the
+/// generator's, or read from its rank file.
+fn generate(case: &Case, a: u32, n: usize) -> Result<Vec<Vec<f32>>, AddendError> {
     (0..case.world())
         .map(|r| {
-            let lane = Lane::new(case.distribution(), case.seed(), r as u32, a);
             // Zeroed allocation: large ones come as untouched zero pages
             // (calloc over fresh mmap), so this costs no pass over memory,
             // and no reference ever covers uninitialised floats.
             let mut v = vec![0f32; n];
             advise_huge_pages(&mut v);
-            v.par_chunks_mut(CHUNK)
-                .enumerate()
-                .for_each(|(c, chunk)| lane.fill((c * CHUNK) as u64, chunk));
-            v
+            match case.addends() {
+                Addends::Generated { seed, distribution } => {
+                    let lane = Lane::new(*distribution, *seed, r as u32, a);
+                    v.par_chunks_mut(CHUNK)
+                        .enumerate()
+                        .for_each(|(c, chunk)| lane.fill((c * CHUNK) as u64, chunk));
+                }
+                Addends::Files(f) => f.read(r, a as usize, &mut v)?,
+            }
+            Ok(v)
         })
         .collect()
 }

@@ -69,6 +69,13 @@ pub enum BackendError {
     /// that stopped the wait. Its exit code is the rank error's.
     #[error("{0}")]
     Rank(#[from] crate::ranks::RankError),
+    /// A rank file could not be read, or changed after it was hashed.
+    #[error("case `{case}`: {source}")]
+    Addends {
+        case: String,
+        #[source]
+        source: crate::addends::AddendError,
+    },
     /// The machinery around the numbers broke (an NCCL error, a dead peer,
     /// the watchdog, the rendezvous, a driver error mid-run): no digest was
     /// judged, so this is not a failed check.
@@ -133,6 +140,9 @@ pub struct CaseRun {
     pub rounds: Vec<RoundTimings>,
     /// Every round produced the same digests.
     pub rounds_identical: bool,
+    /// The order sensitivity, when the backend measured it (NCCL ranks
+    /// that each read only their own file); otherwise the runner does.
+    pub sensitivity: Option<crate::sensitivity::Sensitivity>,
 }
 
 pub trait Backend {
@@ -310,5 +320,14 @@ pub(crate) fn repeat_rounds(
         arenas: last,
         rounds: timings,
         rounds_identical: identical,
+        sensitivity: None,
     })
+}
+
+/// A case's rank-file error, for `case`.
+pub(crate) fn addends_error(case: &Case) -> impl Fn(crate::addends::AddendError) -> BackendError + '_ {
+    move |source| BackendError::Addends {
+        case: case.id().to_string(),
+        source,
+    }
 }

@@ -10,7 +10,8 @@ use foldprint::report::Golden;
 type Result<T, E = Failure> = std::result::Result<T, E>;
 
 pub(super) fn run(a: GoldenArgs) -> Result<i32> {
-    let exps = load(&a.paths)?;
+    start_threads()?;
+    let exps = load(&a.paths, BackendChoice::Cpu)?;
     for e in &exps {
         check_output("--golden", &Golden::path_in(&a.golden, &e.name)).or_else(|err| {
             // A golden directory that does not exist yet is made below.
@@ -38,7 +39,6 @@ pub(super) fn run(a: GoldenArgs) -> Result<i32> {
             None
         });
     }
-    start_threads()?;
     foldprint::interrupt::install();
     let common = Common {
         paths: a.paths.clone(),

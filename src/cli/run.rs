@@ -8,9 +8,9 @@ use foldprint::exit::{ExitCode, Failure};
 type Result<T, E = Failure> = std::result::Result<T, E>;
 
 pub(super) fn run(a: RunArgs) -> Result<i32> {
-    let exps = load(&a.common.paths)?;
-    check_outputs(&a.common, &exps, a.dump.as_deref(), &[])?;
     start_threads()?;
+    let exps = load(&a.common.paths, a.common.backend)?;
+    check_outputs(&a.common, &exps, a.dump.as_deref(), &[])?;
     foldprint::interrupt::install();
     let stream = !a.common.json;
     let Some(mut run) = execute(&a.common, &exps, a.dump.as_deref(), stream)? else {
@@ -25,5 +25,5 @@ pub(super) fn run(a: RunArgs) -> Result<i32> {
         // The banner and case rows were printed as the cases finished.
         table::print_tail(&report, a.common.out.as_deref(), a.dump.as_deref());
     }
-    Ok(ExitCode::verdict(report.summary.ok).code())
+    Ok(ExitCode::verdict(report.passed()).code())
 }

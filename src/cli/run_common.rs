@@ -64,8 +64,18 @@ fn interrupted(e: runner::RunError, common: &Common, dump: Option<&std::path::Pa
     e.into()
 }
 
-pub(super) fn load(paths: &[PathBuf]) -> Result<Vec<Experiment>> {
-    Ok(experiment::load_all(paths)?)
+/// The experiments, each rank file opened as `backend` needs: an NCCL rank
+/// started by a launcher opens only its own (as in the job that wrote
+/// them); every other run opens them all.
+pub(super) fn load(paths: &[PathBuf], backend: backend::BackendChoice) -> Result<Vec<Experiment>> {
+    let scope = match (backend, foldprint::ranks::discover::from_process_env()) {
+        (backend::BackendChoice::Nccl, Ok(Some(e))) => foldprint::addends::Scope::OwnRank {
+            rank: e.rank,
+            world: e.world,
+        },
+        _ => foldprint::addends::Scope::AllRanks,
+    };
+    Ok(experiment::load_all_in(paths, scope)?)
 }
 
 /// A finished run whose outputs are not yet in place.

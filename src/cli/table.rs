@@ -64,6 +64,7 @@ pub fn experiment_header(name: &str, path: &str, cases: usize, width: usize) {
 /// One case's row (and its failure lines), under a header of `width`.
 pub fn case_row(c: &foldprint::report::CaseReport, width: usize) {
     let ok = c.ranks_identical && c.rounds_identical;
+    let differs = c.expect.as_ref().is_some_and(|e| !e.equal);
     let lens: Vec<String> = c.params.arenas.iter().map(|n| n.to_string()).collect();
     let digests: Vec<String> = c.arenas.iter().map(|a| a.sha256.short(16)).collect();
     let sens = match c.sensitivity.verdict {
@@ -78,7 +79,11 @@ pub fn case_row(c: &foldprint::report::CaseReport, width: usize) {
         .fold(f64::INFINITY, f64::min);
     outln!(
         "  {:<4} {:<40} {:>4} {:<16} {:<13} {:<12} {:>6}  {:<width$} {:>9}",
-        if ok { "ok" } else { "FAIL" },
+        match (ok, differs) {
+            (false, _) => "FAIL",
+            (true, true) => "DIFF",
+            (true, false) => "ok",
+        },
         truncate(&c.id, 40),
         c.params.world,
         truncate(&lens.join("+"), 16),
@@ -97,6 +102,15 @@ pub fn case_row(c: &foldprint::report::CaseReport, width: usize) {
     }
     if !c.rounds_identical {
         outln!("       rounds gave different digests");
+    }
+    if let Some(e) = c.expect.as_ref().filter(|e| !e.equal) {
+        let n: usize = e.arenas.iter().map(|a| a.differing).sum();
+        let ulp = e.arenas.iter().filter_map(|a| a.max_ulp).max();
+        outln!(
+            "       differs from {}: {n} element(s){}",
+            e.path,
+            ulp.map_or(String::new(), |u| format!(", up to {u} ULP"))
+        );
     }
 }
 
@@ -170,7 +184,33 @@ pub fn print_tail(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
     if let Some(n) = not_a_gpu_result(r) {
         outln!("NOT A GPU RESULT: {n}");
     }
-    if r.summary.ok {
+    for c in &r.cases {
+        if let Some(e) = c.expect.as_ref().filter(|e| e.equal) {
+            outln!(
+                "expect: case `{}` equals {} bit for bit ({} arenas)",
+                c.id,
+                e.path,
+                e.arenas.len()
+            );
+        }
+    }
+    if !r.summary.differs_from_expect.is_empty() {
+        outln!(
+            "DIFFERS FROM EXPECT: {} case(s)",
+            r.summary.differs_from_expect.len()
+        );
+        for f in &r.summary.differs_from_expect {
+            outln!("  - {f}");
+        }
+    }
+    if r.summary.ok && !r.summary.differs_from_expect.is_empty() {
+        out!(
+            "checks ok: {} cases, {} groups, every check of the run passed; {} case(s) differ from their expect",
+            r.summary.cases,
+            r.summary.groups,
+            r.summary.differs_from_expect.len()
+        );
+    } else if r.summary.ok {
         out!(
             "ok: {} cases, {} groups, every check passed",
             r.summary.cases,

@@ -10,7 +10,8 @@ use std::path::PathBuf;
 type Result<T, E = Failure> = std::result::Result<T, E>;
 
 pub(super) fn run(a: VerifyArgs) -> Result<i32> {
-    let exps = load(&a.common.paths)?;
+    start_threads()?;
+    let exps = load(&a.common.paths, a.common.backend)?;
     let golden_files: Vec<PathBuf> = exps
         .iter()
         .map(|e| Golden::path_in(&a.golden, &e.name))
@@ -18,7 +19,6 @@ pub(super) fn run(a: VerifyArgs) -> Result<i32> {
     check_outputs(&a.common, &exps, None, &golden_files)?;
     // Read every golden before running anything: a missing one is known early.
     let goldens = golden::load(&exps, &a.golden, a.common.nan_policy)?;
-    start_threads()?;
     foldprint::interrupt::install();
     // Rows stream as cases finish, as for `run`, so a piped verify is not
     // silent until the end.
@@ -30,6 +30,7 @@ pub(super) fn run(a: VerifyArgs) -> Result<i32> {
         .map(|p| p.to_string())
         .collect();
     problems.extend(run.report.summary.failures.iter().cloned());
+    problems.extend(run.report.summary.differs_from_expect.iter().cloned());
     let junit = junit_of(&a.common, &run.report, &problems);
     run.commit(&a.common, junit)?;
     let report = run.report;

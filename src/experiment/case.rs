@@ -2,10 +2,24 @@
 
 use super::order::DeliveryOrder;
 use super::{MAX_CASE_BYTES, MAX_WORLD};
+use crate::addends::{AddendFiles, AddendParams, ExpectFile};
 use crate::data::Distribution;
 use crate::fold::Contract;
 use serde::Serialize;
 use std::num::NonZeroUsize;
+use std::sync::Arc;
+
+/// Where a case's addends come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Addends {
+    /// The generator's values (docs/SPEC.md, "Addends").
+    Generated {
+        seed: u64,
+        distribution: Distribution,
+    },
+    /// One file per rank (`addends = "grads/rank{rank}.safetensors"`).
+    Files(Arc<AddendFiles>),
+}
 
 /// A case that is valid by construction: its fields are private and the
 /// only way to make one is [`CaseBuilder::build`], which holds it to the
@@ -22,13 +36,14 @@ pub struct Case {
     /// One length per arena (e.g. a gradient lane and a small head lane).
     arenas: Vec<usize>,
     order: DeliveryOrder,
-    seed: u64,
-    distribution: Distribution,
+    addends: Addends,
     contract: Contract,
     /// Multiply the sum by the rounded reciprocal 1/W.
     mean: bool,
     /// Independent repetitions; every round must give the same bits.
     rounds: u32,
+    /// A framework's reduced result to compare with this case's.
+    expect: Option<Arc<ExpectFile>>,
 }
 
 /// Most rounds a case may ask for.
@@ -53,11 +68,11 @@ pub struct CaseBuilder {
     world: usize,
     arenas: Vec<usize>,
     order: DeliveryOrder,
-    seed: u64,
-    distribution: Distribution,
+    addends: Addends,
     contract: Contract,
     mean: bool,
     rounds: u32,
+    expect: Option<Arc<ExpectFile>>,
 }
 
 impl CaseBuilder {
@@ -81,12 +96,33 @@ impl CaseBuilder {
         self.order = order;
         self
     }
+    /// Generated addends of this seed (and the distribution set or kept).
     pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = seed;
+        let distribution = match self.addends {
+            Addends::Generated { distribution, .. } => distribution,
+            Addends::Files(_) => Distribution::default(),
+        };
+        self.addends = Addends::Generated { seed, distribution };
         self
     }
+    /// Generated addends of this distribution (and the seed set or kept).
     pub fn distribution(mut self, distribution: Distribution) -> Self {
-        self.distribution = distribution;
+        let seed = match self.addends {
+            Addends::Generated { seed, .. } => seed,
+            Addends::Files(_) => 0,
+        };
+        self.addends = Addends::Generated { seed, distribution };
+        self
+    }
+    /// Addends read from these rank files; they set W and the arenas.
+    pub fn files(mut self, files: Arc<AddendFiles>) -> Self {
+        self.world = files.world();
+        self.arenas = files.arenas().iter().map(|a| a.len).collect();
+        self.addends = Addends::Files(files);
+        self
+    }
+    pub fn expect(mut self, expect: Option<Arc<ExpectFile>>) -> Self {
+        self.expect = expect;
         self
     }
     pub fn contract(mut self, contract: Contract) -> Self {
@@ -110,11 +146,11 @@ impl CaseBuilder {
             world,
             arenas,
             order,
-            seed,
-            distribution,
+            addends,
             contract,
             mean,
             rounds,
+            expect,
         } = self;
         let bad = |field, message: String| Err(CaseError { field, message });
         let world = match NonZeroUsize::new(world) {
@@ -144,17 +180,34 @@ impl CaseBuilder {
                 format!("must be 1 ..= {MAX_ROUNDS}, got {rounds}"),
             );
         }
+        if let Addends::Files(f) = &addends {
+            let lens: Vec<usize> = f.arenas().iter().map(|a| a.len).collect();
+            if f.world() != world.get() || lens != arenas {
+                return bad(
+                    "addends",
+                    format!(
+                        "the rank files hold W = {} ranks of arenas {lens:?}, the case has W = {world} and {arenas:?}",
+                        f.world()
+                    ),
+                );
+            }
+        }
+        if let Some(e) = &expect {
+            if let Err(m) = e.matches(&arenas) {
+                return bad("expect", m);
+            }
+        }
         Ok(Case {
             experiment,
             id,
             world,
             arenas,
             order,
-            seed,
-            distribution,
+            addends,
             contract,
             mean,
             rounds,
+            expect,
         })
     }
 }
@@ -168,11 +221,14 @@ impl Case {
             world,
             arenas: arenas.into(),
             order: DeliveryOrder::Ascending,
-            seed: 0,
-            distribution: Distribution::default(),
+            addends: Addends::Generated {
+                seed: 0,
+                distribution: Distribution::default(),
+            },
             contract: Contract::default(),
             mean: false,
             rounds: 1,
+            expect: None,
         }
     }
 
@@ -184,11 +240,11 @@ impl Case {
             world,
             arenas,
             order,
-            seed,
-            distribution,
+            addends,
             contract,
             mean,
             rounds,
+            expect,
         } = self;
         CaseBuilder {
             experiment: experiment.clone(),
@@ -196,11 +252,11 @@ impl Case {
             world: world.get(),
             arenas: arenas.clone(),
             order: order.clone(),
-            seed: *seed,
-            distribution: *distribution,
+            addends: addends.clone(),
             contract: *contract,
             mean: *mean,
             rounds: *rounds,
+            expect: expect.clone(),
         }
     }
 
@@ -211,8 +267,13 @@ impl Case {
     }
     /// The same case with other addends (no limit depends on them).
     pub fn with_data(mut self, seed: u64, distribution: Distribution) -> Case {
-        self.seed = seed;
-        self.distribution = distribution;
+        self.addends = Addends::Generated { seed, distribution };
+        self
+    }
+    /// The same case with every rank file's digest known (`AddendFiles::complete`).
+    pub fn with_files(mut self, files: Arc<AddendFiles>) -> Case {
+        debug_assert_eq!(files.world(), self.world());
+        self.addends = Addends::Files(files);
         self
     }
     /// The same case run once.
@@ -245,11 +306,18 @@ impl Case {
     pub fn order(&self) -> &DeliveryOrder {
         &self.order
     }
-    pub fn seed(&self) -> u64 {
-        self.seed
+    pub fn addends(&self) -> &Addends {
+        &self.addends
     }
-    pub fn distribution(&self) -> Distribution {
-        self.distribution
+    /// The rank files, when the addends come from files.
+    pub fn files(&self) -> Option<&Arc<AddendFiles>> {
+        match &self.addends {
+            Addends::Files(f) => Some(f),
+            Addends::Generated { .. } => None,
+        }
+    }
+    pub fn expect(&self) -> Option<&Arc<ExpectFile>> {
+        self.expect.as_ref()
     }
     pub fn contract(&self) -> Contract {
         self.contract
@@ -290,22 +358,27 @@ impl Case {
             world,
             arenas,
             order,
-            seed,
-            distribution,
+            addends,
             contract,
             mean,
             rounds,
+            expect: _, // judged in the report, not a parameter of the sum
         } = self;
+        let (seed, distribution, files) = match addends {
+            Addends::Generated { seed, distribution } => (Some(*seed), Some(*distribution), None),
+            Addends::Files(f) => (None, None, Some(f.params())),
+        };
         CaseParams {
             world: world.get(),
             arenas: arenas.clone(),
             order: order.canonical(),
             order_sequence: order.sequence(world.get()),
-            seed: *seed,
-            distribution: *distribution,
+            seed,
+            distribution,
             contract: *contract,
             mean: *mean,
             rounds: *rounds,
+            addends: files,
         }
     }
 }
@@ -319,11 +392,18 @@ pub struct CaseParams {
     pub arenas: Vec<usize>,
     pub order: String,
     pub order_sequence: Vec<usize>,
-    pub seed: u64,
-    pub distribution: Distribution,
+    /// The generator's seed and distribution; absent when the addends
+    /// come from files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distribution: Option<Distribution>,
     pub contract: Contract,
     pub mean: bool,
     pub rounds: u32,
+    /// The rank files, when the addends come from files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addends: Option<AddendParams>,
 }
 
 impl CaseParams {
@@ -343,16 +423,29 @@ impl CaseParams {
             contract,
             mean,
             rounds: _, // repetitions, not numeric identity
+            addends,
         } = self;
         let lens: Vec<String> = arenas.iter().map(|n| n.to_string()).collect();
+        // The inputs: the generator's, or the files' identity (their
+        // digests, never their paths).
+        let inputs = match (addends, seed, distribution) {
+            (Some(f), _, _) if f.identity == crate::digest::Sha256::default() => {
+                "files:pending".to_string()
+            }
+            (Some(f), _, _) => format!("files:{}", f.identity.short(16)),
+            (None, seed, distribution) => format!(
+                "{}/s{}",
+                distribution.unwrap_or_default(),
+                seed.unwrap_or_default()
+            ),
+        };
         format!(
-            "{}/{}/W{}/n{}/{}/s{}",
+            "{}/{}/W{}/n{}/{}",
             contract,
             if *mean { "mean" } else { "sum" },
             world,
             lens.join("+"),
-            distribution,
-            seed
+            inputs
         )
     }
 

@@ -6,10 +6,12 @@ mod case;
 mod order;
 mod schema;
 
-pub use case::{Case, CaseBuilder, CaseError, CaseParams, MAX_ROUNDS};
+pub use case::{Addends, Case, CaseBuilder, CaseError, CaseParams, MAX_ROUNDS};
 pub use order::DeliveryOrder;
 
+use crate::addends::{AddendFiles, ExpectFile, Scope};
 use crate::data::Distribution;
+use std::sync::Arc;
 use crate::fold::Contract;
 use schema::{RawExperiment, RawOrder, RawParams, RawSweep};
 use std::collections::HashMap;
@@ -54,6 +56,64 @@ impl InputError {
             column,
             message: message.into(),
         }
+    }
+}
+
+/// The rank files and expected results one experiment file names, each
+/// opened (and hashed) once however many cases name it.
+struct FileCache {
+    base: PathBuf,
+    scope: Scope,
+    rank_files: HashMap<(String, Option<Vec<String>>, Option<usize>), Arc<AddendFiles>>,
+    expects: HashMap<(String, Vec<String>), Arc<ExpectFile>>,
+}
+
+impl FileCache {
+    fn new(experiment: &Path, scope: Scope) -> FileCache {
+        let base = experiment
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        FileCache {
+            base,
+            scope,
+            rank_files: HashMap::new(),
+            expects: HashMap::new(),
+        }
+    }
+
+    fn rank_files(
+        &mut self,
+        template: &str,
+        tensors: Option<&[String]>,
+        world: Option<usize>,
+    ) -> Result<Arc<AddendFiles>, crate::addends::AddendError> {
+        let key = (template.to_string(), tensors.map(<[String]>::to_vec), world);
+        if let Some(f) = self.rank_files.get(&key) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(AddendFiles::open(
+            template, &self.base, tensors, world, self.scope,
+        )?);
+        self.rank_files.insert(key, f.clone());
+        Ok(f)
+    }
+
+    fn expect(
+        &mut self,
+        path: &str,
+        arenas: &[crate::addends::ArenaSpec],
+    ) -> Result<Arc<ExpectFile>, crate::addends::AddendError> {
+        let key = (
+            path.to_string(),
+            arenas.iter().map(|a| a.name.clone()).collect(),
+        );
+        if let Some(f) = self.expects.get(&key) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(ExpectFile::open(path, &self.base, arenas)?);
+        self.expects.insert(key, f.clone());
+        Ok(f)
     }
 }
 
@@ -157,14 +217,24 @@ pub(crate) fn read_text(path: &Path) -> Result<String, InputError> {
 
 /// Read and expand one experiment file.
 pub fn load(path: &Path) -> Result<Experiment, InputError> {
+    load_in(path, Scope::AllRanks)
+}
+
+/// [`load`], opening the rank files `scope` says.
+pub fn load_in(path: &Path, scope: Scope) -> Result<Experiment, InputError> {
     let text = read_text(path)?;
-    let mut exp = parse(path, &text)?;
+    let mut exp = parse_in(path, &text, scope)?;
     exp.sha256 = crate::digest::Sha256::of(text.as_bytes());
     Ok(exp)
 }
 
 /// Expand paths (files, or directories of `*.toml`, not recursive) in order.
 pub fn load_all(paths: &[PathBuf]) -> Result<Vec<Experiment>, InputError> {
+    load_all_in(paths, Scope::AllRanks)
+}
+
+/// [`load_all`], opening the rank files `scope` says.
+pub fn load_all_in(paths: &[PathBuf], scope: Scope) -> Result<Vec<Experiment>, InputError> {
     let mut files = Vec::new();
     for p in paths {
         if p.is_dir() {
@@ -190,7 +260,7 @@ pub fn load_all(paths: &[PathBuf]) -> Result<Vec<Experiment>, InputError> {
     }
     let exps = files
         .iter()
-        .map(|f| load(f))
+        .map(|f| load_in(f, scope))
         .collect::<Result<Vec<_>, _>>()?;
     let mut names: HashMap<&str, &Path> = HashMap::new();
     for e in &exps {
@@ -208,9 +278,16 @@ pub fn load_all(paths: &[PathBuf]) -> Result<Vec<Experiment>, InputError> {
     Ok(exps)
 }
 
-/// Parse experiment text (`path` is only used in messages).
+/// Parse experiment text (`path` is only used in messages, and as the
+/// place relative rank-file paths start from); every rank file is opened.
 pub fn parse(path: &Path, text: &str) -> Result<Experiment, InputError> {
+    parse_in(path, text, Scope::AllRanks)
+}
+
+/// [`parse`], opening the rank files `scope` says.
+pub fn parse_in(path: &Path, text: &str, scope: Scope) -> Result<Experiment, InputError> {
     let src = Source { path, text };
+    let mut files = FileCache::new(path, scope);
     let raw: RawExperiment = toml::from_str(text).map_err(|e| {
         let span = e.span().unwrap_or(0..0);
         let message = e.message().trim_end();
@@ -260,7 +337,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, InputError> {
         }
         claim_id(&id, rc.id.span())?;
         let p = base.overlay(&rc.params);
-        cases.push(build_case(&src, &name, id, &p, rc.id.span())?);
+        cases.push(build_case(&src, &mut files, &name, id, &p, rc.id.span())?);
     }
 
     let mut total = cases.len();
@@ -289,7 +366,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Experiment, InputError> {
             let id = format!("{}{suffix}", sw.id.get_ref());
             claim_id(&id, sw.id.span())?;
             let p = base.overlay(&over);
-            cases.push(build_case(&src, &name, id, &p, sw.id.span())?);
+            cases.push(build_case(&src, &mut files, &name, id, &p, sw.id.span())?);
         }
     }
     if cases.is_empty() {
@@ -339,7 +416,10 @@ fn check_sweep_lists(src: &Source<'_>, sw: &RawSweep) -> Result<(), InputError> 
         distribution,
         contract,
         mean,
-        rounds: _, // one value, not a list
+        rounds: _,  // one value, not a list
+        addends: _, // likewise
+        tensors: _,
+        expect: _,
     } = sw;
     let empty = [
         ("world", span(world)),
@@ -375,7 +455,10 @@ fn sweep_size(sw: &RawSweep) -> usize {
         distribution,
         contract,
         mean,
-        rounds: _, // one value, not a list
+        rounds: _,  // one value, not a list
+        addends: _, // likewise
+        tensors: _,
+        expect: _,
     } = sw;
     [
         len(world),
@@ -414,6 +497,9 @@ fn expand_sweep(sw: &RawSweep) -> Vec<(String, RawParams)> {
         contract,
         mean,
         rounds,
+        addends,
+        tensors,
+        expect,
     } = sw;
     // The swept fields start unset and are filled by `cross!` below.
     let mut out = vec![(
@@ -427,6 +513,9 @@ fn expand_sweep(sw: &RawSweep) -> Vec<(String, RawParams)> {
             contract: None,
             mean: None,
             rounds: rounds.clone(),
+            addends: addends.clone(),
+            tensors: tensors.clone(),
+            expect: expect.clone(),
         },
     )];
     macro_rules! cross {
@@ -480,6 +569,7 @@ fn expand_sweep(sw: &RawSweep) -> Vec<(String, RawParams)> {
 
 fn build_case(
     src: &Source<'_>,
+    files: &mut FileCache,
     experiment: &str,
     id: String,
     p: &RawParams,
@@ -495,8 +585,12 @@ fn build_case(
         contract,
         mean,
         rounds,
+        addends,
+        tensors,
+        expect,
     } = p;
     let world = match world {
+        None if addends.is_some() => None,
         None => {
             return Err(src.at(
                 id_span,
@@ -511,10 +605,64 @@ fn build_case(
                     format!("{}: must be 1 ..= {MAX_WORLD}, got {v}", ctx("world")),
                 ));
             }
-            v as usize
+            Some(v as usize)
         }
     };
+    // Rank files say W and the arenas; the generator's fields have no
+    // meaning beside them.
+    let rank_files = match addends {
+        Some(t) => {
+            let generator_fields = [
+                ("arenas", arenas.as_ref().map(|a| a.span())),
+                ("seed", seed.as_ref().map(|a| a.span())),
+                ("distribution", distribution.as_ref().map(|a| a.span())),
+            ];
+            if let Some((field, Some(at))) = generator_fields.into_iter().find(|f| f.1.is_some()) {
+                return Err(src.at(
+                    at,
+                    format!(
+                        "{}: the addends come from the rank files (`addends`), which set the arenas; leave `{field}` out",
+                        ctx(field)
+                    ),
+                ));
+            }
+            let names = tensors.as_ref().map(|t| t.get_ref().as_slice());
+            Some(
+                files
+                    .rank_files(t.get_ref(), names, world)
+                    .map_err(|e| src.at(t.span(), format!("{}: {e}", ctx("addends"))))?,
+            )
+        }
+        None => {
+            if let Some(t) = tensors {
+                return Err(src.at(
+                    t.span(),
+                    format!("{}: picks tensors of rank files; set `addends` too", ctx("tensors")),
+                ));
+            }
+            None
+        }
+    };
+    let expect = match (expect, &rank_files) {
+        (None, _) => None,
+        (Some(e), None) => {
+            return Err(src.at(
+                e.span(),
+                format!(
+                    "{}: compares a framework's result of rank files; set `addends` too",
+                    ctx("expect")
+                ),
+            ))
+        }
+        (Some(e), Some(f)) => Some(
+            files
+                .expect(e.get_ref(), f.arenas())
+                .map_err(|m| src.at(e.span(), format!("{}: {m}", ctx("expect"))))?,
+        ),
+    };
+    let world = world.or(rank_files.as_ref().map(|f| f.world())).unwrap_or(1);
     let arenas = match arenas {
+        None if rank_files.is_some() => Vec::new(),
         None => {
             return Err(src.at(
                 id_span,
@@ -592,21 +740,27 @@ fn build_case(
             "arenas" => p.arenas.as_ref().map(|a| a.span()),
             "order" => p.order.as_ref().map(|o| o.span()),
             "world" => p.world.as_ref().map(|w| w.span()),
+            "addends" => p.addends.as_ref().map(|w| w.span()),
+            "expect" => p.expect.as_ref().map(|w| w.span()),
             "rounds" => p.rounds.as_ref().map(|r| r.span()),
             _ => None,
         };
         at.unwrap_or_else(|| id_span.clone())
     };
     let ctx_id = id.clone();
-    Case::builder(world, arenas)
+    let builder = Case::builder(world, arenas);
+    let builder = match rank_files {
+        Some(f) => builder.files(f),
+        None => builder.seed(seed).distribution(distribution),
+    };
+    builder
         .experiment(experiment)
         .id(id)
         .order(order)
-        .seed(seed)
-        .distribution(distribution)
         .contract(contract)
         .mean(mean)
         .rounds(rounds)
+        .expect(expect)
         .build()
         .map_err(|e| src.at(span_of(e.field), format!("case `{ctx_id}`: {e}")))
 }

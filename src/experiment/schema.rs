@@ -28,6 +28,9 @@ pub struct RawParams {
     pub contract: Option<Spanned<String>>,
     pub mean: Option<Spanned<bool>>,
     pub rounds: Option<Spanned<i64>>,
+    pub addends: Option<Spanned<String>>,
+    pub tensors: Option<Spanned<Vec<String>>>,
+    pub expect: Option<Spanned<String>>,
 }
 
 impl RawParams {
@@ -45,6 +48,9 @@ impl RawParams {
             contract,
             mean,
             rounds,
+            addends,
+            tensors,
+            expect,
         } = over;
         RawParams {
             world: pick(world, &self.world),
@@ -55,6 +61,9 @@ impl RawParams {
             contract: pick(contract, &self.contract),
             mean: pick(mean, &self.mean),
             rounds: pick(rounds, &self.rounds),
+            addends: pick(addends, &self.addends),
+            tensors: pick(tensors, &self.tensors),
+            expect: pick(expect, &self.expect),
         }
     }
 }
@@ -73,6 +82,9 @@ pub struct RawCaseFields {
     pub contract: Option<Spanned<String>>,
     pub mean: Option<Spanned<bool>>,
     pub rounds: Option<Spanned<i64>>,
+    pub addends: Option<Spanned<String>>,
+    pub tensors: Option<Spanned<Vec<String>>>,
+    pub expect: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -94,6 +106,9 @@ impl From<RawCaseFields> for RawCase {
             contract,
             mean,
             rounds,
+            addends,
+            tensors,
+            expect,
         } = f;
         RawCase {
             id,
@@ -106,6 +121,9 @@ impl From<RawCaseFields> for RawCase {
                 contract,
                 mean,
                 rounds,
+                addends,
+                tensors,
+                expect,
             },
         }
     }
@@ -125,6 +143,10 @@ pub struct RawSweep {
     pub mean: Option<Spanned<Vec<bool>>>,
     /// Not swept: one value for every case of the sweep.
     pub rounds: Option<Spanned<i64>>,
+    /// Not swept: the same rank files for every case of the sweep.
+    pub addends: Option<Spanned<String>>,
+    pub tensors: Option<Spanned<Vec<String>>>,
+    pub expect: Option<Spanned<String>>,
 }
 
 /// `"descending"`, `"rotate:3"` ... or an explicit permutation `[2, 0, 1]`.

@@ -31,7 +31,9 @@ fn order_of(text: &str, world: usize) -> Result<DeliveryOrder, String> {
     Ok(order)
 }
 
-/// Problems with `c.params`; the case they describe when there are none.
+/// Problems with `c.params`; the case they describe when there are none
+/// (for rank files, a generated case of the same shape: what the limits
+/// and the sample size depend on).
 pub(super) fn params(c: &CaseReport, bad: &mut dyn FnMut(String)) -> Option<Case> {
     let p = &c.params;
     // Every field named: a new parameter must be read back here too.
@@ -45,7 +47,42 @@ pub(super) fn params(c: &CaseReport, bad: &mut dyn FnMut(String)) -> Option<Case
         contract,
         mean,
         rounds,
+        addends,
     } = p;
+    let (seed, distribution) = match (addends, seed, distribution) {
+        (None, Some(s), Some(d)) => (*s, *d),
+        (None, _, _) => {
+            bad("params: neither `seed` and `distribution` nor `addends` says where the addends came from".into());
+            return None;
+        }
+        (Some(_), None, None) => (0, Default::default()),
+        (Some(_), _, _) => {
+            bad("params: `addends` (files) and `seed`/`distribution` (the generator) both given".into());
+            return None;
+        }
+    };
+    if let Some(f) = addends {
+        let lens: Vec<usize> = f.arenas.iter().map(|a| a.len).collect();
+        if f.files.len() != p.world {
+            bad(format!(
+                "params.addends lists {} rank files for W = {}",
+                f.files.len(),
+                p.world
+            ));
+            return None;
+        }
+        if lens != p.arenas {
+            bad(format!(
+                "params.addends.arenas have {lens:?} elements, params.arenas says {:?}",
+                p.arenas
+            ));
+            return None;
+        }
+        if !f.identity_holds() {
+            bad("params.addends.identity is not the identity of its files and arenas".into());
+            return None;
+        }
+    }
     if !(1..=MAX_WORLD).contains(&p.world) {
         bad(format!(
             "params.world {} is not in 1..={MAX_WORLD}",
@@ -95,8 +132,8 @@ pub(super) fn params(c: &CaseReport, bad: &mut dyn FnMut(String)) -> Option<Case
         .experiment(c.experiment.clone())
         .id(c.id.clone())
         .order(order)
-        .seed(*seed)
-        .distribution(*distribution)
+        .seed(seed)
+        .distribution(distribution)
         .contract(*contract)
         .mean(*mean)
         .rounds(*rounds)
@@ -181,8 +218,13 @@ pub(super) fn sensitivity(c: &CaseReport, case: &Case, bad: &mut dyn FnMut(Strin
         OrderRole::Changes => true,
         OrderRole::Invariant | OrderRole::Ignored => false,
     };
-    if decides_a_verdict && !before.get() {
-        let m = sensitivity::measure(case);
+    // Rank files are not at hand where a report is read: only the
+    // generator's sensitivity can be recomputed.
+    let generated = c.params.addends.is_none();
+    if decides_a_verdict && generated && !before.get() {
+        let Ok(m) = sensitivity::measure(case) else {
+            return;
+        };
         if (m.changed, m.checked) != (s.changed, s.checked) {
             bad(format!(
                 "sensitivity says {} of {} elements change with the order; the generator gives {} of {}",

@@ -29,12 +29,17 @@ pub fn junit(report: &Report, extra_failures: &[String]) -> String {
         if !c.rounds_identical {
             problems.push("rounds gave different digests".to_string());
         }
-        problems.extend(
-            extra_failures
-                .iter()
-                .filter(|f| f.contains(&format!("case `{}`", c.id)))
-                .cloned(),
-        );
+        if let Some(f) = c.expect.as_ref().and_then(|e| e.failure(&c.id)) {
+            problems.push(f);
+        }
+        for f in extra_failures
+            .iter()
+            .filter(|f| f.contains(&format!("case `{}`", c.id)))
+        {
+            if !problems.contains(f) {
+                problems.push(f.clone());
+            }
+        }
         let secs = c.timings.rounds.iter().map(|t| t.total_ms).sum::<f64>() / 1e3;
         let digests: Vec<String> = c.digests().iter().map(ToString::to_string).collect();
         cases.push((

@@ -23,7 +23,8 @@ pub fn ulp_distance(a: u32, b: u32) -> Option<u64> {
     Some(ordered(a).abs_diff(ordered(b)))
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ElementDiff {
     pub index: usize,
     pub left: u32,
@@ -148,6 +149,37 @@ fn read_f32(path: &Path) -> Result<Vec<u32>, ReportError> {
     Ok(out)
 }
 
+/// Where two equally long bit sequences differ.
+#[derive(Debug, Clone, Default)]
+pub struct BitsDiff {
+    pub differing: usize,
+    /// Largest ULP distance over the differing pairs that are not NaN.
+    pub max_ulp: Option<u64>,
+    /// The first `keep` differences.
+    pub first: Vec<ElementDiff>,
+}
+
+/// Element by element over the shorter of `left` and `right`.
+pub fn diff_bits(left: &[u32], right: &[u32], keep: usize) -> BitsDiff {
+    let mut d = BitsDiff::default();
+    for (i, (&x, &y)) in left.iter().zip(right).enumerate() {
+        if x != y {
+            d.differing += 1;
+            let ulp = ulp_distance(x, y);
+            d.max_ulp = d.max_ulp.max(ulp);
+            if d.first.len() < keep {
+                d.first.push(ElementDiff {
+                    index: i,
+                    left: x,
+                    right: y,
+                    ulp,
+                });
+            }
+        }
+    }
+    d
+}
+
 /// Compare two `--dump` directories file by file; `keep` first differences per file.
 pub fn compare_dumps(a: &Path, b: &Path, keep: usize) -> Result<DumpComparison, ReportError> {
     let (sa, sb) = (read_sums(a)?, read_sums(b)?);
@@ -163,29 +195,14 @@ pub fn compare_dumps(a: &Path, b: &Path, keep: usize) -> Result<DumpComparison, 
             continue;
         }
         let (va, vb) = (read_f32(&a.join(name))?, read_f32(&b.join(name))?);
-        let mut d = FileDiff {
+        let bits = diff_bits(&va, &vb, keep);
+        out.differing.push(FileDiff {
             name: name.clone(),
             lens: (va.len(), vb.len()),
-            differing: va.len().abs_diff(vb.len()),
-            max_ulp: None,
-            first: Vec::new(),
-        };
-        for (i, (&x, &y)) in va.iter().zip(&vb).enumerate() {
-            if x != y {
-                d.differing += 1;
-                let ulp = ulp_distance(x, y);
-                d.max_ulp = d.max_ulp.max(ulp);
-                if d.first.len() < keep {
-                    d.first.push(ElementDiff {
-                        index: i,
-                        left: x,
-                        right: y,
-                        ulp,
-                    });
-                }
-            }
-        }
-        out.differing.push(d);
+            differing: bits.differing + va.len().abs_diff(vb.len()),
+            max_ulp: bits.max_ulp,
+            first: bits.first,
+        });
     }
     for name in sb.keys().filter(|n| !sa.contains_key(*n)) {
         out.unmatched

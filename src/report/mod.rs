@@ -5,6 +5,7 @@
 pub mod attest;
 pub mod check;
 mod check_params;
+pub mod expect;
 mod compare;
 pub mod golden;
 mod groups;
@@ -186,6 +187,9 @@ pub struct CaseReport {
     pub rounds_identical: bool,
     pub sensitivity: Sensitivity,
     pub timings: Timings,
+    /// The framework result the case names (`expect`), compared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expect: Option<expect::ExpectOutcome>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -254,6 +258,7 @@ impl CaseReport {
                     0.0
                 },
             },
+            expect: None,
         }
     }
 
@@ -272,6 +277,11 @@ pub struct Summary {
     /// Human-readable reasons this run failed its own checks.
     pub failures: Vec<String>,
     pub ok: bool,
+    /// Cases whose result differs from the framework result they name
+    /// (`expect`): a finding about that framework, not a failed check of
+    /// this run, whose digests stay good to compare.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub differs_from_expect: Vec<String>,
 }
 
 /// The words every "nothing was checked" verdict starts with.
@@ -328,13 +338,24 @@ impl Report {
         if self.cases.is_empty() {
             failures.push(nothing_checked(&self.skipped));
         }
+        let differs_from_expect = self
+            .cases
+            .iter()
+            .filter_map(|c| c.expect.as_ref().and_then(|e| e.failure(&c.id)))
+            .collect();
         self.summary = Summary {
             cases: self.cases.len(),
             skipped: self.skipped.len(),
             groups: self.groups.len(),
             ok: failures.is_empty(),
             failures,
+            differs_from_expect,
         };
+    }
+
+    /// Every check held and every `expect` was met: what exit code 0 says.
+    pub fn passed(&self) -> bool {
+        self.summary.ok && self.summary.differs_from_expect.is_empty()
     }
 
     pub fn to_json(&self) -> String {

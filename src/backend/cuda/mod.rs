@@ -10,7 +10,7 @@ pub mod world;
 use super::{
     gpu_failed, unsupported, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions,
 };
-use crate::experiment::Case;
+use crate::experiment::{Addends, Case};
 use crate::fold::{mean_scale, shard_plan, Contract};
 use crate::gpu::kernels::{self, CompileOptions, FoldMode, KernelVariant};
 use crate::gpu::mem::DeviceBuffer;
@@ -256,6 +256,18 @@ impl CudaBackend {
             self.ensure_readers(case.world())
                 .map_err(|e| gpu_failed(case.id(), "read-back buffers", e))?;
             let bufs = &self.worlds[&(case.world(), n)];
+            let generate = match case.addends() {
+                Addends::Generated { seed, distribution } => Some((*distribution, *seed)),
+                Addends::Files(f) => {
+                    let u = Instant::now();
+                    upload_rank_files(f, a, bufs).map_err(|e| match e {
+                        Upload::Read(e) => crate::backend::addends_error(case)(e),
+                        Upload::Gpu(e) => gpu_failed(case.id(), "uploading the rank files", e),
+                    })?;
+                    t.generate_ms += u.elapsed().as_secs_f64() * 1e3;
+                    None
+                }
+            };
             let spec = RoundSpec {
                 plan: &plan,
                 order: &order,
@@ -265,8 +277,7 @@ impl CudaBackend {
                 scale,
                 variant: self.cfg.variant,
                 tuning: self.cfg.tuning,
-                distribution: case.distribution(),
-                seed: case.seed(),
+                generate,
                 arena: a as u32,
             };
             let (gen_ms, reduce_ms) =
@@ -401,6 +412,9 @@ impl CudaBackend {
             .arenas()
             .first()
             .ok_or_else(|| unsupported(id, "case has no arena"))?;
+        let Addends::Generated { seed, distribution } = *case.addends() else {
+            return Err(unsupported(id, "peer files are written from generated addends"));
+        };
         std::fs::create_dir_all(dir)
             .map_err(io(dir))
             .map_err(failed)?;
@@ -432,8 +446,8 @@ impl CudaBackend {
                                 buf.ptr(),
                                 k as u64,
                                 first as u64,
-                                case.distribution(),
-                                case.seed(),
+                                distribution,
+                                seed,
                                 r as u32,
                                 0,
                                 main,
@@ -633,4 +647,43 @@ mod driver_error_tests {
         let err = super::unsupported("c", e);
         assert_eq!(err.exit_code(), ExitCode::Unavailable);
     }
+}
+
+/// Why rank files did not reach the device.
+enum Upload {
+    Read(crate::addends::AddendError),
+    Gpu(GpuError),
+}
+
+/// Every rank's arena `a` from its file into its device arena: each rank
+/// read into one host buffer while the previous one is copied up.
+fn upload_rank_files(
+    files: &crate::addends::AddendFiles,
+    a: usize,
+    bufs: &world::WorldBuffers,
+) -> Result<(), Upload> {
+    let n = bufs.len;
+    let mut host = [vec![0f32; n], vec![0f32; n]];
+    files.read(0, a, &mut host[0]).map_err(Upload::Read)?;
+    for r in 0..bufs.world {
+        let (cur, next) = host.split_at_mut(1);
+        let (cur, next) = if r % 2 == 0 {
+            (&mut cur[0], &mut next[0])
+        } else {
+            (&mut next[0], &mut cur[0])
+        };
+        let (up, read) = rayon::join(
+            || bufs.ranks[r].upload(cur),
+            || {
+                if r + 1 < bufs.world {
+                    files.read(r + 1, a, next)
+                } else {
+                    Ok(())
+                }
+            },
+        );
+        up.map_err(Upload::Gpu)?;
+        read.map_err(Upload::Read)?;
+    }
+    Ok(())
 }

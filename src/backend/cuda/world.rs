@@ -85,8 +85,9 @@ pub struct RoundSpec<'a> {
     pub scale: Option<f32>,
     pub variant: KernelVariant,
     pub tuning: LaunchTuning,
-    pub distribution: Distribution,
-    pub seed: u64,
+    /// The generator's (distribution, seed), or `None` when the caller
+    /// has already uploaded each rank's addends (rank files).
+    pub generate: Option<(Distribution, u64)>,
     pub arena: u32,
 }
 
@@ -107,7 +108,7 @@ fn wait(stream: &CudaStream, e: &CudaEvent) -> Result<(), GpuError> {
         .map_err(|e| GpuError::driver("cuStreamWaitEvent", e))
 }
 
-/// Generate, exchange, fold and redistribute one arena. Returns the
+/// Generate (unless uploaded), exchange, fold and redistribute one arena. Returns the
 /// device-measured (generate, reduce) milliseconds; on return every rank
 /// holds the reduced arena and the device is idle for these buffers.
 pub fn run_round(
@@ -121,19 +122,21 @@ pub fn run_round(
     let world = bufs.world;
     let n = bufs.len;
     let t0 = ev(main, true)?;
-    for (r, arena) in bufs.ranks.iter().enumerate() {
-        // SAFETY: each rank arena holds `n` f32s.
-        unsafe {
-            dev.generate(
-                arena.ptr(),
-                n as u64,
-                0,
-                spec.distribution,
-                spec.seed,
-                r as u32,
-                spec.arena,
-                main,
-            )?;
+    if let Some((distribution, seed)) = spec.generate {
+        for (r, arena) in bufs.ranks.iter().enumerate() {
+            // SAFETY: each rank arena holds `n` f32s.
+            unsafe {
+                dev.generate(
+                    arena.ptr(),
+                    n as u64,
+                    0,
+                    distribution,
+                    seed,
+                    r as u32,
+                    spec.arena,
+                    main,
+                )?;
+            }
         }
     }
     let t1 = ev(main, true)?;

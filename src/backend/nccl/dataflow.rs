@@ -6,7 +6,7 @@
 use super::{NcclBackend, RankBufs, RankCtx, NAME};
 use crate::backend::cuda::CudaConfig;
 use crate::backend::{infrastructure, BackendError, RunOptions};
-use crate::experiment::Case;
+use crate::experiment::{Addends, Case};
 use crate::fold::{mean_scale, shard_plan, Contract, Shard};
 use crate::gpu::device::row_stride;
 use crate::gpu::error::GpuError;
@@ -54,6 +54,8 @@ pub(super) enum Fault {
     },
     /// The watchdog fired, or a peer broke the communicator, in `phase`.
     Infra { phase: String, message: String },
+    /// This rank's own file could not be read.
+    Addends(crate::addends::AddendError),
 }
 
 /// A failure of a rank thread outside any phase (it panicked).
@@ -90,6 +92,10 @@ impl Fault {
             },
             Fault::Gpu { phase, source } => crate::backend::gpu_failed(case, phase, source),
             Fault::Infra { phase, message } => infrastructure(case, phase, message),
+            Fault::Addends(source) => BackendError::Addends {
+                case: case.to_string(),
+                source,
+            },
         }
     }
 }
@@ -215,21 +221,34 @@ pub(super) fn rank_arena(
     let stream = ctx.stream.clone();
     let t0 = Instant::now();
     if !job.timing_only {
-        // SAFETY: `arena` is a view of n f32s of this context.
-        unsafe {
-            ctx.dev
-                .generate(
-                    arena.ptr(),
-                    n as u64,
-                    0,
-                    job.case.distribution(),
-                    job.case.seed(),
-                    me as u32,
-                    job.arena,
-                    &stream,
-                )
-                .map_err(gpu("generate"))?
-        };
+        match job.case.addends() {
+            Addends::Generated { seed, distribution } => {
+                // SAFETY: `arena` is a view of n f32s of this context.
+                unsafe {
+                    ctx.dev
+                        .generate(
+                            arena.ptr(),
+                            n as u64,
+                            0,
+                            *distribution,
+                            *seed,
+                            me as u32,
+                            job.arena,
+                            &stream,
+                        )
+                        .map_err(gpu("generate"))?
+                };
+            }
+            // This rank's own file, as in the job that wrote it.
+            Addends::Files(f) => {
+                let mut host = vec![0f32; n];
+                f.read(me, job.arena as usize, &mut host)
+                    .map_err(Fault::Addends)?;
+                bufs.arena
+                    .upload(&host)
+                    .map_err(gpu("uploading the rank file"))?;
+            }
+        }
     }
     stream
         .synchronize()

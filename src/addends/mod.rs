@@ -1,0 +1,750 @@
+//! Addends from files: a case whose ranks reduce what a training job
+//! reduced, one file per rank (`grads/rank{rank}.safetensors`), instead of
+//! the generator's values.
+//!
+//! A rank file is opened once, checked (a regular file, a valid header,
+//! every byte accounted for, the same arenas as every other rank's file),
+//! hashed, and then read by the backends straight into their arenas with
+//! positioned reads; before each read the open file is checked against
+//! what was hashed, so a report never names the digest of other bytes.
+//! Under NCCL with one process per rank, each rank opens only its own file
+//! (as in a real job, where the others may be on other machines) and rank 0
+//! learns the others' digests in the rendezvous ([`AddendFiles::complete`]).
+
+mod format;
+mod read;
+
+pub use format::{Dtype, Format, Tensor};
+
+use crate::digest::Sha256;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Ranks past the last rank file looked at, to tell a gap from the end.
+const GAP_LOOKAHEAD: usize = 64;
+
+/// What a rank file is, as every report records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileFacts {
+    pub sha256: Sha256,
+    pub bytes: u64,
+}
+
+/// Which rank files this process opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every rank's (the CPU oracle, CUDA, NCCL with one process).
+    AllRanks,
+    /// Only `rank`'s, of `world` (NCCL with one process per rank).
+    OwnRank { rank: usize, world: usize },
+}
+
+/// Why a rank file cannot be used. The path is the one the experiment
+/// wrote, with the rank filled in.
+#[derive(Debug, thiserror::Error)]
+pub enum AddendError {
+    /// Missing, unreadable, malformed, or unlike the other ranks' files.
+    #[error("{path}: {message}")]
+    Bad { path: String, message: String },
+    /// Changed after foldprint hashed it: its digest would not describe
+    /// the bytes reduced.
+    #[error("{path}: changed after foldprint hashed it ({what}); run again on files nobody is writing")]
+    Changed { path: String, what: String },
+    /// A read the operating system refused mid-run.
+    #[error("{path}: cannot read tensor `{tensor}`: {source}")]
+    Io {
+        path: String,
+        tensor: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Asked for a rank whose file this process did not open.
+    #[error("rank {rank}'s file {path} is not open in this process")]
+    NotOpened { rank: usize, path: String },
+}
+
+/// One arena as the files hold it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArenaSpec {
+    /// The tensor's name (`array` for an npy file).
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<u64>,
+    pub len: usize,
+}
+
+/// One rank's file, as reports record it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankFileParams {
+    /// As the experiment wrote it, with the rank filled in.
+    pub path: String,
+    pub sha256: Sha256,
+    pub bytes: u64,
+}
+
+/// A case's addend files in its report: enough to tell whether two
+/// reports reduced the same inputs, not where they were.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddendParams {
+    /// The `addends` value as written.
+    pub template: String,
+    pub format: Format,
+    /// The arenas, in the case's order.
+    pub arenas: Vec<ArenaSpec>,
+    /// One per rank, in rank order.
+    pub files: Vec<RankFileParams>,
+    /// [`identity`] of the above: what the case key holds.
+    pub identity: Sha256,
+}
+
+impl AddendParams {
+    /// Whether `identity` is the one its fields give.
+    pub fn identity_holds(&self) -> bool {
+        let facts: Vec<FileFacts> = self
+            .files
+            .iter()
+            .map(|f| FileFacts {
+                sha256: f.sha256,
+                bytes: f.bytes,
+            })
+            .collect();
+        identity(self.format, &self.arenas, &facts) == self.identity
+    }
+}
+
+/// The inputs' identity: format, arenas and every rank file's digest and
+/// size in rank order; never a path, so the same files elsewhere compare.
+pub fn identity(format: Format, arenas: &[ArenaSpec], files: &[FileFacts]) -> Sha256 {
+    let mut text = format!("foldprint addends 1\n{}\n", format.name());
+    for a in arenas {
+        let shape: Vec<String> = a.shape.iter().map(|d| d.to_string()).collect();
+        text.push_str(&format!(
+            "arena\t{}\t{}\t{}\t{}\n",
+            a.name,
+            a.dtype,
+            shape.join("x"),
+            a.len
+        ));
+    }
+    for f in files {
+        text.push_str(&format!("file\t{}\t{}\n", f.sha256, f.bytes));
+    }
+    Sha256::of(text.as_bytes())
+}
+
+/// A file's identity on disk when it was hashed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl Stamp {
+    fn of(file: &std::fs::File) -> std::io::Result<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata()?;
+        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+        Ok(Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.len(),
+            mtime_ns: ns(m.mtime(), m.mtime_nsec()),
+            ctime_ns: ns(m.ctime(), m.ctime_nsec()),
+        })
+    }
+}
+
+/// A rank file this process opened: its descriptor, kept open, and its
+/// tensors in the case's arena order.
+#[derive(Debug)]
+struct Opened {
+    file: std::fs::File,
+    stamp: Stamp,
+    tensors: Vec<Tensor>,
+}
+
+#[derive(Debug, Clone)]
+struct RankFile {
+    /// As written, rank filled in.
+    shown: String,
+    facts: Option<FileFacts>,
+    opened: Option<Arc<Opened>>,
+}
+
+/// The rank files of a case: what each rank's arenas are read from.
+#[derive(Debug, Clone)]
+pub struct AddendFiles {
+    template: String,
+    /// What a relative template is relative to (the experiment's directory).
+    base: PathBuf,
+    format: Format,
+    arenas: Vec<ArenaSpec>,
+    files: Vec<RankFile>,
+}
+
+impl PartialEq for AddendFiles {
+    fn eq(&self, other: &Self) -> bool {
+        self.template == other.template
+            && self.format == other.format
+            && self.arenas == other.arenas
+            && self.files.len() == other.files.len()
+            && self
+                .files
+                .iter()
+                .zip(&other.files)
+                .all(|(a, b)| a.shown == b.shown && a.facts == b.facts)
+    }
+}
+
+fn bad(path: &str, message: impl Into<String>) -> AddendError {
+    AddendError::Bad {
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+impl AddendFiles {
+    /// Open the rank files `template` names (`{rank}` replaced by each
+    /// rank), relative paths taken from `base` (the experiment file's
+    /// directory). `tensors` picks and orders the arenas of a safetensors
+    /// file (default: all of them, sorted by name). `world`, when the
+    /// experiment sets it, is the number of rank files there must be;
+    /// otherwise it is the number there are.
+    pub fn open(
+        template: &str,
+        base: &Path,
+        tensors: Option<&[String]>,
+        world: Option<usize>,
+        scope: Scope,
+    ) -> Result<AddendFiles, AddendError> {
+        if !template.contains("{rank}") {
+            return Err(bad(
+                template,
+                "needs `{rank}` where the rank number goes: one file per rank",
+            ));
+        }
+        let format = Format::of(template)
+            .ok_or_else(|| bad(template, "name files `.safetensors` or `.npy`"))?;
+        if tensors.is_some() && format == Format::Npy {
+            return Err(bad(
+                template,
+                "`tensors` picks tensors of a safetensors file; an npy file holds one array",
+            ));
+        }
+        let shown = |r: usize| template.replace("{rank}", &r.to_string());
+        let resolve = |r: usize| -> PathBuf {
+            let p = PathBuf::from(shown(r));
+            if p.is_absolute() {
+                p
+            } else {
+                base.join(p)
+            }
+        };
+        let exists = |r: usize| std::fs::symlink_metadata(resolve(r)).is_ok();
+        let (world, mine): (usize, Vec<usize>) = match scope {
+            Scope::OwnRank { rank, world: w } => {
+                let w = world.unwrap_or(w);
+                (w, if rank < w { vec![rank] } else { Vec::new() })
+            }
+            Scope::AllRanks => {
+                let w = match world {
+                    Some(w) => w,
+                    None => (0..).take_while(|&r| exists(r)).count(),
+                };
+                if w == 0 {
+                    return Err(bad(&shown(0), "not found (the first rank file)"));
+                }
+                if let Some(r) = (0..w).find(|&r| !exists(r)) {
+                    return Err(bad(
+                        &shown(r),
+                        format!("not found: W = {w} needs a file for each of ranks 0 ..= {}", w - 1),
+                    ));
+                }
+                if let Some(r) = (w + 1..=w + GAP_LOOKAHEAD).find(|&r| exists(r)) {
+                    return Err(bad(
+                        &shown(w),
+                        format!(
+                            "{} exists but rank {w}'s file is missing: {}",
+                            shown(r),
+                            if world.is_some() {
+                                "W is set, so the rank files past it would be left out"
+                            } else {
+                                "W is the number of rank files 0, 1, 2 ... so a gap would drop ranks"
+                            }
+                        ),
+                    ));
+                }
+                (w, (0..w).collect())
+            }
+        };
+        let mut files: Vec<RankFile> = (0..world)
+            .map(|r| RankFile {
+                shown: shown(r),
+                facts: None,
+                opened: None,
+            })
+            .collect();
+        // Open and read every header first (cheap), then hash in parallel.
+        let mut opened = Vec::new();
+        for &r in &mine {
+            let (file, stamp, all) = open_file(&files[r].shown, &resolve(r), format)?;
+            opened.push((r, file, stamp, all));
+        }
+        let (reference, arenas) = match opened.first() {
+            Some((r, _, _, all)) => (files[*r].shown.clone(), pick(all, tensors, &files[*r].shown)?),
+            None => (String::new(), Vec::new()),
+        };
+        let mut checked = Vec::new();
+        for (r, file, stamp, all) in opened {
+            let mine = pick(&all, tensors, &files[r].shown)?;
+            same_arenas(&mine, &arenas, &files[r].shown, &reference)?;
+            checked.push((r, file, stamp, mine));
+        }
+        let hashed: Vec<Result<(usize, Opened, FileFacts), AddendError>> = {
+            use rayon::prelude::*;
+            checked
+                .into_par_iter()
+                .map(|(r, file, stamp, tensors)| {
+                    let facts = hash_file(&files[r].shown, &file, stamp)?;
+                    Ok((
+                        r,
+                        Opened {
+                            file,
+                            stamp,
+                            tensors,
+                        },
+                        facts,
+                    ))
+                })
+                .collect()
+        };
+        let arena_specs = arenas
+            .iter()
+            .map(|t| ArenaSpec {
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                len: t.len,
+            })
+            .collect();
+        for h in hashed {
+            let (r, o, facts) = h?;
+            files[r].facts = Some(facts);
+            files[r].opened = Some(Arc::new(o));
+        }
+        Ok(AddendFiles {
+            template: template.into(),
+            base: base.to_path_buf(),
+            format,
+            arenas: arena_specs,
+            files,
+        })
+    }
+
+    pub fn template(&self) -> &str {
+        &self.template
+    }
+    /// The template as a path that works from any directory.
+    pub fn resolved_template(&self) -> String {
+        if Path::new(&self.template).is_absolute() {
+            self.template.clone()
+        } else {
+            self.base.join(&self.template).display().to_string()
+        }
+    }
+    pub fn format(&self) -> Format {
+        self.format
+    }
+    /// The ranks: one file each.
+    pub fn world(&self) -> usize {
+        self.files.len()
+    }
+    pub fn arenas(&self) -> &[ArenaSpec] {
+        &self.arenas
+    }
+    /// Rank `rank`'s file as the experiment wrote it.
+    pub fn path(&self, rank: usize) -> &str {
+        &self.files[rank].shown
+    }
+    /// Whether every rank file's digest is known here.
+    pub fn is_complete(&self) -> bool {
+        self.files.iter().all(|f| f.facts.is_some())
+    }
+    /// This process's own file's facts (the one it opened), if one.
+    pub fn own_facts(&self) -> Option<FileFacts> {
+        self.files
+            .iter()
+            .find(|f| f.opened.is_some())
+            .and_then(|f| f.facts)
+    }
+    /// Whether rank `rank`'s file is open here.
+    pub fn is_open(&self, rank: usize) -> bool {
+        self.files.get(rank).is_some_and(|f| f.opened.is_some())
+    }
+
+    /// Everyone's digests known: `facts` in rank order (what the other
+    /// ranks presented in the rendezvous). A file this process hashed must
+    /// match what its rank presented.
+    pub fn complete(&self, facts: &[FileFacts]) -> Result<AddendFiles, AddendError> {
+        if facts.len() != self.files.len() {
+            return Err(bad(
+                &self.template,
+                format!(
+                    "{} rank files, but {} ranks presented theirs",
+                    self.files.len(),
+                    facts.len()
+                ),
+            ));
+        }
+        let mut out = self.clone();
+        for (f, given) in out.files.iter_mut().zip(facts) {
+            if let Some(mine) = f.facts {
+                if mine != *given {
+                    return Err(bad(
+                        &f.shown,
+                        "its rank presented another digest than this process read",
+                    ));
+                }
+            }
+            f.facts = Some(*given);
+        }
+        Ok(out)
+    }
+
+    /// The identity the case key holds, once every digest is known.
+    pub fn identity(&self) -> Option<Sha256> {
+        let facts: Option<Vec<FileFacts>> = self.files.iter().map(|f| f.facts).collect();
+        Some(identity(self.format, &self.arenas, &facts?))
+    }
+
+    /// The block a report records (digests not known here are zero: only
+    /// a rank that does not report can hold an incomplete set).
+    pub fn params(&self) -> AddendParams {
+        let files = self
+            .files
+            .iter()
+            .map(|f| {
+                let facts = f.facts.unwrap_or(FileFacts {
+                    sha256: Sha256::default(),
+                    bytes: 0,
+                });
+                RankFileParams {
+                    path: f.shown.clone(),
+                    sha256: facts.sha256,
+                    bytes: facts.bytes,
+                }
+            })
+            .collect();
+        AddendParams {
+            template: self.template.clone(),
+            format: self.format,
+            arenas: self.arenas.clone(),
+            files,
+            identity: self.identity().unwrap_or_default(),
+        }
+    }
+
+    /// What every rank must agree on before the first collective: the
+    /// format and the arenas (each rank knows them from its own file).
+    pub fn layout(&self) -> String {
+        let arenas: Vec<String> = self
+            .arenas
+            .iter()
+            .map(|a| format!("{}:{}[{}]", a.name, a.dtype, a.len))
+            .collect();
+        format!("{} {}", self.format.name(), arenas.join(","))
+    }
+
+    fn opened(&self, rank: usize) -> Result<&Opened, AddendError> {
+        let f = &self.files[rank];
+        let o = f.opened.as_deref().ok_or_else(|| AddendError::NotOpened {
+            rank,
+            path: f.shown.clone(),
+        })?;
+        let now = Stamp::of(&o.file).map_err(|e| bad(&f.shown, e.to_string()))?;
+        if now != o.stamp {
+            return Err(AddendError::Changed {
+                path: f.shown.clone(),
+                what: "before it was read".into(),
+            });
+        }
+        Ok(o)
+    }
+
+    /// Rank `rank`'s arena `arena`, widened to float32, into `dst` (whose
+    /// length is the arena's).
+    pub fn read(&self, rank: usize, arena: usize, dst: &mut [f32]) -> Result<(), AddendError> {
+        let o = self.opened(rank)?;
+        let t = &o.tensors[arena];
+        debug_assert_eq!(dst.len(), t.len);
+        read::tensor(&o.file, t, dst).map_err(|source| AddendError::Io {
+            path: self.files[rank].shown.clone(),
+            tensor: t.name.clone(),
+            source,
+        })
+    }
+
+    /// Rank `rank`'s values of arena `arena` at `0, stride, 2 stride ...`
+    /// (`picks` of them), for the order-sensitivity measure.
+    pub fn sample(
+        &self,
+        rank: usize,
+        arena: usize,
+        stride: u64,
+        picks: u64,
+    ) -> Result<Vec<f32>, AddendError> {
+        let o = self.opened(rank)?;
+        let t = &o.tensors[arena];
+        read::sample(&o.file, t, stride, picks).map_err(|source| AddendError::Io {
+            path: self.files[rank].shown.clone(),
+            tensor: t.name.clone(),
+            source,
+        })
+    }
+}
+
+/// Open one file of `format`: a regular file with a header foldprint reads.
+fn open_file(
+    shown: &str,
+    path: &Path,
+    format: Format,
+) -> Result<(std::fs::File, Stamp, Vec<Tensor>), AddendError> {
+    let (file, size) = crate::input::open_regular(path).map_err(|e| {
+        bad(
+            shown,
+            match e.kind() {
+                std::io::ErrorKind::NotFound => "not found".to_string(),
+                _ => e.to_string(),
+            },
+        )
+    })?;
+    let all = format::tensors(&file, size, format).map_err(|m| bad(shown, m))?;
+    let stamp = Stamp::of(&file).map_err(|e| bad(shown, e.to_string()))?;
+    Ok((file, stamp, all))
+}
+
+/// The SHA-256 and size of an opened file, refused if it changed meanwhile.
+fn hash_file(shown: &str, file: &std::fs::File, stamp: Stamp) -> Result<FileFacts, AddendError> {
+    let sha256 =
+        read::hash(file, stamp.size).map_err(|e| bad(shown, format!("cannot read it: {e}")))?;
+    let now = Stamp::of(file).map_err(|e| bad(shown, e.to_string()))?;
+    if now != stamp {
+        return Err(AddendError::Changed {
+            path: shown.into(),
+            what: "while it was being hashed".into(),
+        });
+    }
+    Ok(FileFacts {
+        sha256,
+        bytes: stamp.size,
+    })
+}
+
+/// A framework's reduced result (`expect = "allreduced.safetensors"`):
+/// one float32 tensor per arena, named as the arenas are, compared bit for
+/// bit with the case's result.
+#[derive(Debug)]
+pub struct ExpectFile {
+    shown: String,
+    facts: FileFacts,
+    opened: Opened,
+}
+
+impl PartialEq for ExpectFile {
+    fn eq(&self, other: &Self) -> bool {
+        self.shown == other.shown && self.facts == other.facts
+    }
+}
+
+impl ExpectFile {
+    /// Open `written` (relative to `base`), holding the case's `arenas`.
+    pub fn open(written: &str, base: &Path, arenas: &[ArenaSpec]) -> Result<ExpectFile, AddendError> {
+        let format =
+            Format::of(written).ok_or_else(|| bad(written, "name it `.safetensors` or `.npy`"))?;
+        let p = PathBuf::from(written);
+        let path = if p.is_absolute() { p } else { base.join(p) };
+        let (file, stamp, all) = open_file(written, &path, format)?;
+        let mut tensors = Vec::new();
+        for a in arenas {
+            let t = match format {
+                Format::Npy => {
+                    if arenas.len() != 1 {
+                        return Err(bad(
+                            written,
+                            format!(
+                                "an npy file holds one array, the case has {} arenas: use safetensors",
+                                arenas.len()
+                            ),
+                        ));
+                    }
+                    all[0].clone()
+                }
+                Format::Safetensors => match all.iter().find(|t| t.name == a.name) {
+                    Some(t) => t.clone(),
+                    None => {
+                        let have: Vec<&str> = all.iter().map(|t| t.name.as_str()).collect();
+                        return Err(bad(
+                            written,
+                            format!("has no tensor `{}` (it has {})", a.name, list(&have)),
+                        ));
+                    }
+                },
+            };
+            if t.dtype != Dtype::F32 {
+                return Err(bad(
+                    written,
+                    format!(
+                        "tensor `{}` is {}; a reduced result is compared as float32, bit for bit",
+                        t.name, t.dtype
+                    ),
+                ));
+            }
+            if t.len != a.len {
+                return Err(bad(
+                    written,
+                    format!(
+                        "tensor `{}` has {} elements, the arena {}",
+                        t.name, t.len, a.len
+                    ),
+                ));
+            }
+            tensors.push(t);
+        }
+        let facts = hash_file(written, &file, stamp)?;
+        Ok(ExpectFile {
+            shown: written.into(),
+            facts,
+            opened: Opened {
+                file,
+                stamp,
+                tensors,
+            },
+        })
+    }
+
+    /// As the experiment wrote it.
+    pub fn path(&self) -> &str {
+        &self.shown
+    }
+    pub fn facts(&self) -> FileFacts {
+        self.facts
+    }
+    /// Whether it holds arenas of these lengths.
+    pub fn matches(&self, lens: &[usize]) -> Result<(), String> {
+        let have: Vec<usize> = self.opened.tensors.iter().map(|t| t.len).collect();
+        if have == lens {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} holds arenas of {have:?} elements, the case {lens:?}",
+                self.shown
+            ))
+        }
+    }
+    /// The expected values of arena `arena`.
+    pub fn read(&self, arena: usize) -> Result<Vec<f32>, AddendError> {
+        let o = &self.opened;
+        let now = Stamp::of(&o.file).map_err(|e| bad(&self.shown, e.to_string()))?;
+        if now != o.stamp {
+            return Err(AddendError::Changed {
+                path: self.shown.clone(),
+                what: "before it was compared".into(),
+            });
+        }
+        let t = &o.tensors[arena];
+        let mut v = Vec::new();
+        v.try_reserve_exact(t.len).map_err(|_| {
+            bad(
+                &self.shown,
+                format!("out of memory reading tensor `{}`", t.name),
+            )
+        })?;
+        v.resize(t.len, 0f32);
+        read::tensor(&o.file, t, &mut v).map_err(|source| AddendError::Io {
+            path: self.shown.clone(),
+            tensor: t.name.clone(),
+            source,
+        })?;
+        Ok(v)
+    }
+}
+
+/// The tensors `want` names (all, sorted by name, when it names none).
+fn pick(all: &[Tensor], want: Option<&[String]>, shown: &str) -> Result<Vec<Tensor>, AddendError> {
+    match want {
+        None => Ok(all.to_vec()),
+        Some(names) => {
+            if names.is_empty() {
+                return Err(bad(shown, "`tensors` is empty: name at least one tensor"));
+            }
+            let mut out = Vec::new();
+            for (i, n) in names.iter().enumerate() {
+                if names[..i].contains(n) {
+                    return Err(bad(shown, format!("`tensors` names `{n}` twice")));
+                }
+                match all.iter().find(|t| &t.name == n) {
+                    Some(t) => out.push(t.clone()),
+                    None => {
+                        let have: Vec<&str> = all.iter().map(|t| t.name.as_str()).collect();
+                        return Err(bad(
+                            shown,
+                            format!("has no tensor `{n}` (it has {})", list(&have)),
+                        ));
+                    }
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+fn list(names: &[&str]) -> String {
+    const SHOWN: usize = 8;
+    let mut s: Vec<String> = names.iter().take(SHOWN).map(|n| format!("`{n}`")).collect();
+    if names.len() > SHOWN {
+        s.push(format!("and {} more", names.len() - SHOWN));
+    }
+    s.join(", ")
+}
+
+/// A rank file's arenas must be the reference file's: the same names,
+/// element types and shapes (the order then follows from `pick`).
+fn same_arenas(
+    mine: &[Tensor],
+    reference: &[Tensor],
+    here: &str,
+    ref_path: &str,
+) -> Result<(), AddendError> {
+    for t in mine {
+        match reference.iter().find(|x| x.name == t.name) {
+            None => {
+                return Err(bad(
+                    here,
+                    format!("has tensor `{}`, which {ref_path} lacks", t.name),
+                ))
+            }
+            Some(x) if x.dtype != t.dtype || x.shape != t.shape => {
+                return Err(bad(
+                    here,
+                    format!(
+                        "tensor `{}` is {}{:?} here but {}{:?} in {ref_path}",
+                        t.name, t.dtype, t.shape, x.dtype, x.shape
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some(x) = reference.iter().find(|x| !mine.iter().any(|t| t.name == x.name)) {
+        return Err(bad(
+            here,
+            format!("lacks tensor `{}`, which {ref_path} has", x.name),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! Reading a rank file's bytes: its SHA-256, and a tensor straight into an
+//! arena with positioned reads (safe to share one descriptor between
+//! threads; no mapping, so a file truncated under us is an I/O error, not
+//! a SIGBUS).
+
+use super::format::{Dtype, Tensor};
+use crate::digest::Sha256;
+use rayon::prelude::*;
+use sha2::Digest;
+use std::os::unix::fs::FileExt;
+
+/// Elements read per positioned read (4 MiB of float32).
+const BLOCK: usize = 1 << 20;
+
+/// SHA-256 of the file's first `size` bytes.
+pub(super) fn hash(file: &std::fs::File, size: u64) -> std::io::Result<Sha256> {
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 4 << 20];
+    let mut at = 0u64;
+    while at < size {
+        let n = (size - at).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], at)?;
+        h.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(Sha256::from_bytes(h.finalize().into()))
+}
+
+/// One element of `t` from its stored bytes.
+fn widen(t: &Tensor, b: &[u8]) -> f32 {
+    match (t.dtype, t.big_endian) {
+        (Dtype::F32, false) => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        (Dtype::F32, true) => f32::from_be_bytes([b[0], b[1], b[2], b[3]]),
+        // bfloat16 is the top half of a float32.
+        (Dtype::Bf16, false) => f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
+        (Dtype::Bf16, true) => f32::from_bits(u32::from(u16::from_be_bytes([b[0], b[1]])) << 16),
+        (Dtype::F16, false) => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+        (Dtype::F16, true) => half::f16::from_be_bytes([b[0], b[1]]).to_f32(),
+    }
+}
+
+/// Elements `first .. first + dst.len()` of `t` into `dst`.
+fn block(
+    file: &std::fs::File,
+    t: &Tensor,
+    first: usize,
+    dst: &mut [f32],
+    scratch: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    let width = t.dtype.bytes();
+    let at = t.offset + (first * width) as u64;
+    if t.dtype == Dtype::F32 && !t.big_endian {
+        // Little-endian float32: the stored bytes are the arena's, so they
+        // go straight into it, then are fixed up on a big-endian host.
+        // SAFETY: any 4 bytes are a valid f32; the byte view covers exactly
+        // `dst` and ends before `dst` is used again.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(dst))
+        };
+        file.read_exact_at(bytes, at)?;
+        if cfg!(target_endian = "big") {
+            for v in dst.iter_mut() {
+                *v = f32::from_bits(u32::from_le(v.to_bits()));
+            }
+        }
+        return Ok(());
+    }
+    scratch.resize(dst.len() * width, 0);
+    file.read_exact_at(scratch, at)?;
+    for (d, b) in dst.iter_mut().zip(scratch.chunks_exact(width)) {
+        *d = widen(t, b);
+    }
+    Ok(())
+}
+
+/// All of `t` into `dst`, blocks read in parallel.
+pub(super) fn tensor(file: &std::fs::File, t: &Tensor, dst: &mut [f32]) -> std::io::Result<()> {
+    if dst.len() != t.len {
+        return Err(std::io::Error::other(format!(
+            "{} elements asked for, the tensor has {}",
+            dst.len(),
+            t.len
+        )));
+    }
+    dst.par_chunks_mut(BLOCK)
+        .enumerate()
+        .try_for_each_init(Vec::new, |scratch, (k, chunk)| {
+            block(file, t, k * BLOCK, chunk, scratch)
+        })
+}
+
+/// Elements `0, stride, 2 stride ...` of `t`, `picks` of them.
+pub(super) fn sample(
+    file: &std::fs::File,
+    t: &Tensor,
+    stride: u64,
+    picks: u64,
+) -> std::io::Result<Vec<f32>> {
+    let stride = stride.max(1) as usize;
+    if stride == 1 {
+        let mut all = vec![0f32; t.len];
+        tensor(file, t, &mut all)?;
+        all.truncate(picks as usize);
+        return Ok(all);
+    }
+    // Sparse picks: one small read each, in parallel.
+    let width = t.dtype.bytes();
+    (0..picks as usize)
+        .into_par_iter()
+        .map(|p| {
+            let mut b = [0u8; 4];
+            file.read_exact_at(&mut b[..width], t.offset + (p * stride * width) as u64)?;
+            Ok(widen(t, &b))
+        })
+        .collect()
+}
