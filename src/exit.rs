@@ -240,6 +240,8 @@ pub enum Failure {
     #[error(transparent)]
     Rank(#[from] RankError),
     #[error(transparent)]
+    Addends(#[from] crate::addends::AddendError),
+    #[error(transparent)]
     Bench(Box<BenchError>),
     /// A file could not be read or written; the message is in `context`
     /// around it.
@@ -292,6 +294,7 @@ impl HasExitCode for Failure {
         match self {
             Failure::Run(e) => e.exit_code(),
             Failure::Backend(e) => e.exit_code(),
+            Failure::Addends(e) => e.exit_code(),
             Failure::Gpu(e) => e.exit_code(),
             Failure::Input(e) => e.exit_code(),
             Failure::Report(e) => e.exit_code(),
@@ -386,6 +389,7 @@ mod tests {
             what: "host memory",
             needed: 2,
             available: 1,
+            inputs: String::new(),
         };
         assert_eq!(Failure::from(oom).exit_code(), ExitCode::Unavailable);
         let full = ReportError::Write {

@@ -1,11 +1,11 @@
 //! One `run`: experiments -> backend -> digests -> report (+ dumps).
 
 use crate::backend::{Backend, BackendError, RunOptions};
-use crate::report::expect::ExpectOutcome;
 use crate::digest::{hashed_bytes, NanPolicy};
 pub use crate::dumpdir::{dump_name, dump_names};
 use crate::environment::Environment;
 use crate::experiment::{Case, Experiment};
+use crate::report::expect::ExpectOutcome;
 use crate::report::{
     build_groups, CaseReport, ExperimentInfo, Report, SkippedCase, Summary, ToolInfo,
     REPORT_FORMAT, REPORT_VERSION,

@@ -49,7 +49,9 @@ pub enum AddendError {
     Bad { path: String, message: String },
     /// Changed after foldprint hashed it: its digest would not describe
     /// the bytes reduced.
-    #[error("{path}: changed after foldprint hashed it ({what}); run again on files nobody is writing")]
+    #[error(
+        "{path}: changed after foldprint hashed it ({what}); run again on files nobody is writing"
+    )]
     Changed { path: String, what: String },
     /// A read the operating system refused mid-run.
     #[error("{path}: cannot read tensor `{tensor}`: {source}")]
@@ -262,7 +264,10 @@ impl AddendFiles {
                 if let Some(r) = (0..w).find(|&r| !exists(r)) {
                     return Err(bad(
                         &shown(r),
-                        format!("not found: W = {w} needs a file for each of ranks 0 ..= {}", w - 1),
+                        format!(
+                            "not found: W = {w} needs a file for each of ranks 0 ..= {}",
+                            w - 1
+                        ),
                     ));
                 }
                 if let Some(r) = (w + 1..=w + GAP_LOOKAHEAD).find(|&r| exists(r)) {
@@ -296,7 +301,10 @@ impl AddendFiles {
             opened.push((r, file, stamp, all));
         }
         let (reference, arenas) = match opened.first() {
-            Some((r, _, _, all)) => (files[*r].shown.clone(), pick(all, tensors, &files[*r].shown)?),
+            Some((r, _, _, all)) => (
+                files[*r].shown.clone(),
+                pick(all, tensors, &files[*r].shown)?,
+            ),
             None => (String::new(), Vec::new()),
         };
         let mut checked = Vec::new();
@@ -563,7 +571,11 @@ impl PartialEq for ExpectFile {
 
 impl ExpectFile {
     /// Open `written` (relative to `base`), holding the case's `arenas`.
-    pub fn open(written: &str, base: &Path, arenas: &[ArenaSpec]) -> Result<ExpectFile, AddendError> {
+    pub fn open(
+        written: &str,
+        base: &Path,
+        arenas: &[ArenaSpec],
+    ) -> Result<ExpectFile, AddendError> {
         let format =
             Format::of(written).ok_or_else(|| bad(written, "name it `.safetensors` or `.npy`"))?;
         let p = PathBuf::from(written);
@@ -740,7 +752,10 @@ fn same_arenas(
             Some(_) => {}
         }
     }
-    if let Some(x) = reference.iter().find(|x| !mine.iter().any(|t| t.name == x.name)) {
+    if let Some(x) = reference
+        .iter()
+        .find(|x| !mine.iter().any(|t| t.name == x.name))
+    {
         return Err(bad(
             here,
             format!("lacks tensor `{}`, which {ref_path} has", x.name),

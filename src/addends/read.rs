@@ -55,7 +55,10 @@ fn block(
         // SAFETY: any 4 bytes are a valid f32; the byte view covers exactly
         // `dst` and ends before `dst` is used again.
         let bytes = unsafe {
-            std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(dst))
+            std::slice::from_raw_parts_mut(
+                dst.as_mut_ptr().cast::<u8>(),
+                std::mem::size_of_val(dst),
+            )
         };
         file.read_exact_at(bytes, at)?;
         if cfg!(target_endian = "big") {

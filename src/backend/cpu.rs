@@ -9,8 +9,8 @@
 use super::{Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
 use crate::addends::AddendError;
 use crate::data::Lane;
-use crate::experiment::Addends;
 use crate::digest::{digest_arena, CHUNK_ELEMS};
+use crate::experiment::Addends;
 use crate::experiment::Case;
 use crate::fold::{
     fold_rows_in_order, fold_rows_pairwise, mean_scale, scale_rows, shard_plan, Contract,
@@ -100,6 +100,7 @@ fn check_memory(case: &Case, opts: &RunOptions) -> Result<(), BackendError> {
         if needed > h.bytes {
             return Err(BackendError::OutOfMemory {
                 case: case.id().to_string(),
+                inputs: crate::backend::inputs_note(case),
                 what: h.what,
                 needed,
                 available: h.bytes,

@@ -43,12 +43,16 @@ pub enum BackendError {
         backend: &'static str,
         reason: String,
     },
-    #[error("case `{case}` needs {needed} bytes of {what} but only {available} are available")]
+    #[error(
+        "case `{case}` needs {needed} bytes of {what} but only {available} are available{inputs}"
+    )]
     OutOfMemory {
         case: String,
         what: &'static str,
         needed: u64,
         available: u64,
+        /// For rank files: which files and tensor (see [`inputs_note`]).
+        inputs: String,
     },
     /// This backend cannot run the case (a contract it lacks, a tree
     /// deeper than the device's stack, a world it was not started with):
@@ -161,6 +165,11 @@ pub trait Backend {
     fn skip_reason(&self, _case: &Case) -> Option<String> {
         None
     }
+    /// The ranks as they met in a rendezvous (rank 0 of NCCL under a
+    /// launcher), each with what it hashed of its own rank files.
+    fn members(&self) -> &[crate::ranks::rendezvous::Member] {
+        &[]
+    }
     /// Whether this process writes reports (false on NCCL ranks other than 0).
     fn is_reporting_rank(&self) -> bool {
         true
@@ -236,6 +245,9 @@ pub struct BackendOptions {
     pub plan_summary: String,
     /// NCCL under a launcher: emulated hosts (`ranks::placement`).
     pub emulate_hosts: bool,
+    /// NCCL under a launcher: this rank's own file of each set of rank
+    /// files (`experiment::rank_file_sets`), presented in the rendezvous.
+    pub own_inputs: Vec<Option<crate::addends::FileFacts>>,
 }
 
 impl Default for BackendOptions {
@@ -248,6 +260,7 @@ impl Default for BackendOptions {
             plan: Vec::new(),
             plan_summary: String::new(),
             emulate_hosts: false,
+            own_inputs: Vec::new(),
         }
     }
 }
@@ -268,6 +281,7 @@ pub fn select(
                 timeout: opts.timeout,
                 plan: crate::ranks::rendezvous::Plan::new(&opts.plan, opts.plan_summary.clone()),
                 emulate_hosts: opts.emulate_hosts,
+                own_inputs: opts.own_inputs.clone(),
             };
             Ok((Box::new(nccl::NcclBackend::new(cfg)?), None))
         }
@@ -324,8 +338,28 @@ pub(crate) fn repeat_rounds(
     })
 }
 
+/// For a case of rank files, which files and which largest tensor a memory
+/// need comes from (empty for generated addends).
+pub fn inputs_note(case: &Case) -> String {
+    let Some(f) = case.files() else {
+        return String::new();
+    };
+    match f.arenas().iter().max_by_key(|a| a.len) {
+        Some(a) => format!(
+            " (its addends are the rank files {}: W = {} x tensor `{}` of {} elements as float32)",
+            f.template(),
+            f.world(),
+            a.name,
+            a.len
+        ),
+        None => String::new(),
+    }
+}
+
 /// A case's rank-file error, for `case`.
-pub(crate) fn addends_error(case: &Case) -> impl Fn(crate::addends::AddendError) -> BackendError + '_ {
+pub(crate) fn addends_error(
+    case: &Case,
+) -> impl Fn(crate::addends::AddendError) -> BackendError + '_ {
     move |source| BackendError::Addends {
         case: case.id().to_string(),
         source,

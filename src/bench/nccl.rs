@@ -35,6 +35,7 @@ pub fn run(gpus: usize) -> Result<NcclBench, BackendError> {
         plan: crate::ranks::rendezvous::Plan::new(&["bench".into()], "nccl bench"),
         // A bandwidth benchmark on emulated hosts would measure loopback.
         emulate_hosts: false,
+        own_inputs: Vec::new(),
     })?;
     let sizes: Vec<usize> = (18..=28).map(|k| 1usize << k).collect(); // 1 MiB .. 1 GiB of f32
     let rows = be.bench(&sizes, ITERS)?;

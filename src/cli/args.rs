@@ -254,6 +254,10 @@ impl Common {
             plan,
             plan_summary,
             emulate_hosts,
+            own_inputs: foldprint::experiment::rank_file_sets(experiments)
+                .iter()
+                .map(|s| s.own_facts())
+                .collect(),
         })
     }
 }

@@ -119,6 +119,17 @@ pub(super) fn execute(
     let (mut be, note) = backend::select(common.backend, &common.options(experiments)?)?;
     let backend_init_ms = t0.elapsed().as_secs_f64() * 1e3;
     let reporting = be.is_reporting_rank();
+    // Rank 0 of NCCL ranks that each opened only their own rank file
+    // learns the others' digests from the rendezvous.
+    let completed;
+    let experiments = if reporting && !be.members().is_empty() {
+        let presented: Vec<_> = be.members().iter().map(|m| m.inputs.clone()).collect();
+        completed = experiment::complete_rank_files(experiments, &presented)
+            .context("the rank files the ranks presented")?;
+        &completed[..]
+    } else {
+        experiments
+    };
     let dump = dump.filter(|_| reporting);
     if let Some(n) = &note {
         eprintln!("note: {n}");

@@ -11,11 +11,11 @@ pub use order::DeliveryOrder;
 
 use crate::addends::{AddendFiles, ExpectFile, Scope};
 use crate::data::Distribution;
-use std::sync::Arc;
 use crate::fold::Contract;
 use schema::{RawExperiment, RawOrder, RawParams, RawSweep};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use toml::Spanned;
 
 /// Most cases one file may expand to.
@@ -59,12 +59,15 @@ impl InputError {
     }
 }
 
+/// `addends`, `tensors` and `world` as a case gives them.
+type RankFilesKey = (String, Option<Vec<String>>, Option<usize>);
+
 /// The rank files and expected results one experiment file names, each
 /// opened (and hashed) once however many cases name it.
 struct FileCache {
     base: PathBuf,
     scope: Scope,
-    rank_files: HashMap<(String, Option<Vec<String>>, Option<usize>), Arc<AddendFiles>>,
+    rank_files: HashMap<RankFilesKey, Arc<AddendFiles>>,
     expects: HashMap<(String, Vec<String>), Arc<ExpectFile>>,
 }
 
@@ -115,6 +118,72 @@ impl FileCache {
         self.expects.insert(key, f.clone());
         Ok(f)
     }
+}
+
+/// Every distinct set of rank files the experiments name, in the order
+/// they first appear: the order each NCCL rank presents its own file's
+/// digest in the rendezvous.
+pub fn rank_file_sets(experiments: &[Experiment]) -> Vec<Arc<AddendFiles>> {
+    let mut sets: Vec<Arc<AddendFiles>> = Vec::new();
+    for f in experiments
+        .iter()
+        .flat_map(|e| &e.cases)
+        .filter_map(Case::files)
+    {
+        if !sets.iter().any(|s| Arc::ptr_eq(s, f)) {
+            sets.push(f.clone());
+        }
+    }
+    sets
+}
+
+/// The experiments with every rank file's digest known, from what each
+/// rank presented in the rendezvous (`presented[rank]`: that rank's own
+/// file of each set of [`rank_file_sets`], in that order).
+pub fn complete_rank_files(
+    experiments: &[Experiment],
+    presented: &[Vec<Option<crate::addends::FileFacts>>],
+) -> Result<Vec<Experiment>, crate::addends::AddendError> {
+    let sets = rank_file_sets(experiments);
+    let mut done: Vec<Arc<AddendFiles>> = Vec::with_capacity(sets.len());
+    for (i, set) in sets.iter().enumerate() {
+        if set.world() != presented.len() {
+            // Its cases are not of this world and are skipped.
+            done.push(set.clone());
+            continue;
+        }
+        let mut facts = Vec::with_capacity(presented.len());
+        for (rank, inputs) in presented.iter().enumerate() {
+            match inputs.get(i).copied().flatten() {
+                Some(f) => facts.push(f),
+                None => {
+                    return Err(crate::addends::AddendError::Bad {
+                        path: set.path(rank).to_string(),
+                        message: format!("rank {rank} presented no digest of its rank file"),
+                    })
+                }
+            }
+        }
+        done.push(Arc::new(set.complete(&facts)?));
+    }
+    Ok(experiments
+        .iter()
+        .map(|e| {
+            let mut e = e.clone();
+            e.cases = e
+                .cases
+                .into_iter()
+                .map(|c| match c.files() {
+                    Some(f) => match sets.iter().position(|s| Arc::ptr_eq(s, f)) {
+                        Some(i) => c.with_files(done[i].clone()),
+                        None => c,
+                    },
+                    None => c,
+                })
+                .collect();
+            e
+        })
+        .collect())
 }
 
 /// A parsed, expanded, validated experiment file.
@@ -637,7 +706,10 @@ fn build_case(
             if let Some(t) = tensors {
                 return Err(src.at(
                     t.span(),
-                    format!("{}: picks tensors of rank files; set `addends` too", ctx("tensors")),
+                    format!(
+                        "{}: picks tensors of rank files; set `addends` too",
+                        ctx("tensors")
+                    ),
                 ));
             }
             None
@@ -660,7 +732,9 @@ fn build_case(
                 .map_err(|m| src.at(e.span(), format!("{}: {m}", ctx("expect"))))?,
         ),
     };
-    let world = world.or(rank_files.as_ref().map(|f| f.world())).unwrap_or(1);
+    let world = world
+        .or(rank_files.as_ref().map(|f| f.world()))
+        .unwrap_or(1);
     let arenas = match arenas {
         None if rank_files.is_some() => Vec::new(),
         None => {

@@ -49,6 +49,11 @@ pub struct Member {
     pub nccl_hostid: Option<String>,
     /// Why this rank cannot run here, if it cannot.
     pub problem: Option<String>,
+    /// Its own rank file of each set of rank files the plan names, in
+    /// plan order (`experiment::rank_file_sets`): rank 0 cannot read the
+    /// others' files, so each rank presents what it hashed.
+    #[serde(default)]
+    pub inputs: Vec<Option<crate::addends::FileFacts>>,
 }
 
 impl Member {
@@ -62,6 +67,7 @@ impl Member {
             device: None,
             nccl_hostid: std::env::var("NCCL_HOSTID").ok().filter(|v| !v.is_empty()),
             problem: None,
+            inputs: Vec::new(),
         }
     }
 
@@ -79,6 +85,7 @@ impl Member {
             device: None,
             nccl_hostid: None,
             problem: Some(why.into()),
+            inputs: Vec::new(),
         }
     }
 
@@ -138,12 +145,14 @@ pub fn experiment_plan(experiments: &[Experiment]) -> (Vec<String>, String) {
         .iter()
         .map(|e| format!("experiment\t{}\t{}", e.name, e.sha256))
         .collect();
-    lines.extend(
-        experiments
-            .iter()
-            .flat_map(|e| &e.cases)
-            .map(|c| format!("{}\t{}", c.key(), c.id())),
-    );
+    for c in experiments.iter().flat_map(|e| &e.cases) {
+        lines.push(format!("{}\t{}", c.key(), c.id()));
+        // What each rank knows of the rank files from its own: their
+        // format and arenas must agree before a length can differ.
+        if let Some(f) = c.files() {
+            lines.push(format!("addends\t{}", f.layout()));
+        }
+    }
     let names: Vec<String> = experiments
         .iter()
         .map(|e| format!("{}@{}", e.name, e.sha256.short(12)))
@@ -696,6 +705,7 @@ mod tests {
             device: Some(rank),
             nccl_hostid: None,
             problem: None,
+            inputs: Vec::new(),
         }
     }
 

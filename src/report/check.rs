@@ -14,6 +14,9 @@ use std::collections::{BTreeMap, HashMap};
 
 fn check_case(c: &CaseReport, problems: &mut Vec<String>) {
     let mut bad = |m: String| problems.push(format!("case `{}` ({}): {m}", c.id, c.key));
+    if let Some(Err(m)) = c.expect.as_ref().map(|e| e.consistent(&c.params.arenas)) {
+        bad(m);
+    }
     if let Some(case) = check_params::params(c, &mut bad) {
         check_params::sensitivity(c, &case, &mut bad);
     }
@@ -264,6 +267,13 @@ pub fn problems(r: &Report) -> Vec<String> {
         out.push(format!(
             "summary says ok = {} but its cases and groups say ok = {}",
             s.ok, t.ok
+        ));
+    }
+    if s.differs_from_expect != t.differs_from_expect {
+        out.push(format!(
+            "summary lists {} case(s) differing from their expect; its cases say {}",
+            s.differs_from_expect.len(),
+            t.differs_from_expect.len()
         ));
     }
     if s.cases != t.cases || s.skipped != t.skipped || s.groups != t.groups {

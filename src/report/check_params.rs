@@ -57,7 +57,10 @@ pub(super) fn params(c: &CaseReport, bad: &mut dyn FnMut(String)) -> Option<Case
         }
         (Some(_), None, None) => (0, Default::default()),
         (Some(_), _, _) => {
-            bad("params: `addends` (files) and `seed`/`distribution` (the generator) both given".into());
+            bad(
+                "params: `addends` (files) and `seed`/`distribution` (the generator) both given"
+                    .into(),
+            );
             return None;
         }
     };

@@ -91,7 +91,14 @@ impl ExpectOutcome {
     }
 
     /// Whether `equal` and each arena's count follow from what it lists.
-    pub fn consistent(&self) -> Result<(), String> {
+    pub fn consistent(&self, lens: &[usize]) -> Result<(), String> {
+        let have: Vec<usize> = self.arenas.iter().map(|a| a.len).collect();
+        let indices = self.arenas.iter().enumerate().all(|(i, a)| a.index == i);
+        if have != lens || !indices {
+            return Err(format!(
+                "expect.arenas have {have:?} elements, the case's arenas {lens:?}"
+            ));
+        }
         for a in &self.arenas {
             if a.differing > a.len || a.first.len() > a.differing.min(FIRST_KEPT) {
                 return Err(format!(

@@ -418,7 +418,7 @@ mod tests {
                 .contract(Contract::ArrivalOrder)
                 .build()
                 .unwrap();
-            let sens = sensitivity::measure(&case);
+            let sens = sensitivity::measure(&case).unwrap();
             assert_eq!(sens.verdict, Verdict::Sensitive);
             let arena = ReducedArena {
                 len: 1,

@@ -5,8 +5,8 @@
 pub mod attest;
 pub mod check;
 mod check_params;
-pub mod expect;
 mod compare;
+pub mod expect;
 pub mod golden;
 mod groups;
 mod json;

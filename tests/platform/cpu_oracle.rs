@@ -40,7 +40,11 @@ fn reduced(c: &Case) -> Vec<Vec<f32>> {
 fn addends(c: &Case, arena: usize) -> Vec<Vec<f32>> {
     (0..c.world())
         .map(|r| {
-            let lane = Lane::new(c.distribution(), c.seed(), r as u32, arena as u32);
+            let foldprint::experiment::Addends::Generated { seed, distribution } = *c.addends()
+            else {
+                panic!("generated addends expected");
+            };
+            let lane = Lane::new(distribution, seed, r as u32, arena as u32);
             (0..c.arenas()[arena] as u64)
                 .map(|i| lane.value(i))
                 .collect()

@@ -195,6 +195,7 @@ impl CudaBackend {
         if needed.saturating_add(margin) > free {
             return Err(BackendError::OutOfMemory {
                 case: case.id().to_string(),
+                inputs: crate::backend::inputs_note(case),
                 what: "GPU memory",
                 needed: needed + margin,
                 available: free,
@@ -213,15 +214,24 @@ impl CudaBackend {
                 format!("world {} is out of range", case.world()),
             ));
         }
-        if opts.keep_values {
-            let n = case.arenas().iter().copied().max().unwrap_or(0) as u64 * 4;
-            if let Some(avail) = crate::memory::available_memory() {
-                if n > avail {
+        // Kept values, and for rank files the two host buffers each rank's
+        // arena is read into on its way to the device.
+        let largest = case.arenas().iter().copied().max().unwrap_or(0) as u64 * 4;
+        let staging = if case.files().is_some() {
+            2 * largest
+        } else {
+            0
+        };
+        let kept = if opts.keep_values { largest } else { 0 };
+        if kept + staging > 0 {
+            if let Some(h) = crate::memory::headroom() {
+                if kept + staging > h.bytes {
                     return Err(BackendError::OutOfMemory {
                         case: case.id().to_string(),
-                        what: "host memory (kept values)",
-                        needed: n,
-                        available: avail,
+                        inputs: crate::backend::inputs_note(case),
+                        what: h.what,
+                        needed: kept + staging,
+                        available: h.bytes,
                     });
                 }
             }
@@ -413,7 +423,10 @@ impl CudaBackend {
             .first()
             .ok_or_else(|| unsupported(id, "case has no arena"))?;
         let Addends::Generated { seed, distribution } = *case.addends() else {
-            return Err(unsupported(id, "peer files are written from generated addends"));
+            return Err(unsupported(
+                id,
+                "peer files are written from generated addends",
+            ));
         };
         std::fs::create_dir_all(dir)
             .map_err(io(dir))
@@ -585,6 +598,7 @@ impl Backend for CudaBackend {
             if needed > total {
                 return Err(BackendError::OutOfMemory {
                     case: case.id().to_string(),
+                    inputs: crate::backend::inputs_note(case),
                     what: "GPU memory (the device's total)",
                     needed,
                     available: total,
@@ -606,46 +620,6 @@ impl Backend for CudaBackend {
         super::repeat_rounds(case.rounds(), || {
             self.round(case, opts, mode, &prog_buf, prog.len() as u32)
         })
-    }
-}
-
-#[cfg(test)]
-mod driver_error_tests {
-    use super::{gpu_failed, GpuError};
-    use crate::exit::{ExitCode, HasExitCode};
-    use cudarc::driver::sys::cudaError_enum as C;
-
-    fn driver(code: C) -> GpuError {
-        GpuError::Driver {
-            op: "cuMemAlloc of 4096 bytes".into(),
-            code,
-        }
-    }
-
-    #[test]
-    fn driver_errors_are_never_failed_checks() {
-        let oom = gpu_failed(
-            "c",
-            "allocating rank arenas",
-            driver(C::CUDA_ERROR_OUT_OF_MEMORY),
-        );
-        assert_eq!(oom.exit_code(), ExitCode::Unavailable);
-        let lost = gpu_failed("c", "round", driver(C::CUDA_ERROR_LAUNCH_FAILED));
-        assert_eq!(lost.exit_code(), ExitCode::Infrastructure);
-        assert!(lost
-            .to_string()
-            .contains("case `c`: round: cuMemAlloc of 4096 bytes: CUDA_ERROR_LAUNCH_FAILED"));
-    }
-
-    #[test]
-    fn a_tree_the_device_cannot_fold_is_no_failed_check() {
-        let (_, e) = (
-            (),
-            crate::gpu::kernels::fold_program(crate::fold::Contract::NcclAllreduce, 3, &[0, 1, 2])
-                .unwrap_err(),
-        );
-        let err = super::unsupported("c", e);
-        assert_eq!(err.exit_code(), ExitCode::Unavailable);
     }
 }
 
@@ -686,4 +660,44 @@ fn upload_rank_files(
         read.map_err(Upload::Read)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod driver_error_tests {
+    use super::{gpu_failed, GpuError};
+    use crate::exit::{ExitCode, HasExitCode};
+    use cudarc::driver::sys::cudaError_enum as C;
+
+    fn driver(code: C) -> GpuError {
+        GpuError::Driver {
+            op: "cuMemAlloc of 4096 bytes".into(),
+            code,
+        }
+    }
+
+    #[test]
+    fn driver_errors_are_never_failed_checks() {
+        let oom = gpu_failed(
+            "c",
+            "allocating rank arenas",
+            driver(C::CUDA_ERROR_OUT_OF_MEMORY),
+        );
+        assert_eq!(oom.exit_code(), ExitCode::Unavailable);
+        let lost = gpu_failed("c", "round", driver(C::CUDA_ERROR_LAUNCH_FAILED));
+        assert_eq!(lost.exit_code(), ExitCode::Infrastructure);
+        assert!(lost
+            .to_string()
+            .contains("case `c`: round: cuMemAlloc of 4096 bytes: CUDA_ERROR_LAUNCH_FAILED"));
+    }
+
+    #[test]
+    fn a_tree_the_device_cannot_fold_is_no_failed_check() {
+        let (_, e) = (
+            (),
+            crate::gpu::kernels::fold_program(crate::fold::Contract::NcclAllreduce, 3, &[0, 1, 2])
+                .unwrap_err(),
+        );
+        let err = super::unsupported("c", e);
+        assert_eq!(err.exit_code(), ExitCode::Unavailable);
+    }
 }

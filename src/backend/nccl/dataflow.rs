@@ -378,67 +378,75 @@ impl NcclBackend {
         &mut self,
         mine: &[crate::digest::Sha256],
     ) -> Result<Vec<crate::digest::Sha256>, Fault> {
-        let world = self.world;
-        let (dog, timeout) = (&self.watchdog, self.cfg.timeout);
-        let Some(ctx) = self.ranks.first_mut().filter(|_| self.env.is_some()) else {
+        if self.env.is_none() {
             return Ok(mine.to_vec());
-        };
-        let failed = gpu("digest gather");
-        ctx.dev.bind().map_err(&failed)?;
-        if ctx.gather.is_none() {
-            ctx.gather = Some(Arc::new((
-                DeviceBuffer::alloc(&ctx.dev.ctx, 8).map_err(&failed)?,
-                DeviceBuffer::alloc(&ctx.dev.ctx, 8 * world).map_err(&failed)?,
-            )));
         }
-        let gather = match ctx.gather.clone() {
-            Some(g) => g,
-            None => return Err(infra("digest gather", "no gather buffers")),
-        };
         let words: Vec<u32> = mine[0]
             .as_bytes()
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        gather.0.upload(&words).map_err(&failed)?;
-        let me = ctx.rank;
-        let stream = ctx.stream.clone();
-        {
-            let _g = dog.guard("digest gather", timeout);
-            // 32 bytes to and from every peer, point-to-point like the
-            // reduction itself (no collective for NCCL_ALGO to veto).
-            let send = gather.0.view();
-            let calls = ctx
-                .comm
-                .group("digest gather", |c| -> Result<(), GpuError> {
-                    for p in (0..world).filter(|&p| p != me) {
-                        let slot = gather.1.slice(8 * p, 8)?;
-                        // SAFETY: 8 words out of `send`, 8 into slot p; both
-                        // buffers live in `gather` until the wait below.
-                        unsafe {
-                            c.send(send, p, &stream)?;
-                            c.recv(slot, p, &stream)?;
-                        }
-                    }
-                    Ok(())
-                });
-            calls.map_err(&failed)?;
-            let ev = mark(&stream, "digest gather")?;
-            await_phases(ctx, &[(ev, "digest gather")], dog)?;
-        }
-        let all = gather.1.to_host().map_err(&failed)?;
+        let all = self.all_gather("digest gather", &words)?;
         Ok(all
-            .chunks_exact(8)
-            .enumerate()
-            .map(|(p, w)| {
-                if p == me {
-                    return mine[0];
-                }
+            .iter()
+            .map(|w| {
                 let mut bytes = [0u8; 32];
                 for (out, v) in bytes.chunks_exact_mut(4).zip(w) {
                     out.copy_from_slice(&v.to_le_bytes());
                 }
                 crate::digest::Sha256::from_bytes(bytes)
+            })
+            .collect())
+    }
+
+    /// Every rank's `mine` (the same length on every rank), in rank order,
+    /// between the processes of the communicator: point-to-point like the
+    /// reduction itself (no collective for NCCL_ALGO to veto).
+    pub(super) fn all_gather(
+        &mut self,
+        phase: &'static str,
+        mine: &[u32],
+    ) -> Result<Vec<Vec<u32>>, Fault> {
+        let world = self.world;
+        let (dog, timeout) = (&self.watchdog, self.cfg.timeout);
+        let Some(ctx) = self.ranks.first_mut().filter(|_| self.env.is_some()) else {
+            return Err(infra(phase, "an all-gather needs one process per rank"));
+        };
+        let k = mine.len();
+        let failed = gpu(phase);
+        ctx.dev.bind().map_err(&failed)?;
+        let send = DeviceBuffer::<u32>::alloc(&ctx.dev.ctx, k.max(1)).map_err(&failed)?;
+        let recv = DeviceBuffer::<u32>::alloc(&ctx.dev.ctx, (k * world).max(1)).map_err(&failed)?;
+        send.upload(mine).map_err(&failed)?;
+        let me = ctx.rank;
+        let stream = ctx.stream.clone();
+        if k > 0 {
+            let _g = dog.guard(phase, timeout);
+            let out = send.slice(0, k).map_err(&failed)?;
+            let calls = ctx.comm.group(phase, |c| -> Result<(), GpuError> {
+                for p in (0..world).filter(|&p| p != me) {
+                    let slot = recv.slice(k * p, k)?;
+                    // SAFETY: k words out of `send`, k into slot p; both
+                    // buffers outlive the wait below.
+                    unsafe {
+                        c.send(out, p, &stream)?;
+                        c.recv(slot, p, &stream)?;
+                    }
+                }
+                Ok(())
+            });
+            calls.map_err(&failed)?;
+            let ev = mark(&stream, phase)?;
+            await_phases(ctx, &[(ev, phase)], dog)?;
+        }
+        let all = recv.to_host().map_err(&failed)?;
+        Ok((0..world)
+            .map(|p| {
+                if p == me {
+                    mine.to_vec()
+                } else {
+                    all[k * p..k * (p + 1)].to_vec()
+                }
             })
             .collect())
     }

@@ -61,6 +61,8 @@ pub struct NcclConfig {
     /// Under a launcher: share devices by local rank, each rank its own
     /// NCCL host (see `ranks::placement`).
     pub emulate_hosts: bool,
+    /// What this rank hashed of its own rank files, for the rendezvous.
+    pub own_inputs: Vec<Option<crate::addends::FileFacts>>,
 }
 
 struct RankBufs {
@@ -86,8 +88,6 @@ struct RankCtx {
     /// Per arena length; shared so a dataflow can hold views while it
     /// lends the rank context to the waits.
     bufs: HashMap<usize, Arc<RankBufs>>,
-    /// The digest gather's send and receive words.
-    gather: Option<Arc<(DeviceBuffer<u32>, DeviceBuffer<u32>)>>,
 }
 
 impl RankCtx {
@@ -99,7 +99,6 @@ impl RankCtx {
             comm,
             reader: opened.reader,
             bufs: HashMap::new(),
-            gather: None,
         }
     }
 }
@@ -273,6 +272,7 @@ impl NcclBackend {
         };
         let mut me = rendezvous::Member::this(e);
         me.device = Some(place.device);
+        me.inputs = self.cfg.own_inputs.clone();
         let agreed = rendezvous::exchange(e, &me, &self.cfg.plan, &payload, deadline)?;
         self.rendezvous = agreed.how;
         self.members = agreed.members;
@@ -367,6 +367,10 @@ impl Backend for NcclBackend {
         None
     }
 
+    fn members(&self) -> &[rendezvous::Member] {
+        &self.members
+    }
+
     fn is_reporting_rank(&self) -> bool {
         self.process_rank().unwrap_or(0) == 0
     }
@@ -385,7 +389,7 @@ impl Backend for NcclBackend {
         } else {
             super::cuda::contract_program(case)?
         };
-        super::repeat_rounds(case.rounds(), || {
+        let mut run = super::repeat_rounds(case.rounds(), || {
             let start = Instant::now();
             let mut t = RoundTimings::default();
             let mut arenas = Vec::new();
@@ -455,7 +459,50 @@ impl Backend for NcclBackend {
             }
             t.total_ms = start.elapsed().as_secs_f64() * 1e3;
             Ok((arenas, t))
-        })
+        })?;
+        // Each rank holds only its own file: the sensitivity sample is
+        // gathered from every rank (rank 0 cannot read the others' files).
+        if let (Some(files), Some(_)) = (case.files(), &self.env) {
+            run.sensitivity = Some(self.gathered_sensitivity(case, files)?);
+        }
+        Ok(run)
+    }
+}
+
+impl NcclBackend {
+    /// The order sensitivity of a case of rank files, each rank sampling
+    /// its own file and rank 0 folding the gathered samples.
+    fn gathered_sensitivity(
+        &mut self,
+        case: &Case,
+        files: &crate::addends::AddendFiles,
+    ) -> Result<crate::sensitivity::Sensitivity, BackendError> {
+        let me = self.process_rank().unwrap_or(0);
+        let stride = crate::sensitivity::stride(case);
+        let mut words = Vec::new();
+        let mut picks = Vec::new();
+        for (a, &n) in case.arenas().iter().enumerate() {
+            let k = crate::sensitivity::picks(n, stride);
+            let mine = files
+                .sample(me, a, stride, k)
+                .map_err(super::addends_error(case))?;
+            words.extend(mine.iter().map(|v| v.to_bits()));
+            picks.push(k as usize);
+        }
+        let all = self
+            .all_gather("sensitivity sample", &words)
+            .map_err(|e| e.into_backend(case.id()))?;
+        let mut samples = Vec::new();
+        let mut at = 0;
+        for k in picks {
+            samples.push(
+                all.iter()
+                    .map(|r| r[at..at + k].iter().map(|&b| f32::from_bits(b)).collect())
+                    .collect(),
+            );
+            at += k;
+        }
+        Ok(crate::sensitivity::of_samples(case, &samples))
     }
 }
 
