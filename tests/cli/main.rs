@@ -14,4 +14,5 @@ mod launchers;
 mod messages;
 mod outputs;
 mod progress;
+mod rank_files;
 mod readme;

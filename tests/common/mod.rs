@@ -1,6 +1,8 @@
 //! Helpers every command-line test file shares. Each test crate uses only
 //! some of them, hence the `dead_code` allowances.
 
+pub mod rank_files;
+
 use assert_cmd::Command;
 use std::path::{Path, PathBuf};
 
