@@ -202,6 +202,8 @@ impl HasExitCode for BenchError {
             BenchError::ThreadPool(_) => ExitCode::Unavailable,
             BenchError::Backend(e) => e.exit_code(),
             BenchError::Case(_) => ExitCode::BadInput,
+            BenchError::Io(_) => ExitCode::Unavailable,
+            BenchError::Addends(e) => e.exit_code(),
         }
     }
 }

@@ -946,3 +946,79 @@ fn nan_chunks_are_found_on_the_device_and_spare_the_host_scan() {
         digest_chunked(&dirty, NanPolicy::Preserve).sha256
     );
 }
+
+#[path = "common/rank_files.rs"]
+mod rank_files;
+
+/// Rank files on the device: each rank's arena uploaded from its file
+/// gives the CPU oracle's digests and the rank-order sum bit for bit, for
+/// float32, bfloat16 and float16 tensors; a case of other addends differs
+/// (the comparison can fail).
+#[test]
+fn rank_files_upload_to_the_oracles_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 300_007;
+    let mut tensors: Vec<Vec<Vec<f32>>> = vec![Vec::new(), Vec::new(), Vec::new()];
+    for r in 0..5 {
+        let w = rank_files::mixed(5, r, 0, 2 * n);
+        let h: Vec<u16> = (0..n as u32)
+            .map(|i| (i.wrapping_mul(2654435761).wrapping_add(r as u32) >> 9) as u16 & !0x4000)
+            .collect();
+        rank_files::write_safetensors(
+            &dir.path().join(format!("rank{r}.safetensors")),
+            &[
+                rank_files::T::f32("a.weight", &[2, n], &w),
+                rank_files::T::bf16("b.bf16", &[n], &h),
+                rank_files::T::f16("c.f16", &[n], &h),
+            ],
+        );
+        tensors[0].push(w);
+        tensors[1].push(
+            h.iter()
+                .map(|&x| f32::from_bits(u32::from(x) << 16))
+                .collect(),
+        );
+        tensors[2].push(
+            h.iter()
+                .map(|&x| half::f16::from_bits(x).to_f32())
+                .collect(),
+        );
+    }
+    let text = "name = \"rf\"\n[[sweep]]\nid = \"c\"\naddends = \"rank{rank}.safetensors\"\n\
+                contract = [\"fixed-order\", \"pairwise-tree\", \"arrival-order\"]\n\
+                order = [\"ascending\", \"shuffle:3\"]\n";
+    let exp = foldprint::experiment::parse(&dir.path().join("rf.toml"), text).unwrap();
+    let opts = RunOptions {
+        keep_values: true,
+        ..RunOptions::default()
+    };
+    let mut dev = gpu(CudaConfig::default());
+    let mut cpu = CpuBackend::new();
+    for c in &exp.cases {
+        let (g, o) = (run(&mut dev, c, &opts), run(&mut cpu, c, &opts));
+        for (a, (x, y)) in g.arenas.iter().zip(&o.arenas).enumerate() {
+            assert_eq!(x.digest(), y.digest(), "{} arena {a}", c.id());
+            if c.contract() == Contract::FixedOrder {
+                let want: Vec<u32> = rank_files::rank_order_sum(&tensors[a])
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect();
+                let got: Vec<u32> = x
+                    .values
+                    .as_ref()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect();
+                assert_eq!(got, want, "arena {a}");
+            }
+        }
+    }
+    // Negative control: generated addends of the same shape differ.
+    let c = &exp.cases[0];
+    let generated = c.clone().with_data(1, Distribution::MixedMagnitude);
+    assert_ne!(
+        run(&mut dev, &generated, &opts).arenas[0].digest(),
+        run(&mut dev, c, &opts).arenas[0].digest()
+    );
+}

@@ -307,30 +307,6 @@ impl AddendFiles {
             ),
             None => (String::new(), Vec::new()),
         };
-        let mut checked = Vec::new();
-        for (r, file, stamp, all) in opened {
-            let mine = pick(&all, tensors, &files[r].shown)?;
-            same_arenas(&mine, &arenas, &files[r].shown, &reference)?;
-            checked.push((r, file, stamp, mine));
-        }
-        let hashed: Vec<Result<(usize, Opened, FileFacts), AddendError>> = {
-            use rayon::prelude::*;
-            checked
-                .into_par_iter()
-                .map(|(r, file, stamp, tensors)| {
-                    let facts = hash_file(&files[r].shown, &file, stamp)?;
-                    Ok((
-                        r,
-                        Opened {
-                            file,
-                            stamp,
-                            tensors,
-                        },
-                        facts,
-                    ))
-                })
-                .collect()
-        };
         let arena_specs = arenas
             .iter()
             .map(|t| ArenaSpec {
@@ -340,10 +316,14 @@ impl AddendFiles {
                 len: t.len,
             })
             .collect();
-        for h in hashed {
-            let (r, o, facts) = h?;
-            files[r].facts = Some(facts);
-            files[r].opened = Some(Arc::new(o));
+        for (r, file, stamp, all) in opened {
+            let tensors = pick(&all, tensors, &files[r].shown)?;
+            same_arenas(&tensors, &arenas, &files[r].shown, &reference)?;
+            files[r].opened = Some(Arc::new(Opened {
+                file,
+                stamp,
+                tensors,
+            }));
         }
         Ok(AddendFiles {
             template: template.into(),
@@ -379,6 +359,33 @@ impl AddendFiles {
     pub fn path(&self, rank: usize) -> &str {
         &self.files[rank].shown
     }
+    /// Every file this process opened, hashed (in parallel; a file that
+    /// changed while it was read is refused). Until then the files' digests
+    /// are unknown and the case key says `pending`.
+    pub fn hashed(&self) -> Result<AddendFiles, AddendError> {
+        use rayon::prelude::*;
+        let facts: Vec<Option<FileFacts>> = self
+            .files
+            .par_iter()
+            .map(|f| match (&f.opened, f.facts) {
+                (Some(o), None) => hash_file(&f.shown, &o.file, o.stamp).map(Some),
+                (_, known) => Ok(known),
+            })
+            .collect::<Result<_, _>>()?;
+        let mut out = self.clone();
+        for (f, facts) in out.files.iter_mut().zip(facts) {
+            f.facts = facts;
+        }
+        Ok(out)
+    }
+
+    /// Whether every file this process opened has been hashed.
+    pub fn is_hashed(&self) -> bool {
+        self.files
+            .iter()
+            .all(|f| f.opened.is_none() || f.facts.is_some())
+    }
+
     /// Whether every rank file's digest is known here.
     pub fn is_complete(&self) -> bool {
         self.files.iter().all(|f| f.facts.is_some())
@@ -491,6 +498,23 @@ impl AddendFiles {
         let t = &o.tensors[arena];
         debug_assert_eq!(dst.len(), t.len);
         read::tensor(&o.file, t, dst).map_err(|source| AddendError::Io {
+            path: self.files[rank].shown.clone(),
+            tensor: t.name.clone(),
+            source,
+        })
+    }
+
+    /// Elements `first .. first + dst.len()` of rank `rank`'s arena `arena`.
+    pub fn read_range(
+        &self,
+        rank: usize,
+        arena: usize,
+        first: usize,
+        dst: &mut [f32],
+    ) -> Result<(), AddendError> {
+        let o = self.opened(rank)?;
+        let t = &o.tensors[arena];
+        read::range(&o.file, t, first, dst).map_err(|source| AddendError::Io {
             path: self.files[rank].shown.clone(),
             tensor: t.name.clone(),
             source,

@@ -85,10 +85,28 @@ pub(super) fn tensor(file: &std::fs::File, t: &Tensor, dst: &mut [f32]) -> std::
             t.len
         )));
     }
+    range(file, t, 0, dst)
+}
+
+/// Elements `first .. first + dst.len()` of `t` into `dst`, blocks read
+/// in parallel.
+pub(super) fn range(
+    file: &std::fs::File,
+    t: &Tensor,
+    first: usize,
+    dst: &mut [f32],
+) -> std::io::Result<()> {
+    if first.checked_add(dst.len()).is_none_or(|end| end > t.len) {
+        return Err(std::io::Error::other(format!(
+            "elements {first}.. (+{}) asked for, the tensor has {}",
+            dst.len(),
+            t.len
+        )));
+    }
     dst.par_chunks_mut(BLOCK)
         .enumerate()
         .try_for_each_init(Vec::new, |scratch, (k, chunk)| {
-            block(file, t, k * BLOCK, chunk, scratch)
+            block(file, t, first + k * BLOCK, chunk, scratch)
         })
 }
 
@@ -106,14 +124,22 @@ pub(super) fn sample(
         all.truncate(picks as usize);
         return Ok(all);
     }
-    // Sparse picks: one small read each, in parallel.
-    let width = t.dtype.bytes();
-    (0..picks as usize)
-        .into_par_iter()
-        .map(|p| {
-            let mut b = [0u8; 4];
-            file.read_exact_at(&mut b[..width], t.offset + (p * stride * width) as u64)?;
-            Ok(widen(t, &b))
-        })
-        .collect()
+    // Read in spans of whole strides (one read per span, not per pick),
+    // in parallel, keeping every stride-th value.
+    let picks = picks as usize;
+    let per_span = (BLOCK / stride).max(1);
+    let mut out = vec![0f32; picks];
+    out.par_chunks_mut(per_span)
+        .enumerate()
+        .try_for_each_init(Vec::new, |scratch, (k, dst)| {
+            let first = k * per_span * stride;
+            let len = ((dst.len() - 1) * stride + 1).min(t.len - first);
+            let mut span = vec![0f32; len];
+            block(file, t, first, &mut span, scratch)?;
+            for (p, d) in dst.iter_mut().enumerate() {
+                *d = span[p * stride];
+            }
+            Ok::<(), std::io::Error>(())
+        })?;
+    Ok(out)
 }

@@ -5,6 +5,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod inputs;
 pub mod nccl;
 
 use crate::backend::BackendError;
@@ -19,6 +20,11 @@ pub enum BenchError {
     /// The measured case is not one foldprint runs (e.g. `--world 0`).
     #[error("the measured case: {0}")]
     Case(#[from] crate::experiment::CaseError),
+    /// Writing the benchmark's rank files.
+    #[error("writing the benchmark's rank files: {0}")]
+    Io(#[source] std::io::Error),
+    #[error("the benchmark's rank files: {0}")]
+    Addends(#[source] crate::addends::AddendError),
 }
 
 /// Median of `v` (the upper one for an even count); NaN when empty.

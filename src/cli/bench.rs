@@ -36,6 +36,12 @@ pub struct BenchArgs {
     /// the on-disk kernel cache.
     #[arg(long)]
     no_kernel_cache: bool,
+    /// Time a case of rank files (W = --world float32 npy files of
+    /// 2^--log2-len elements, written to a temporary directory and read
+    /// from the page cache) next to the same case from the generator, on
+    /// --backend cpu or cuda.
+    #[arg(long)]
+    inputs: bool,
 }
 
 /// The GPU fold benchmark and the end-to-end phases, printed.
@@ -231,6 +237,9 @@ fn run_nccl(gpus: usize, json: bool) -> Result<i32> {
 /// A thread pool the host cannot give us is `Unavailable`, as it was.
 pub fn run(a: BenchArgs) -> Result<i32> {
     use foldprint::backend::BackendChoice;
+    if a.inputs {
+        return run_inputs(&a);
+    }
     match a.backend {
         BackendChoice::Cuda => return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len),
         BackendChoice::Nccl => return run_nccl(a.gpus, a.json),
@@ -284,4 +293,84 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// `bench --inputs`: rank files next to the generator.
+fn run_inputs(a: &BenchArgs) -> Result<i32> {
+    use foldprint::backend::{self, BackendChoice};
+    super::start_threads()?;
+    let n = 1usize
+        .checked_shl(a.log2_len)
+        .filter(|_| a.log2_len <= 32)
+        .context("--log2-len must be at most 32")?;
+    let opts = backend::BackendOptions::default();
+    let choice = match a.backend {
+        BackendChoice::Nccl => {
+            return Err(Failure::Refused(
+                "bench --inputs runs on --backend cpu or cuda (one process)".into(),
+            ))
+        }
+        other => other,
+    };
+    let (mut be, note) = backend::select(choice, &opts)?;
+    if let Some(n) = note {
+        eprintln!("note: {n}");
+    }
+    eprintln!(
+        "bench: writing {} rank files of {} MiB ...",
+        a.world,
+        (n as u64 * 4) >> 20
+    );
+    let r = foldprint::bench::inputs::compare(
+        be.as_mut(),
+        a.world as usize,
+        n,
+        5,
+        &std::env::temp_dir(),
+    )?;
+    if a.json {
+        outln!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        outln!(
+            "inputs: backend {} · W={} n=2^{} · {} MiB of addends · median of rounds 2..{}",
+            r.backend,
+            r.world,
+            a.log2_len,
+            r.bytes >> 20,
+            r.rounds
+        );
+        outln!(
+            "{:<10} {:>9} {:>13} {:>9} {:>9} {:>9}",
+            "ADDENDS",
+            "LOAD ms",
+            "READ/GEN ms",
+            "ROUND ms",
+            "SENS ms",
+            "CASE ms"
+        );
+        outln!(
+            "{:<10} {:>9.1} {:>13.1} {:>9.1} {:>9.1} {:>9.1}",
+            "files",
+            r.files_load_ms,
+            r.files_read_ms,
+            r.files_round_ms,
+            r.files_sensitivity_ms,
+            r.files_case_ms
+        );
+        outln!(
+            "{:<10} {:>9} {:>13.1} {:>9.1} {:>9.1} {:>9.1}",
+            "generator",
+            "-",
+            r.generator_generate_ms,
+            r.generator_round_ms,
+            r.generator_sensitivity_ms,
+            r.generator_case_ms
+        );
+        outln!(
+            "files / generator: {:.2}x · digests {}",
+            r.ratio,
+            if r.same_digests { "equal" } else { "DIFFER" }
+        );
+    }
+    Ok(if r.same_digests { 0 } else { 1 })
 }

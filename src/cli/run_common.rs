@@ -66,7 +66,8 @@ fn interrupted(e: runner::RunError, common: &Common, dump: Option<&std::path::Pa
 
 /// The experiments, each rank file opened as `backend` needs: an NCCL rank
 /// started by a launcher opens only its own (as in the job that wrote
-/// them); every other run opens them all.
+/// them); every other run opens them all. They are hashed in `execute`,
+/// while the backend starts.
 pub(super) fn load(paths: &[PathBuf], backend: backend::BackendChoice) -> Result<Vec<Experiment>> {
     let scope = match (backend, foldprint::ranks::discover::from_process_env()) {
         (backend::BackendChoice::Nccl, Ok(Some(e))) => foldprint::addends::Scope::OwnRank {
@@ -81,6 +82,8 @@ pub(super) fn load(paths: &[PathBuf], backend: backend::BackendChoice) -> Result
 /// A finished run whose outputs are not yet in place.
 pub(super) struct Executed {
     pub(super) report: Report,
+    /// The experiments as run: rank files hashed, keys complete.
+    pub(super) experiments: Vec<Experiment>,
     dump: Option<foldprint::dumpdir::DumpDir>,
     dump_path: Option<PathBuf>,
     /// Held until the outputs are committed.
@@ -116,20 +119,37 @@ pub(super) fn execute(
     stream: bool,
 ) -> Result<Option<Executed>> {
     let t0 = std::time::Instant::now();
-    let (mut be, note) = backend::select(common.backend, &common.options(experiments)?)?;
+    // Rank files are hashed while the backend starts (a GPU context takes
+    // about as long as hashing a gigabyte); an NCCL rank presents its own
+    // file's digest in the rendezvous, so it hashes first.
+    let (experiments, (mut be, note)) = if common.backend == backend::BackendChoice::Nccl {
+        let hashed = experiment::hash_rank_files(experiments)?;
+        let started = backend::select(common.backend, &common.options(&hashed)?)?;
+        (hashed, started)
+    } else {
+        let opts = common.options(experiments)?;
+        let (hashed, started) = std::thread::scope(|s| {
+            let hashing = s.spawn(|| experiment::hash_rank_files(experiments));
+            let started = backend::select(common.backend, &opts);
+            (hashing.join(), started)
+        });
+        let hashed = hashed.map_err(|_| {
+            Failure::Unavailable("the thread hashing the rank files failed".into())
+        })??;
+        (hashed, started?)
+    };
     let backend_init_ms = t0.elapsed().as_secs_f64() * 1e3;
     let reporting = be.is_reporting_rank();
     // Rank 0 of NCCL ranks that each opened only their own rank file
     // learns the others' digests from the rendezvous.
-    let completed;
     let experiments = if reporting && !be.members().is_empty() {
         let presented: Vec<_> = be.members().iter().map(|m| m.inputs.clone()).collect();
-        completed = experiment::complete_rank_files(experiments, &presented)
-            .context("the rank files the ranks presented")?;
-        &completed[..]
+        experiment::complete_rank_files(&experiments, &presented)
+            .context("the rank files the ranks presented")?
     } else {
         experiments
     };
+    let experiments = &experiments[..];
     let dump = dump.filter(|_| reporting);
     if let Some(n) = &note {
         eprintln!("note: {n}");
@@ -209,6 +229,7 @@ pub(super) fn execute(
     }
     Ok(Some(Executed {
         report,
+        experiments: experiments.to_vec(),
         dump: staged,
         dump_path: dump.map(|d| d.to_path_buf()),
         _locks: locks,

@@ -25,7 +25,7 @@ pub(super) fn run(a: VerifyArgs) -> Result<i32> {
     let Some(mut run) = execute(&a.common, &exps, None, !a.common.json)? else {
         return Ok(0);
     };
-    let mut problems: Vec<String> = golden::check(&goldens, &exps, &run.report)
+    let mut problems: Vec<String> = golden::check(&goldens, &run.experiments, &run.report)
         .iter()
         .map(|p| p.to_string())
         .collect();

@@ -429,8 +429,11 @@ impl CaseParams {
         // The inputs: the generator's, or the files' identity (their
         // digests, never their paths).
         let inputs = match (addends, seed, distribution) {
+            // Not hashed yet (or other ranks' files not known yet): the
+            // files as named, until the digests replace them.
             (Some(f), _, _) if f.identity == crate::digest::Sha256::default() => {
-                "files:pending".to_string()
+                let names: Vec<&str> = f.arenas.iter().map(|a| a.name.as_str()).collect();
+                format!("files:pending:{}:{}", f.template, names.join(","))
             }
             (Some(f), _, _) => format!("files:{}", f.identity.short(16)),
             (None, seed, distribution) => format!(

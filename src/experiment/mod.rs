@@ -85,6 +85,14 @@ impl FileCache {
         }
     }
 
+    /// Whether this process writes the report (and so compares `expect`).
+    fn reports(&self) -> bool {
+        match self.scope {
+            Scope::AllRanks => true,
+            Scope::OwnRank { rank, .. } => rank == 0,
+        }
+    }
+
     fn rank_files(
         &mut self,
         template: &str,
@@ -118,6 +126,67 @@ impl FileCache {
         self.expects.insert(key, f.clone());
         Ok(f)
     }
+}
+
+/// The experiments with every rank file this process opened hashed (each
+/// set once, the sets one after another, each set's files in parallel).
+/// Cases whose keys only the digests tell apart are checked again.
+pub fn hash_rank_files(experiments: &[Experiment]) -> Result<Vec<Experiment>, InputError> {
+    let sets = rank_file_sets(experiments);
+    let mut done = Vec::with_capacity(sets.len());
+    for s in &sets {
+        done.push(if s.is_hashed() {
+            s.clone()
+        } else {
+            Arc::new(s.hashed().map_err(|e| {
+                InputError::File {
+                    path: experiments
+                        .iter()
+                        .find(|x| {
+                            x.cases
+                                .iter()
+                                .filter_map(Case::files)
+                                .any(|f| Arc::ptr_eq(f, s))
+                        })
+                        .map(|x| x.path.clone())
+                        .unwrap_or_default(),
+                    message: e.to_string(),
+                }
+            })?)
+        });
+    }
+    let out = with_sets(experiments, &sets, &done);
+    for e in &out {
+        unique_keys(&e.path, &e.cases)?;
+    }
+    Ok(out)
+}
+
+/// `experiments` with each rank-file set of `old` replaced by the one at
+/// the same place in `new`.
+fn with_sets(
+    experiments: &[Experiment],
+    old: &[Arc<AddendFiles>],
+    new: &[Arc<AddendFiles>],
+) -> Vec<Experiment> {
+    experiments
+        .iter()
+        .map(|e| {
+            let mut e = e.clone();
+            e.cases = e
+                .cases
+                .into_iter()
+                .map(|c| match c.files() {
+                    Some(f) => match old.iter().position(|s| Arc::ptr_eq(s, f)) {
+                        Some(i) => c.with_files(new[i].clone()),
+                        None => c,
+                    },
+                    None => c,
+                })
+                .collect();
+            e
+        })
+        .collect()
 }
 
 /// Every distinct set of rank files the experiments name, in the order
@@ -166,24 +235,7 @@ pub fn complete_rank_files(
         }
         done.push(Arc::new(set.complete(&facts)?));
     }
-    Ok(experiments
-        .iter()
-        .map(|e| {
-            let mut e = e.clone();
-            e.cases = e
-                .cases
-                .into_iter()
-                .map(|c| match c.files() {
-                    Some(f) => match sets.iter().position(|s| Arc::ptr_eq(s, f)) {
-                        Some(i) => c.with_files(done[i].clone()),
-                        None => c,
-                    },
-                    None => c,
-                })
-                .collect();
-            e
-        })
-        .collect())
+    Ok(with_sets(experiments, &sets, &done))
 }
 
 /// A parsed, expanded, validated experiment file.
@@ -284,12 +336,13 @@ pub(crate) fn read_text(path: &Path) -> Result<String, InputError> {
     String::from_utf8(bytes).map_err(|e| utf8_error(path, e.as_bytes(), &e.utf8_error()))
 }
 
-/// Read and expand one experiment file.
+/// Read and expand one experiment file, its rank files hashed.
 pub fn load(path: &Path) -> Result<Experiment, InputError> {
-    load_in(path, Scope::AllRanks)
+    let exp = load_in(path, Scope::AllRanks)?;
+    Ok(hash_rank_files(&[exp])?.remove(0))
 }
 
-/// [`load`], opening the rank files `scope` says.
+/// [`load`], opening the rank files `scope` says, not hashing them yet.
 pub fn load_in(path: &Path, scope: Scope) -> Result<Experiment, InputError> {
     let text = read_text(path)?;
     let mut exp = parse_in(path, &text, scope)?;
@@ -297,12 +350,14 @@ pub fn load_in(path: &Path, scope: Scope) -> Result<Experiment, InputError> {
     Ok(exp)
 }
 
-/// Expand paths (files, or directories of `*.toml`, not recursive) in order.
+/// Expand paths (files, or directories of `*.toml`, not recursive) in
+/// order, every rank file hashed.
 pub fn load_all(paths: &[PathBuf]) -> Result<Vec<Experiment>, InputError> {
-    load_all_in(paths, Scope::AllRanks)
+    hash_rank_files(&load_all_in(paths, Scope::AllRanks)?)
 }
 
-/// [`load_all`], opening the rank files `scope` says.
+/// [`load_all`], opening the rank files `scope` says, not hashing them yet
+/// ([`hash_rank_files`]: a run hashes them while its backend starts).
 pub fn load_all_in(paths: &[PathBuf], scope: Scope) -> Result<Vec<Experiment>, InputError> {
     let mut files = Vec::new();
     for p in paths {
@@ -348,12 +403,15 @@ pub fn load_all_in(paths: &[PathBuf], scope: Scope) -> Result<Vec<Experiment>, I
 }
 
 /// Parse experiment text (`path` is only used in messages, and as the
-/// place relative rank-file paths start from); every rank file is opened.
+/// place relative rank-file paths start from); every rank file is opened
+/// and hashed.
 pub fn parse(path: &Path, text: &str) -> Result<Experiment, InputError> {
-    parse_in(path, text, Scope::AllRanks)
+    let exp = parse_in(path, text, Scope::AllRanks)?;
+    Ok(hash_rank_files(&[exp])?.remove(0))
 }
 
-/// [`parse`], opening the rank files `scope` says.
+/// [`parse`], opening the rank files `scope` says, not hashing them yet
+/// ([`hash_rank_files`]).
 pub fn parse_in(path: &Path, text: &str, scope: Scope) -> Result<Experiment, InputError> {
     let src = Source { path, text };
     let mut files = FileCache::new(path, scope);
@@ -444,9 +502,20 @@ pub fn parse_in(path: &Path, text: &str, scope: Scope) -> Result<Experiment, Inp
             message: "declares no cases (add [[case]] or [[sweep]] tables)".into(),
         });
     }
-    // Same numeric identity twice would make keys ambiguous in reports.
+    unique_keys(path, &cases)?;
+    Ok(Experiment {
+        name,
+        description: raw.description.unwrap_or_default(),
+        path: path.to_path_buf(),
+        sha256: crate::digest::Sha256::of(text.as_bytes()),
+        cases,
+    })
+}
+
+/// Same numeric identity twice would make keys ambiguous in reports.
+fn unique_keys(path: &Path, cases: &[Case]) -> Result<(), InputError> {
     let mut keys: HashMap<String, String> = HashMap::new();
-    for c in &cases {
+    for c in cases {
         if let Some(prev) = keys.insert(c.key(), c.id().to_string()) {
             return Err(InputError::File {
                 path: path.to_path_buf(),
@@ -458,13 +527,7 @@ pub fn parse_in(path: &Path, text: &str, scope: Scope) -> Result<Experiment, Inp
             });
         }
     }
-    Ok(Experiment {
-        name,
-        description: raw.description.unwrap_or_default(),
-        path: path.to_path_buf(),
-        sha256: crate::digest::Sha256::of(text.as_bytes()),
-        cases,
-    })
+    Ok(())
 }
 
 /// An empty sweep list would silently sweep nothing and make one case of
@@ -726,6 +789,8 @@ fn build_case(
                 ),
             ))
         }
+        // Only the reporting rank compares (the file may be on its host alone).
+        (Some(_), Some(_)) if !files.reports() => None,
         (Some(e), Some(f)) => Some(
             files
                 .expect(e.get_ref(), f.arenas())

@@ -196,11 +196,13 @@ impl<T: DeviceElem> Drop for DeviceBuffer<T> {
     }
 }
 
-/// Page-locked host memory that asynchronous device-to-host copies fill.
+/// Page-locked host memory that asynchronous device-to-host copies fill,
+/// or that asynchronous host-to-device copies send from.
 ///
-/// The buffer remembers the event that marks the end of its last fill:
-/// [`PinnedBuffer::values`] waits for it before lending the memory out,
-/// and so does a new fill and the drop. Safe code therefore cannot read
+/// The buffer remembers the event that marks the end of its last copy
+/// either way: [`PinnedBuffer::values`] and [`PinnedBuffer::values_mut`]
+/// wait for it before lending the memory out, and so does a new copy and
+/// the drop. Safe code therefore cannot read
 /// (or free) host memory a copy is still writing; that holds even if a
 /// caller forgets about the buffer, because the event is inside it.
 pub struct PinnedBuffer {
@@ -278,6 +280,53 @@ impl PinnedBuffer {
         };
         r.result()
             .map_err(|e| GpuError::driver("cuMemcpyDtoHAsync", e))?;
+        let done = stream
+            .record_event(None)
+            .map_err(|e| GpuError::driver("recording a pinned copy's event", e))?;
+        self.pending = Some(done);
+        Ok(())
+    }
+
+    /// The first `count` values to write, once the last copy has completed
+    /// (this waits for it), e.g. to fill before [`PinnedBuffer::upload_async`].
+    pub fn values_mut(&mut self, count: usize) -> Result<&mut [f32], GpuError> {
+        self.settle()?;
+        let count = count.min(self.len);
+        // SAFETY: as in `values`; the borrow is unique through `&mut self`.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, count) })
+    }
+
+    /// Enqueue a copy of the buffer's first `dst.len()` values into `dst`
+    /// on `stream`; the host memory is not lent out again until the copy
+    /// has passed.
+    ///
+    /// # Safety
+    /// `dst` must belong to the stream's context, stay allocated until the
+    /// stream has passed this copy, and not be used by another stream
+    /// meanwhile.
+    pub unsafe fn upload_async(
+        &mut self,
+        dst: DeviceView<'_, f32>,
+        stream: &CudaStream,
+    ) -> Result<(), GpuError> {
+        self.settle()?;
+        let count = dst.len();
+        if count > self.len {
+            return Err(GpuError::bounds(format!(
+                "a pinned upload of {count} elements from a buffer of {}",
+                self.len
+            )));
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        // SAFETY: per the contract above; the pinned region holds `count`
+        // f32s and nothing writes it until `pending` has passed.
+        let r = unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst.ptr(), self.ptr.cast(), count * 4, stream.cu_stream())
+        };
+        r.result()
+            .map_err(|e| GpuError::driver("cuMemcpyHtoDAsync", e))?;
         let done = stream
             .record_event(None)
             .map_err(|e| GpuError::driver("recording a pinned copy's event", e))?;

@@ -546,7 +546,8 @@ fn a_report_whose_inputs_were_edited_is_refused() {
     let r: Value = serde_json::from_str(&text).unwrap();
     // Control: the report as written compares with itself.
     fp().arg("compare").arg(&out).arg(&out).assert().success();
-    let edits: [(&str, Box<dyn Fn(&mut Value)>, &str); 3] = [
+    type Edit = Box<dyn Fn(&mut Value)>;
+    let edits: [(&str, Edit, &str); 3] = [
         (
             "a file digest",
             Box::new(|v: &mut Value| {

@@ -13,7 +13,7 @@ use super::{
 use crate::experiment::{Addends, Case};
 use crate::fold::{mean_scale, shard_plan, Contract};
 use crate::gpu::kernels::{self, CompileOptions, FoldMode, KernelVariant};
-use crate::gpu::mem::DeviceBuffer;
+use crate::gpu::mem::{DeviceBuffer, PinnedBuffer};
 use crate::gpu::readback::Reader;
 use crate::gpu::{device, mapped, probe, Device, GpuError, LaunchTuning};
 use serde::Serialize;
@@ -72,6 +72,9 @@ pub struct CudaBackend {
     /// Per digested arena of the current case, in order: where its digest
     /// time went (`bench` prints it).
     profiles: Vec<world::DigestProfile>,
+    /// Two pinned buffers rank files are read into on their way up, kept
+    /// for the largest arena so far.
+    staging: Option<[PinnedBuffer; 2]>,
 }
 
 fn unavailable(reason: impl std::fmt::Display) -> BackendError {
@@ -110,6 +113,7 @@ impl CudaBackend {
             readers: Vec::new(),
             worlds: HashMap::new(),
             profiles: Vec::new(),
+            staging: None,
         };
         backend.set_copy_streams(cfg.copy_streams)?;
         Ok(backend)
@@ -214,11 +218,11 @@ impl CudaBackend {
                 format!("world {} is out of range", case.world()),
             ));
         }
-        // Kept values, and for rank files the two host buffers each rank's
+        // Kept values, and for rank files the two pinned buffers each rank's
         // arena is read into on its way to the device.
         let largest = case.arenas().iter().copied().max().unwrap_or(0) as u64 * 4;
         let staging = if case.files().is_some() {
-            2 * largest
+            2 * largest.min(STAGE as u64 * 4)
         } else {
             0
         };
@@ -270,9 +274,19 @@ impl CudaBackend {
                 Addends::Generated { seed, distribution } => Some((*distribution, *seed)),
                 Addends::Files(f) => {
                     let u = Instant::now();
-                    upload_rank_files(f, a, bufs).map_err(|e| match e {
+                    let staging = staging_for(&mut self.staging, &self.dev, n.min(STAGE))
+                        .map_err(|e| gpu_failed(case.id(), "pinned staging buffers", e))?;
+                    upload_rank_files(f, a, bufs, staging, &self.main).map_err(|e| match e {
                         Upload::Read(e) => crate::backend::addends_error(case)(e),
                         Upload::Gpu(e) => gpu_failed(case.id(), "uploading the rank files", e),
+                    })?;
+                    // The last copy up belongs to this phase's time.
+                    self.main.synchronize().map_err(|e| {
+                        gpu_failed(
+                            case.id(),
+                            "uploading the rank files",
+                            GpuError::driver("cuStreamSynchronize", e),
+                        )
                     })?;
                     t.generate_ms += u.elapsed().as_secs_f64() * 1e3;
                     None
@@ -623,41 +637,64 @@ impl Backend for CudaBackend {
     }
 }
 
+/// The pinned staging buffers, reallocated when `n` outgrows them.
+fn staging_for<'a>(
+    slot: &'a mut Option<[PinnedBuffer; 2]>,
+    dev: &Device,
+    n: usize,
+) -> Result<&'a mut [PinnedBuffer; 2], GpuError> {
+    if slot.as_ref().is_some_and(|s| s[0].len() < n) {
+        *slot = None;
+    }
+    if slot.is_none() {
+        let len = n.max(1);
+        *slot = Some([
+            PinnedBuffer::alloc(&dev.ctx, len)?,
+            PinnedBuffer::alloc(&dev.ctx, len)?,
+        ]);
+    }
+    slot.as_mut()
+        .ok_or_else(|| GpuError::bounds("no staging buffers".to_string()))
+}
+
 /// Why rank files did not reach the device.
 enum Upload {
     Read(crate::addends::AddendError),
     Gpu(GpuError),
 }
 
-/// Every rank's arena `a` from its file into its device arena: each rank
-/// read into one host buffer while the previous one is copied up.
+/// Elements per pinned staging buffer (32 MiB): small enough to pin
+/// quickly (pinning a whole 128 MiB arena twice cost more than reading it),
+/// large enough that each read runs on several threads.
+const STAGE: usize = 1 << 23;
+
+/// Every rank's arena `a` from its file into its device arena, on `stream`,
+/// a stage at a time: one pinned buffer is read into while the other's copy
+/// to the device runs.
 fn upload_rank_files(
     files: &crate::addends::AddendFiles,
     a: usize,
     bufs: &world::WorldBuffers,
+    staging: &mut [PinnedBuffer; 2],
+    stream: &cudarc::driver::CudaStream,
 ) -> Result<(), Upload> {
     let n = bufs.len;
-    let mut host = [vec![0f32; n], vec![0f32; n]];
-    files.read(0, a, &mut host[0]).map_err(Upload::Read)?;
+    let mut k = 0;
     for r in 0..bufs.world {
-        let (cur, next) = host.split_at_mut(1);
-        let (cur, next) = if r % 2 == 0 {
-            (&mut cur[0], &mut next[0])
-        } else {
-            (&mut next[0], &mut cur[0])
-        };
-        let (up, read) = rayon::join(
-            || bufs.ranks[r].upload(cur),
-            || {
-                if r + 1 < bufs.world {
-                    files.read(r + 1, a, next)
-                } else {
-                    Ok(())
-                }
-            },
-        );
-        up.map_err(Upload::Gpu)?;
-        read.map_err(Upload::Read)?;
+        let mut first = 0;
+        while first < n {
+            let len = STAGE.min(n - first);
+            let stage = &mut staging[k % 2];
+            // Waits for this buffer's previous copy (two stages ago).
+            let host = stage.values_mut(len).map_err(Upload::Gpu)?;
+            files.read_range(r, a, first, host).map_err(Upload::Read)?;
+            let dst = bufs.ranks[r].slice(first, len).map_err(Upload::Gpu)?;
+            // SAFETY: part of rank r's arena of this context, which the
+            // round reads only later on this same stream.
+            unsafe { stage.upload_async(dst, stream) }.map_err(Upload::Gpu)?;
+            first += len;
+            k += 1;
+        }
     }
     Ok(())
 }

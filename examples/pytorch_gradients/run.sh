@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Train, dump the gradients, and ask foldprint whether PyTorch's all-reduce
+# of them is the fixed-order sum:
+#
+#   examples/pytorch_gradients/run.sh [W] [OUT]
+#
+# W ranks (default 4) on this host's GPUs, emulated hosts (one NCCL host id
+# per rank), gradients under OUT (default ./grads). FOLDPRINT names the
+# foldprint binary, TORCHRUN torchrun's command (default `torchrun`). For
+# the nccl-allreduce control to be PyTorch's own NCCL, point
+# FOLDPRINT_NCCL_LIBRARY at the libnccl.so.2 PyTorch loads.
+set -euo pipefail
+world=${1:-4}
+out=${2:-grads}
+foldprint=${FOLDPRINT:-foldprint}
+read -ra torchrun <<< "${TORCHRUN:-torchrun}"
+here=$(dirname "$0")
+
+"${torchrun[@]}" --standalone --nproc_per_node "$world" "$here/train.py" \
+  --out "$out" --steps 2 --emulate-hosts
+
+for step in "$out"/step*; do
+  echo "== $step: the CPU oracle (reads every rank's file)"
+  code=0
+  "$foldprint" run "$step/grads.toml" --backend cpu --out "$step/cpu.json" || code=$?
+  echo "(exit $code)"
+  echo "== $step: NCCL, one process per rank, each reading its own file"
+  code=0
+  "${torchrun[@]}" --standalone --nproc_per_node "$world" --no-python \
+    "$foldprint" run "$step/grads.toml" --backend nccl --emulate-hosts \
+    --out "$step/nccl.json" || code=$?
+  echo "(exit $code)"
+done

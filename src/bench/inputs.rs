@@ -1,0 +1,159 @@
+//! What reading addends from rank files costs: one case of W rank files
+//! (float32 npy, written here from the generator's values and read once so
+//! they sit in the page cache) next to the same case from the generator,
+//! on one backend. Both must give the same digests.
+
+use super::{median, BenchError};
+use crate::addends::{AddendFiles, Scope};
+use crate::backend::{Backend, RunOptions};
+use crate::data::{Distribution, Lane};
+use crate::experiment::Case;
+use std::time::Instant;
+
+/// The two cases side by side.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct InputsBench {
+    pub backend: &'static str,
+    pub world: usize,
+    pub n: usize,
+    /// Bytes of addends in all (W x n x 4).
+    pub bytes: u64,
+    pub rounds: u32,
+    /// Opening, checking and hashing the W rank files (once per run; a
+    /// `run` does it while its backend starts).
+    pub files_load_ms: f64,
+    /// The order-sensitivity measure (once per case): from the files'
+    /// samples, and from the generator.
+    pub files_sensitivity_ms: f64,
+    pub generator_sensitivity_ms: f64,
+    /// Medians over the rounds after the first.
+    pub files_round_ms: f64,
+    pub files_read_ms: f64,
+    pub generator_round_ms: f64,
+    pub generator_generate_ms: f64,
+    /// What one case costs: load + round + sensitivity for the files,
+    /// round + sensitivity for the generator; and their ratio.
+    pub files_case_ms: f64,
+    pub generator_case_ms: f64,
+    pub ratio: f64,
+    /// Both gave the same arena digest and sensitivity (the files hold the
+    /// generator's values).
+    pub same_digests: bool,
+}
+
+/// Time both cases on `backend`; the rank files go to a temporary
+/// directory under `tmp`.
+pub fn compare(
+    backend: &mut dyn Backend,
+    world: usize,
+    n: usize,
+    rounds: u32,
+    tmp: &std::path::Path,
+) -> Result<InputsBench, BenchError> {
+    let dir = tempfile::Builder::new()
+        .prefix("foldprint-bench-inputs")
+        .tempdir_in(tmp)
+        .map_err(BenchError::Io)?;
+    let (seed, distribution) = (1, Distribution::MixedMagnitude);
+    for r in 0..world {
+        write_npy(
+            &dir.path().join(format!("rank{r}.npy")),
+            &Lane::new(distribution, seed, r as u32, 0),
+            n,
+        )
+        .map_err(BenchError::Io)?;
+    }
+    let generated = Case::builder(world, [n])
+        .experiment("bench")
+        .id("generator")
+        .seed(seed)
+        .distribution(distribution)
+        .rounds(rounds)
+        .build()?;
+    // A first open reads the files into the page cache; the timed one
+    // finds them there.
+    let open = || {
+        AddendFiles::open(
+            "rank{rank}.npy",
+            dir.path(),
+            None,
+            Some(world),
+            Scope::AllRanks,
+        )?
+        .hashed()
+    };
+    open().map_err(BenchError::Addends)?;
+    let t = Instant::now();
+    let files = open().map_err(BenchError::Addends)?;
+    let files_load_ms = t.elapsed().as_secs_f64() * 1e3;
+    let from_files = generated
+        .to_builder()
+        .id("files")
+        .files(std::sync::Arc::new(files))
+        .build()?;
+    let opts = RunOptions::default();
+    // Warm-up: buffers allocated, kernels loaded.
+    backend.run_case(&generated.clone().single_round(), &opts)?;
+    let g = backend.run_case(&generated, &opts)?;
+    let f = backend.run_case(&from_files, &opts)?;
+    let steady = |r: &crate::backend::CaseRun, pick: fn(&crate::backend::RoundTimings) -> f64| {
+        median(
+            r.rounds[1.min(r.rounds.len() - 1)..]
+                .iter()
+                .map(pick)
+                .collect(),
+        )
+    };
+    let files_round_ms = steady(&f, |t| t.total_ms);
+    let generator_round_ms = steady(&g, |t| t.total_ms);
+    let timed = |c: &Case| -> Result<(f64, crate::sensitivity::Sensitivity), BenchError> {
+        let t = Instant::now();
+        let s = crate::sensitivity::measure(c).map_err(BenchError::Addends)?;
+        Ok((t.elapsed().as_secs_f64() * 1e3, s))
+    };
+    let (files_sensitivity_ms, fs) = timed(&from_files)?;
+    let (generator_sensitivity_ms, gs) = timed(&generated)?;
+    let files_case_ms = files_load_ms + files_round_ms + files_sensitivity_ms;
+    let generator_case_ms = generator_round_ms + generator_sensitivity_ms;
+    Ok(InputsBench {
+        backend: backend.name(),
+        world,
+        n,
+        bytes: generated.addend_bytes(),
+        rounds,
+        files_load_ms,
+        files_sensitivity_ms,
+        generator_sensitivity_ms,
+        files_round_ms,
+        files_read_ms: steady(&f, |t| t.generate_ms),
+        generator_round_ms,
+        generator_generate_ms: steady(&g, |t| t.generate_ms),
+        files_case_ms,
+        generator_case_ms,
+        ratio: files_case_ms / generator_case_ms,
+        same_digests: f.arenas[0].digest() == g.arenas[0].digest() && fs == gs,
+    })
+}
+
+/// A float32 npy file of a lane's first `n` values.
+fn write_npy(path: &std::path::Path, lane: &Lane, n: usize) -> std::io::Result<()> {
+    use rayon::prelude::*;
+    use std::io::Write;
+    let mut dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({n},), }}");
+    while (10 + dict.len() + 1) % 64 != 0 {
+        dict.push(' ');
+    }
+    dict.push('\n');
+    let mut values = vec![0f32; n];
+    values
+        .par_chunks_mut(1 << 16)
+        .enumerate()
+        .for_each(|(k, c)| lane.fill((k << 16) as u64, c));
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    f.write_all(b"\x93NUMPY\x01\x00")?;
+    f.write_all(&(dict.len() as u16).to_le_bytes())?;
+    f.write_all(dict.as_bytes())?;
+    f.write_all(&bytes)?;
+    f.flush()
+}
