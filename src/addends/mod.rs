@@ -787,3 +787,105 @@ fn same_arenas(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An npy 1.0 file of float32 values.
+    fn npy(path: &Path, values: &[f32]) {
+        let mut dict = format!(
+            "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+            values.len()
+        );
+        while (10 + dict.len() + 1) % 64 != 0 {
+            dict.push(' ');
+        }
+        dict.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+        b.extend_from_slice(dict.as_bytes());
+        for v in values {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        std::fs::write(path, b).unwrap();
+    }
+
+    fn three(dir: &Path) {
+        for r in 0..3 {
+            npy(&dir.join(format!("r{r}.npy")), &[r as f32, 0.5, -2.0]);
+        }
+    }
+
+    #[test]
+    fn a_file_changed_after_it_was_hashed_is_never_read() {
+        let dir = tempfile::tempdir().unwrap();
+        three(dir.path());
+        let f = AddendFiles::open("r{rank}.npy", dir.path(), None, None, Scope::AllRanks)
+            .unwrap()
+            .hashed()
+            .unwrap();
+        let mut v = [0f32; 3];
+        f.read(1, 0, &mut v).unwrap();
+        assert_eq!(v.map(f32::to_bits), [1.0f32, 0.5, -2.0].map(f32::to_bits));
+        // Same size, other bytes, written after the hash.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        npy(&dir.path().join("r1.npy"), &[7.0, 0.5, -2.0]);
+        let e = f.read(1, 0, &mut v).unwrap_err();
+        assert!(
+            matches!(&e, AddendError::Changed { path, .. } if path == "r1.npy"),
+            "{e}"
+        );
+        // Control: rank 2's file, untouched, still reads.
+        f.read(2, 0, &mut v).unwrap();
+    }
+
+    #[test]
+    fn a_rank_that_opened_only_its_own_file_learns_the_others_digests() {
+        let dir = tempfile::tempdir().unwrap();
+        three(dir.path());
+        let all = AddendFiles::open("r{rank}.npy", dir.path(), None, None, Scope::AllRanks)
+            .unwrap()
+            .hashed()
+            .unwrap();
+        let own = Scope::OwnRank { rank: 1, world: 3 };
+        let mine = AddendFiles::open("r{rank}.npy", dir.path(), None, None, own)
+            .unwrap()
+            .hashed()
+            .unwrap();
+        assert!(mine.is_open(1) && !mine.is_open(0) && !mine.is_open(2));
+        assert!(!mine.is_complete() && mine.identity().is_none());
+        assert_eq!(mine.own_facts(), all.files[1].facts);
+        let facts: Vec<FileFacts> = all.files.iter().map(|f| f.facts.unwrap()).collect();
+        let done = mine.complete(&facts).unwrap();
+        assert_eq!(done.identity(), all.identity());
+        assert!(done.identity().is_some());
+        // A rank presenting another digest for the file this one read.
+        let mut wrong = facts.clone();
+        wrong[1].bytes += 1;
+        assert!(mine.complete(&wrong).is_err());
+        // Another rank's file cannot be read here.
+        let mut v = [0f32; 3];
+        assert!(matches!(
+            mine.read(0, 0, &mut v),
+            Err(AddendError::NotOpened { rank: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn the_identity_follows_the_bytes_not_the_paths() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        three(a.path());
+        three(b.path());
+        let open = |d: &Path, t: &str| {
+            AddendFiles::open(t, d, None, None, Scope::AllRanks)
+                .unwrap()
+                .hashed()
+                .unwrap()
+                .identity()
+        };
+        assert_eq!(open(a.path(), "r{rank}.npy"), open(b.path(), "r{rank}.npy"));
+        npy(&b.path().join("r2.npy"), &[2.0, 0.5, -2.5]);
+        assert_ne!(open(a.path(), "r{rank}.npy"), open(b.path(), "r{rank}.npy"));
+    }
+}

@@ -5,7 +5,7 @@
 
 use super::{median, BenchError};
 use crate::addends::{AddendFiles, Scope};
-use crate::backend::{Backend, RunOptions};
+use crate::backend::{Backend, BackendError, RunOptions};
 use crate::data::{Distribution, Lane};
 use crate::experiment::Case;
 use std::time::Instant;
@@ -39,12 +39,21 @@ pub struct InputsBench {
     /// Both gave the same arena digest and sensitivity (the files hold the
     /// generator's values).
     pub same_digests: bool,
+    /// What a one-round `run` of each does, each time in a fresh backend:
+    /// backend start (for the files, beside opening and hashing them), the
+    /// round, the sensitivity. Medians of [`RUNS`], and their ratio.
+    pub files_run_ms: f64,
+    pub generator_run_ms: f64,
+    pub run_ratio: f64,
 }
 
-/// Time both cases on `backend`; the rank files go to a temporary
-/// directory under `tmp`.
+/// Fresh-backend runs of each case.
+pub const RUNS: usize = 3;
+
+/// Time both cases on backends `start` makes; the rank files go to a
+/// temporary directory under `tmp`.
 pub fn compare(
-    backend: &mut dyn Backend,
+    start: &(dyn Fn() -> Result<Box<dyn Backend>, BackendError> + Sync),
     world: usize,
     n: usize,
     rounds: u32,
@@ -92,6 +101,7 @@ pub fn compare(
         .files(std::sync::Arc::new(files))
         .build()?;
     let opts = RunOptions::default();
+    let mut backend = start()?;
     // Warm-up: buffers allocated, kernels loaded.
     backend.run_case(&generated.clone().single_round(), &opts)?;
     let g = backend.run_case(&generated, &opts)?;
@@ -115,8 +125,39 @@ pub fn compare(
     let (generator_sensitivity_ms, gs) = timed(&generated)?;
     let files_case_ms = files_load_ms + files_round_ms + files_sensitivity_ms;
     let generator_case_ms = generator_round_ms + generator_sensitivity_ms;
+    let backend_name = backend.name();
+    drop(backend);
+    // Whole one-round runs, as `foldprint run` does them.
+    let (mut files_runs, mut generator_runs) = (Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        let t = Instant::now();
+        let mut be = start()?;
+        be.run_case(&generated.clone().single_round(), &opts)?;
+        crate::sensitivity::measure(&generated).map_err(BenchError::Addends)?;
+        generator_runs.push(t.elapsed().as_secs_f64() * 1e3);
+        drop(be);
+        let t = Instant::now();
+        let (files, be) = std::thread::scope(|s| {
+            let hashing = s.spawn(open);
+            let be = start();
+            (hashing.join(), be)
+        });
+        let files = files
+            .map_err(|_| BenchError::Io(std::io::Error::other("the hashing thread failed")))?
+            .map_err(BenchError::Addends)?;
+        let mut be = be?;
+        let case = from_files
+            .clone()
+            .single_round()
+            .with_files(std::sync::Arc::new(files));
+        be.run_case(&case, &opts)?;
+        crate::sensitivity::measure(&case).map_err(BenchError::Addends)?;
+        files_runs.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let files_run_ms = median(files_runs);
+    let generator_run_ms = median(generator_runs);
     Ok(InputsBench {
-        backend: backend.name(),
+        backend: backend_name,
         world,
         n,
         bytes: generated.addend_bytes(),
@@ -132,6 +173,9 @@ pub fn compare(
         generator_case_ms,
         ratio: files_case_ms / generator_case_ms,
         same_digests: f.arenas[0].digest() == g.arenas[0].digest() && fs == gs,
+        files_run_ms,
+        generator_run_ms,
+        run_ratio: files_run_ms / generator_run_ms,
     })
 }
 
