@@ -5,7 +5,7 @@
 
 use super::{median, BenchError};
 use crate::addends::{AddendFiles, Scope};
-use crate::backend::{Backend, BackendError, RunOptions};
+use crate::backend::{Backend, RunOptions};
 use crate::data::{Distribution, Lane};
 use crate::experiment::Case;
 use std::time::Instant;
@@ -39,34 +39,46 @@ pub struct InputsBench {
     /// Both gave the same arena digest and sensitivity (the files hold the
     /// generator's values).
     pub same_digests: bool,
-    /// What a one-round `run` of each does, each time in a fresh backend:
-    /// backend start (for the files, beside opening and hashing them), the
-    /// round, the sensitivity. Medians of [`RUNS`], and their ratio.
-    pub files_run_ms: f64,
-    pub generator_run_ms: f64,
-    pub run_ratio: f64,
 }
 
-/// Fresh-backend runs of each case.
-pub const RUNS: usize = 3;
+/// The experiment files of the two cases, for whole `foldprint run`s
+/// (the binary times them: a run is a fresh process).
+pub const FILES_EXPERIMENT: &str = "files.toml";
+pub const GENERATOR_EXPERIMENT: &str = "generator.toml";
 
-/// Time both cases on backends `start` makes; the rank files go to a
-/// temporary directory under `tmp`.
+/// Time both cases on `backend`; the rank files go to `dir`, with
+/// [`FILES_EXPERIMENT`] and [`GENERATOR_EXPERIMENT`] declaring the two cases.
 pub fn compare(
-    start: &(dyn Fn() -> Result<Box<dyn Backend>, BackendError> + Sync),
+    backend: &mut dyn Backend,
     world: usize,
     n: usize,
     rounds: u32,
-    tmp: &std::path::Path,
+    dir: &std::path::Path,
 ) -> Result<InputsBench, BenchError> {
-    let dir = tempfile::Builder::new()
-        .prefix("foldprint-bench-inputs")
-        .tempdir_in(tmp)
-        .map_err(BenchError::Io)?;
     let (seed, distribution) = (1, Distribution::MixedMagnitude);
+    let experiment =
+        |name: &str, inputs: &str| format!("name = \"{name}\"\n[[case]]\nid = \"c\"\n{inputs}\n");
+    std::fs::write(
+        dir.join(FILES_EXPERIMENT),
+        experiment(
+            "bench-files",
+            &format!("addends = \"rank{{rank}}.npy\"\nworld = {world}"),
+        ),
+    )
+    .map_err(BenchError::Io)?;
+    std::fs::write(
+        dir.join(GENERATOR_EXPERIMENT),
+        experiment(
+            "bench-generator",
+            &format!(
+                "world = {world}\narenas = [{n}]\nseed = {seed}\ndistribution = \"{distribution}\""
+            ),
+        ),
+    )
+    .map_err(BenchError::Io)?;
     for r in 0..world {
         write_npy(
-            &dir.path().join(format!("rank{r}.npy")),
+            &dir.join(format!("rank{r}.npy")),
             &Lane::new(distribution, seed, r as u32, 0),
             n,
         )
@@ -81,16 +93,8 @@ pub fn compare(
         .build()?;
     // A first open reads the files into the page cache; the timed one
     // finds them there.
-    let open = || {
-        AddendFiles::open(
-            "rank{rank}.npy",
-            dir.path(),
-            None,
-            Some(world),
-            Scope::AllRanks,
-        )?
-        .hashed()
-    };
+    let open =
+        || AddendFiles::open("rank{rank}.npy", dir, None, Some(world), Scope::AllRanks)?.hashed();
     open().map_err(BenchError::Addends)?;
     let t = Instant::now();
     let files = open().map_err(BenchError::Addends)?;
@@ -101,7 +105,6 @@ pub fn compare(
         .files(std::sync::Arc::new(files))
         .build()?;
     let opts = RunOptions::default();
-    let mut backend = start()?;
     // Warm-up: buffers allocated, kernels loaded.
     backend.run_case(&generated.clone().single_round(), &opts)?;
     let g = backend.run_case(&generated, &opts)?;
@@ -126,36 +129,7 @@ pub fn compare(
     let files_case_ms = files_load_ms + files_round_ms + files_sensitivity_ms;
     let generator_case_ms = generator_round_ms + generator_sensitivity_ms;
     let backend_name = backend.name();
-    drop(backend);
-    // Whole one-round runs, as `foldprint run` does them.
-    let (mut files_runs, mut generator_runs) = (Vec::new(), Vec::new());
-    for _ in 0..RUNS {
-        let t = Instant::now();
-        let mut be = start()?;
-        be.run_case(&generated.clone().single_round(), &opts)?;
-        crate::sensitivity::measure(&generated).map_err(BenchError::Addends)?;
-        generator_runs.push(t.elapsed().as_secs_f64() * 1e3);
-        drop(be);
-        let t = Instant::now();
-        let (files, be) = std::thread::scope(|s| {
-            let hashing = s.spawn(open);
-            let be = start();
-            (hashing.join(), be)
-        });
-        let files = files
-            .map_err(|_| BenchError::Io(std::io::Error::other("the hashing thread failed")))?
-            .map_err(BenchError::Addends)?;
-        let mut be = be?;
-        let case = from_files
-            .clone()
-            .single_round()
-            .with_files(std::sync::Arc::new(files));
-        be.run_case(&case, &opts)?;
-        crate::sensitivity::measure(&case).map_err(BenchError::Addends)?;
-        files_runs.push(t.elapsed().as_secs_f64() * 1e3);
-    }
-    let files_run_ms = median(files_runs);
-    let generator_run_ms = median(generator_runs);
+
     Ok(InputsBench {
         backend: backend_name,
         world,
@@ -173,9 +147,6 @@ pub fn compare(
         generator_case_ms,
         ratio: files_case_ms / generator_case_ms,
         same_digests: f.arenas[0].digest() == g.arenas[0].digest() && fs == gs,
-        files_run_ms,
-        generator_run_ms,
-        run_ratio: files_run_ms / generator_run_ms,
     })
 }
 

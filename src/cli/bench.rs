@@ -295,15 +295,20 @@ pub fn run(a: BenchArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// `bench --inputs`: rank files next to the generator.
+/// Whole runs timed per experiment of `bench --inputs`, alternating.
+const INPUT_RUNS: usize = 5;
+
+/// `bench --inputs`: rank files next to the generator, per case on one
+/// backend, then as whole `foldprint run`s (fresh processes, as users run
+/// them: a run hashes its rank files while its backend starts).
 fn run_inputs(a: &BenchArgs) -> Result<i32> {
     use foldprint::backend::{self, BackendChoice};
+    use foldprint::bench::inputs;
     super::start_threads()?;
     let n = 1usize
         .checked_shl(a.log2_len)
         .filter(|_| a.log2_len <= 32)
         .context("--log2-len must be at most 32")?;
-    let opts = backend::BackendOptions::default();
     let choice = match a.backend {
         BackendChoice::Nccl => {
             return Err(Failure::Refused(
@@ -312,16 +317,57 @@ fn run_inputs(a: &BenchArgs) -> Result<i32> {
         }
         other => other,
     };
-    let start = || backend::select(choice, &opts).map(|(b, _)| b);
+    let (mut be, note) = backend::select(choice, &backend::BackendOptions::default())?;
+    if let Some(n) = note {
+        eprintln!("note: {n}");
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("foldprint-bench-inputs")
+        .tempdir()
+        .context("making a temporary directory for the rank files")?;
     eprintln!(
         "bench: writing {} rank files of {} MiB ...",
         a.world,
         (n as u64 * 4) >> 20
     );
-    let r =
-        foldprint::bench::inputs::compare(&start, a.world as usize, n, 5, &std::env::temp_dir())?;
+    let r = inputs::compare(be.as_mut(), a.world as usize, n, 5, dir.path())?;
+    let name = be.name();
+    drop(be);
+    // Whole runs, each its own process, one after the other.
+    let exe = std::env::current_exe().context("finding this foldprint binary")?;
+    let mut times = [Vec::new(), Vec::new()];
+    for _ in 0..INPUT_RUNS {
+        for (k, e) in [inputs::FILES_EXPERIMENT, inputs::GENERATOR_EXPERIMENT]
+            .iter()
+            .enumerate()
+        {
+            let t = std::time::Instant::now();
+            let status = std::process::Command::new(&exe)
+                .args(["run", "--backend", name, "--json"])
+                .arg(dir.path().join(e))
+                .stdout(std::process::Stdio::null())
+                .status()
+                .context("starting foldprint run")?;
+            if !status.success() {
+                return Err(Failure::CheckFailed(format!(
+                    "`foldprint run` of the benchmark's {e} failed ({status})"
+                )));
+            }
+            times[k].push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (files_run, generator_run) = (median(&mut times[0]), median(&mut times[1]));
     if a.json {
-        outln!("{}", serde_json::to_string_pretty(&r)?);
+        let mut v = serde_json::to_value(&r)?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("files_run_ms".into(), serde_json::json!(times[0]));
+            o.insert("generator_run_ms".into(), serde_json::json!(times[1]));
+        }
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         outln!(
             "inputs: backend {} · W={} n=2^{} · {} MiB of addends · median of rounds 2..{}",
@@ -363,12 +409,20 @@ fn run_inputs(a: &BenchArgs) -> Result<i32> {
             r.ratio,
             if r.same_digests { "equal" } else { "DIFFER" }
         );
+        let show = |v: &[f64]| {
+            v.iter()
+                .map(|t| format!("{t:.0}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
         outln!(
-            "one-round runs, fresh backend each (median of {}): files {:.1} ms (backend start beside the hashing), generator {:.1} ms: {:.2}x",
-            foldprint::bench::inputs::RUNS,
-            r.files_run_ms,
-            r.generator_run_ms,
-            r.run_ratio
+            "whole `foldprint run`s (ms, one process each): files {} · generator {}",
+            show(&times[0]),
+            show(&times[1])
+        );
+        outln!(
+            "files / generator: {:.2}x per run (medians {files_run:.0} and {generator_run:.0} ms)",
+            files_run / generator_run
         );
     }
     Ok(if r.same_digests { 0 } else { 1 })
