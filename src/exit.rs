@@ -175,7 +175,7 @@ impl HasExitCode for RankError {
             | RankError::Rendezvous { .. }
             | RankError::Disagree(_)
             | RankError::Launch(_) => ExitCode::Infrastructure,
-            RankError::LaunchSize(_) => ExitCode::BadInput,
+            RankError::LaunchSize(_) | RankError::FilesDiffer(_) => ExitCode::BadInput,
             RankError::Placement(_) => ExitCode::Unavailable,
             RankError::Interrupted(sig) => ExitCode::Interrupted(*sig),
         }

@@ -1050,6 +1050,41 @@ fn rank_files_under_launch_each_rank_reading_its_own() {
         "{all}"
     );
     assert!(!bad_out.exists());
+    // Rank 2's file valid but of another element type: no rank reads
+    // another's file, so the ranks find it in the rendezvous, before any
+    // collective, and name the tensor (exit 2, nothing written).
+    let w = rank_files::mixed(11, 2, 1, 3 * 100_003);
+    let h: Vec<u16> = (0..7).collect();
+    rank_files::write_safetensors(
+        &dir.path().join("rank2.safetensors"),
+        &[
+            rank_files::T::f32("w", &[3, 100_003], &w),
+            rank_files::T::bf16("b", &[7], &h),
+        ],
+    );
+    let o = launch(
+        4,
+        &setting("default", &[]),
+        &[
+            "run",
+            exp_s,
+            "--backend",
+            "nccl",
+            "--out",
+            bad_out.to_str().unwrap(),
+        ],
+    );
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.status.code(), Some(2), "{all}");
+    assert!(
+        all.contains("rank files differ between ranks: rank<rank>.safetensors holds b:bf16[7] on rank 2 but b:f32[7] on rank 0"),
+        "{all}"
+    );
+    assert!(!bad_out.exists());
     save(
         "rank-files.txt",
         &format!(

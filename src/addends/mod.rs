@@ -470,7 +470,10 @@ impl AddendFiles {
         let arenas: Vec<String> = self
             .arenas
             .iter()
-            .map(|a| format!("{}:{}[{}]", a.name, a.dtype, a.len))
+            .map(|a| {
+                let shape: Vec<String> = a.shape.iter().map(|d| d.to_string()).collect();
+                format!("{}:{}[{}]", a.name, a.dtype, shape.join("x"))
+            })
             .collect();
         format!("{} {}", self.format.name(), arenas.join(","))
     }

@@ -21,6 +21,10 @@ pub enum RankError {
     Rendezvous { role: String, message: String },
     #[error("ranks disagree on the work: {0}")]
     Disagree(String),
+    /// The ranks' own rank files hold different arenas (bad input: the
+    /// files, not the machinery).
+    #[error("{0}")]
+    FilesDiffer(String),
     #[error("launch: {0}")]
     Launch(String),
     /// `launch` was asked for a world it will not start (bad input).

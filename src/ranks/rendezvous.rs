@@ -158,7 +158,101 @@ pub fn experiment_plan(experiments: &[Experiment]) -> (Vec<String>, String) {
         .map(|e| format!("{}@{}", e.name, e.sha256.short(12)))
         .collect();
     let cases: usize = experiments.iter().map(|e| e.cases.len()).sum();
-    (lines, format!("{cases} cases of {}", names.join(", ")))
+    // Rank files as this rank sees them in its own file, short enough for
+    // a message: a layout that differs between ranks shows here.
+    // (Cut short: the summary travels in a frame of at most 4 KiB.)
+    let files: Vec<String> = crate::experiment::rank_file_sets(experiments)
+        .iter()
+        .map(|f| {
+            let mut layout = f.layout();
+            if layout.len() > 1500 {
+                let mut end = 1500;
+                while !layout.is_char_boundary(end) {
+                    end -= 1;
+                }
+                layout.truncate(end);
+                layout.push('…');
+            }
+            format!("{RANK_FILES}{}: {layout}", f.template())
+        })
+        .collect();
+    let mut files = files.concat();
+    if files.len() > 3000 {
+        let mut end = 3000;
+        while !files.is_char_boundary(end) {
+            end -= 1;
+        }
+        files.truncate(end);
+        files.push('…');
+    }
+    (
+        lines,
+        format!("{cases} cases of {}{files}", names.join(", ")),
+    )
+}
+
+/// How a plan summary lists a set of rank files (see [`experiment_plan`]).
+const RANK_FILES: &str = "; rank files ";
+/// How a disagreement about rank files starts, on every rank.
+const FILES_DIFFER: &str = "rank files differ between ranks: ";
+
+/// The error a disagreement `msg` is: the ranks' files, or the work.
+fn disagree(msg: String) -> RankError {
+    if msg.starts_with(FILES_DIFFER) {
+        RankError::FilesDiffer(msg)
+    } else {
+        RankError::Disagree(msg)
+    }
+}
+
+/// Where rank `rank`'s rank files (as its plan summary `theirs` lists
+/// them) first differ from rank 0's (`ours`): the tensor and both layouts.
+/// `None` when the summaries agree on the rank files.
+fn files_difference(rank: usize, theirs: &str, ours: &str) -> Option<String> {
+    let sets =
+        |s: &str| -> Vec<String> { s.split(RANK_FILES).skip(1).map(str::to_string).collect() };
+    let (a, b) = (sets(theirs), sets(ours));
+    for (x, y) in a.iter().zip(&b) {
+        if x == y {
+            continue;
+        }
+        let (tx, ty) = (x.split_once(": "), y.split_once(": "));
+        let (Some((template, lx)), Some((_, ly))) = (tx, ty) else {
+            continue;
+        };
+        // `<format> name:type[len],name:type[len]...` (perhaps cut short).
+        let tensors = |l: &str| -> Vec<String> {
+            l.split_once(' ')
+                .map(|(_, t)| t.split(',').map(str::to_string).collect())
+                .unwrap_or_default()
+        };
+        let (ta, tb) = (tensors(lx), tensors(ly));
+        let first = ta.iter().zip(&tb).find(|(p, q)| p != q);
+        let detail = match first {
+            Some((p, q)) => format!(
+                "{} holds {p} on rank {rank} but {q} on rank 0",
+                template.replace("{rank}", "<rank>")
+            ),
+            None => format!(
+                "{} holds {} tensors on rank {rank} but {} on rank 0",
+                template.replace("{rank}", "<rank>"),
+                ta.len(),
+                tb.len()
+            ),
+        };
+        return Some(format!(
+            "{FILES_DIFFER}{detail} ({} and {})",
+            template.replace("{rank}", &rank.to_string()),
+            template.replace("{rank}", "0")
+        ));
+    }
+    (a.len() != b.len() && !a.is_empty()).then(|| {
+        format!(
+            "{FILES_DIFFER}rank {rank} names {} sets of rank files, rank 0 {}",
+            a.len(),
+            b.len()
+        )
+    })
 }
 
 fn err(role: &str, message: impl Into<String>) -> RankError {
@@ -326,14 +420,20 @@ pub fn serve(
             )
         });
         if hello.plan.digest != plan.digest {
-            disagreement = Some(format!(
-                "rank {} would run `{}` but rank 0 would run `{}` (plan {} vs {})",
-                hello.rank,
-                hello.plan.summary,
-                plan.summary,
-                &hex::encode(hello.plan.digest)[..16],
-                &hex::encode(plan.digest)[..16]
-            ));
+            disagreement = Some(
+                files_difference(hello.rank, &hello.plan.summary, &plan.summary).unwrap_or_else(
+                    || {
+                        format!(
+                            "rank {} would run `{}` but rank 0 would run `{}` (plan {} vs {})",
+                            hello.rank,
+                            hello.plan.summary,
+                            plan.summary,
+                            &hex::encode(hello.plan.digest)[..16],
+                            &hex::encode(plan.digest)[..16]
+                        )
+                    },
+                ),
+            );
         }
         // Non-blocking from here, so `lost_peer` can look without waiting.
         let _ = s.set_nonblocking(true);
@@ -350,7 +450,7 @@ pub fn serve(
     match disagreement {
         Some(msg) => {
             reply_all(&mut peers, DISAGREE, &msg);
-            Err(RankError::Disagree(msg))
+            Err(disagree(msg))
         }
         None => {
             for (s, _) in peers.iter_mut().flatten() {
@@ -450,9 +550,7 @@ pub fn join(
     let body = read_frame(&mut s, 1 << 16).map_err(io)?;
     match status[0] {
         OK => Ok(body),
-        DISAGREE => Err(RankError::Disagree(
-            String::from_utf8_lossy(&body).into_owned(),
-        )),
+        DISAGREE => Err(disagree(String::from_utf8_lossy(&body).into_owned())),
         PEER_LOST => Err(err(&role, String::from_utf8_lossy(&body).into_owned())),
         _ => Err(err(
             &role,
@@ -576,10 +674,14 @@ pub fn join_dir(
     crate::atomic::write(&ack, body.as_bytes())
         .map_err(|e| err(&role, format!("{}: {e}", ack.display())))?;
     if !agrees {
-        return Err(RankError::Disagree(format!(
-            "rank {rank} would run `{}` but rank 0 would run `{summary}`",
-            plan.summary
-        )));
+        return Err(disagree(
+            files_difference(rank, &plan.summary, summary).unwrap_or_else(|| {
+                format!(
+                    "rank {rank} would run `{}` but rank 0 would run `{summary}`",
+                    plan.summary
+                )
+            }),
+        ));
     }
     Ok(payload)
 }
@@ -666,6 +768,31 @@ mod tests {
             .collect();
         let (lines, summary) = experiment_plan(&exps);
         Plan::new(&lines, summary)
+    }
+
+    #[test]
+    fn a_rank_file_layout_that_differs_is_named_by_its_tensor() {
+        let ours = "2 cases of g@abc; rank files g/rank{rank}.safetensors: safetensors b:f32[7],w:f32[3x100]";
+        let theirs = ours.replace("w:f32[3x100]", "w:bf16[3x100]");
+        let m = files_difference(2, &theirs, ours).unwrap();
+        assert!(m.starts_with(FILES_DIFFER), "{m}");
+        assert!(
+            m.contains("g/rank<rank>.safetensors holds w:bf16[3x100] on rank 2 but w:f32[3x100] on rank 0 (g/rank2.safetensors and g/rank0.safetensors)"),
+            "{m}"
+        );
+        assert!(matches!(disagree(m), RankError::FilesDiffer(_)));
+        let fewer = ours.replace(",w:f32[3x100]", "");
+        let m = files_difference(1, &fewer, ours).unwrap();
+        assert!(
+            m.contains("holds 1 tensors on rank 1 but 2 on rank 0"),
+            "{m}"
+        );
+        // Negative control: the same files, another experiment, is no
+        // rank-file difference (and stays a plain disagreement).
+        assert_eq!(files_difference(1, ours, ours), None);
+        let other = ours.replace("2 cases", "3 cases");
+        assert_eq!(files_difference(1, &other, ours), None);
+        assert!(matches!(disagree("x".into()), RankError::Disagree(_)));
     }
 
     #[test]
