@@ -26,8 +26,8 @@ pub(super) struct Cli {
 const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0      every check held
-  1      a check failed: a digest, a rank copy, an invariance group, a golden or a comparison differs; or nothing was checked (every case skipped, no case shared, no dump listed, a report whose own run failed)
-  2      bad input: usage, a malformed experiment, a corrupt or inconsistent report, an unusable output path
+  1      a check failed: a digest, a rank copy, an invariance group, a golden or a comparison differs; or nothing was checked (every case skipped, no case shared, no dump listed, a report whose own run failed); or a case differs from its `expect` file
+  2      bad input: usage, a malformed experiment, a corrupt or inconsistent report, an unusable output path; a rank file that is missing, malformed, changed during the run or unlike the other ranks'
   3      a resource is missing: no GPU (or none for this rank), driver or library, not enough memory or disk space
   4      the infrastructure failed mid-run: an NCCL error, a dead peer, the watchdog, the rendezvous
   128+N  stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP) at a case boundary, or at once while the ranks wait in the rendezvous; nothing written";
