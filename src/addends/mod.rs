@@ -478,33 +478,26 @@ impl AddendFiles {
         format!("{} {}", self.format.name(), arenas.join(","))
     }
 
-    fn opened(&self, rank: usize) -> Result<&Opened, AddendError> {
+    /// `how` on rank `rank`'s file and tensor `arena`, once the file is
+    /// found unchanged since it was hashed.
+    fn with_tensor<T>(
+        &self,
+        rank: usize,
+        arena: usize,
+        how: impl FnOnce(&std::fs::File, &Tensor) -> std::io::Result<T>,
+    ) -> Result<T, AddendError> {
         let f = &self.files[rank];
         let o = f.opened.as_deref().ok_or_else(|| AddendError::NotOpened {
             rank,
             path: f.shown.clone(),
         })?;
-        let now = Stamp::of(&o.file).map_err(|e| bad(&f.shown, e.to_string()))?;
-        if now != o.stamp {
-            return Err(AddendError::Changed {
-                path: f.shown.clone(),
-                what: "before it was read".into(),
-            });
-        }
-        Ok(o)
+        o.read(&f.shown, arena, "before it was read", how)
     }
 
     /// Rank `rank`'s arena `arena`, widened to float32, into `dst` (whose
     /// length is the arena's).
     pub fn read(&self, rank: usize, arena: usize, dst: &mut [f32]) -> Result<(), AddendError> {
-        let o = self.opened(rank)?;
-        let t = &o.tensors[arena];
-        debug_assert_eq!(dst.len(), t.len);
-        read::tensor(&o.file, t, dst).map_err(|source| AddendError::Io {
-            path: self.files[rank].shown.clone(),
-            tensor: t.name.clone(),
-            source,
-        })
+        self.with_tensor(rank, arena, |file, t| read::tensor(file, t, dst))
     }
 
     /// Elements `first .. first + dst.len()` of rank `rank`'s arena `arena`.
@@ -515,13 +508,7 @@ impl AddendFiles {
         first: usize,
         dst: &mut [f32],
     ) -> Result<(), AddendError> {
-        let o = self.opened(rank)?;
-        let t = &o.tensors[arena];
-        read::range(&o.file, t, first, dst).map_err(|source| AddendError::Io {
-            path: self.files[rank].shown.clone(),
-            tensor: t.name.clone(),
-            source,
-        })
+        self.with_tensor(rank, arena, |file, t| read::range(file, t, first, dst))
     }
 
     /// Rank `rank`'s values of arena `arena` at `0, stride, 2 stride ...`
@@ -533,10 +520,31 @@ impl AddendFiles {
         stride: u64,
         picks: u64,
     ) -> Result<Vec<f32>, AddendError> {
-        let o = self.opened(rank)?;
-        let t = &o.tensors[arena];
-        read::sample(&o.file, t, stride, picks).map_err(|source| AddendError::Io {
-            path: self.files[rank].shown.clone(),
+        self.with_tensor(rank, arena, |file, t| read::sample(file, t, stride, picks))
+    }
+}
+
+impl Opened {
+    /// `how` on tensor `arena` of this file (`shown` as the experiment
+    /// wrote it), refused if the file changed since it was hashed (`when`
+    /// says at which step that was found).
+    fn read<T>(
+        &self,
+        shown: &str,
+        arena: usize,
+        when: &str,
+        how: impl FnOnce(&std::fs::File, &Tensor) -> std::io::Result<T>,
+    ) -> Result<T, AddendError> {
+        let now = Stamp::of(&self.file).map_err(|e| bad(shown, e.to_string()))?;
+        if now != self.stamp {
+            return Err(AddendError::Changed {
+                path: shown.into(),
+                what: when.into(),
+            });
+        }
+        let t = &self.tensors[arena];
+        how(&self.file, t).map_err(|source| AddendError::Io {
+            path: shown.into(),
             tensor: t.name.clone(),
             source,
         })
@@ -687,15 +695,7 @@ impl ExpectFile {
     }
     /// The expected values of arena `arena`.
     pub fn read(&self, arena: usize) -> Result<Vec<f32>, AddendError> {
-        let o = &self.opened;
-        let now = Stamp::of(&o.file).map_err(|e| bad(&self.shown, e.to_string()))?;
-        if now != o.stamp {
-            return Err(AddendError::Changed {
-                path: self.shown.clone(),
-                what: "before it was compared".into(),
-            });
-        }
-        let t = &o.tensors[arena];
+        let t = &self.opened.tensors[arena];
         let mut v = Vec::new();
         v.try_reserve_exact(t.len).map_err(|_| {
             bad(
@@ -704,11 +704,10 @@ impl ExpectFile {
             )
         })?;
         v.resize(t.len, 0f32);
-        read::tensor(&o.file, t, &mut v).map_err(|source| AddendError::Io {
-            path: self.shown.clone(),
-            tensor: t.name.clone(),
-            source,
-        })?;
+        self.opened
+            .read(&self.shown, arena, "before it was compared", |file, t| {
+                read::tensor(file, t, &mut v)
+            })?;
         Ok(v)
     }
 }

@@ -28,7 +28,7 @@ pub enum BenchError {
 }
 
 /// Median of `v` (the upper one for an even count); NaN when empty.
-pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }

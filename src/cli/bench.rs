@@ -356,11 +356,12 @@ fn run_inputs(a: &BenchArgs) -> Result<i32> {
             times[k].push(t.elapsed().as_secs_f64() * 1e3);
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (files_run, generator_run) = (median(&mut times[0]), median(&mut times[1]));
+    // Shown sorted, fastest first.
+    for t in &mut times {
+        t.sort_by(f64::total_cmp);
+    }
+    let median = |v: &[f64]| foldprint::bench::median(v.to_vec());
+    let (files_run, generator_run) = (median(&times[0]), median(&times[1]));
     if a.json {
         let mut v = serde_json::to_value(&r)?;
         if let Some(o) = v.as_object_mut() {
