@@ -1050,7 +1050,7 @@ fn help_to_a_full_device_fails() {
             .write(true)
             .open("/dev/full")
             .unwrap();
-        let o = std::process::Command::new(assert_cmd::cargo::cargo_bin("foldprint"))
+        let o = std::process::Command::new(crate::common::bin_path())
             .arg(arg)
             .stdout(full)
             .output()

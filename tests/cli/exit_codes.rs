@@ -78,7 +78,7 @@ fn bench_rejects_zero_sizes() {
 // 12. A closed pipe ends the output quietly, with the run's own verdict.
 #[test]
 fn a_closed_stdout_pipe_is_not_a_panic() {
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("foldprint"))
+    let mut child = std::process::Command::new(crate::common::bin_path())
         .args([
             "run",
             "--backend",
@@ -104,7 +104,7 @@ fn a_full_stdout_is_a_clear_error() {
         .write(true)
         .open("/dev/full")
         .expect("/dev/full");
-    let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("foldprint"))
+    let out = std::process::Command::new(crate::common::bin_path())
         .args([
             "run",
             "--backend",
@@ -141,7 +141,7 @@ fn limited(cmd: &mut std::process::Command, bytes: u64) -> &mut std::process::Co
 // 12. Worker threads that cannot start are a missing resource, not a panic.
 #[test]
 fn a_thread_pool_that_cannot_start_is_exit_3() {
-    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("foldprint"));
+    let mut cmd = std::process::Command::new(crate::common::bin_path());
     cmd.args(["run", "--backend", "cpu", "experiments/smoke.toml"])
         .env("RAYON_NUM_THREADS", "100000");
     let out = limited(&mut cmd, 1 << 30).output().unwrap();
@@ -161,7 +161,7 @@ fn memory_checks_honour_the_address_space_limit() {
         "name = \"big\"\n[[case]]\nid = \"w1\"\nworld = 1\narenas = [2147483648]\n",
     )
     .unwrap();
-    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("foldprint"));
+    let mut cmd = std::process::Command::new(crate::common::bin_path());
     cmd.args(["run", "--backend", "cpu"]).arg(&exp);
     let out = limited(&mut cmd, 4 << 30).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use crate::common::{write, TINY};
 
 fn bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_foldprint"))
+    crate::common::bin_path()
 }
 
 fn mkfifo(path: &Path) {

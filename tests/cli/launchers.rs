@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn bin() -> std::path::PathBuf {
-    assert_cmd::cargo::cargo_bin("foldprint")
+    crate::common::bin_path()
 }
 
 fn free_port() -> u16 {

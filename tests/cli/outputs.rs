@@ -275,7 +275,7 @@ fn interrupt_keeps_old_outputs(sig: i32, code: i32, name: &str) {
         .success();
     let before = snapshot(dir.path());
     let before_d = snapshot(&d);
-    let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("foldprint"))
+    let child = std::process::Command::new(crate::common::bin_path())
         .args(["run", "--backend", "cpu", "--dump"])
         .arg(&d)
         .arg("--out")
@@ -520,7 +520,7 @@ fn a_too_long_out_name_fails_before_the_dumps_are_touched() {
 /// in the 2 MiB below it must refuse cleanly (3) and leave nothing.
 #[test]
 fn a_tight_address_space_limit_refuses_and_never_aborts() {
-    let bin = assert_cmd::cargo::cargo_bin("foldprint");
+    let bin = crate::common::bin_path();
     let dir = tempfile::tempdir().unwrap();
     let run = |kib: u64| -> i32 {
         let _ = std::fs::remove_dir_all(dir.path().join("d"));

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use crate::common::{write, SLOW};
 
 fn bin() -> PathBuf {
-    assert_cmd::cargo::cargo_bin("foldprint")
+    crate::common::bin_path()
 }
 
 /// Stop `child` with SIGINT as soon as its first row is read: if rows are

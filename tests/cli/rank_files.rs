@@ -481,7 +481,7 @@ fn rank_files_larger_than_memory_allows_are_refused_before_running() {
         "big.toml",
         "name = \"big\"\n[[case]]\nid = \"b\"\naddends = \"rank{rank}.safetensors\"\n",
     );
-    let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("foldprint"));
+    let mut cmd = std::process::Command::new(crate::common::bin_path());
     cmd.args(["run", "--backend", "cpu"]).arg(&exp);
     // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child.
     unsafe {

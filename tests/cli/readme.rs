@@ -42,7 +42,7 @@ fn without_time(line: &str) -> String {
 fn the_sample_output_is_what_the_code_prints() {
     let sample = block_after(&readme(), "## Reading the output");
     assert!(sample.len() > 10, "{sample:?}");
-    let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("foldprint"))
+    let out = std::process::Command::new(crate::common::bin_path())
         .args(["run", "experiments/smoke.toml", "--backend", "cpu"])
         .output()
         .unwrap();

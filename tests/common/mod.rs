@@ -6,10 +6,21 @@ pub mod rank_files;
 use assert_cmd::Command;
 use std::path::{Path, PathBuf};
 
-/// The foldprint binary under test.
+/// The path of the foldprint binary under test: this build's, or the one
+/// `FOLDPRINT_TEST_BIN` names (to run these tests against an older build and
+/// see which of them it fails).
+#[allow(dead_code)]
+pub fn bin_path() -> PathBuf {
+    match std::env::var_os("FOLDPRINT_TEST_BIN") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => assert_cmd::cargo::cargo_bin("foldprint"),
+    }
+}
+
+/// The foldprint binary under test (see [`bin_path`]).
 #[allow(dead_code)]
 pub fn fp() -> Command {
-    Command::cargo_bin("foldprint").unwrap()
+    Command::new(bin_path())
 }
 
 /// Write `text` to `dir/name` and return the path.

@@ -339,7 +339,8 @@ fn the_library_check_accepts_the_requested_file_and_rejects_another() {
         write(d, "libnvrtc.so.12", "not a library");
     }
     let exe = script(dir.path(), "fake-gpu", FAKE_GPU);
-    let real_bin = env!("CARGO_BIN_EXE_foldprint");
+    let real_bin = crate::common::bin_path();
+    let real_bin = real_bin.display();
     let text = format!(
         r#"
 experiments = ["sp.toml"]
@@ -561,7 +562,7 @@ fn signal_stops_the_audit(signal: i32, name: &str) {
         "name = \"m\"\nexperiments = [\"slow.toml\"]\noracle = false\n\
          [defaults]\nbackend = \"cpu\"\n[[config]]\nname = \"a\"\n[[config]]\nname = \"b\"\n",
     );
-    let mut audit = std::process::Command::new(assert_cmd::cargo::cargo_bin("foldprint"))
+    let mut audit = std::process::Command::new(crate::common::bin_path())
         .arg("audit")
         .arg(&matrix)
         .env("TMPDIR", &tmp)
