@@ -3,6 +3,11 @@
 //! communicator is destroyed on drop unless it was aborted (NCCL forbids
 //! destroying an aborted one), and an [`AbortHandle`] lets the watchdog
 //! abort it from its own thread, the one call NCCL allows from elsewhere.
+//!
+//! Abort, the asynchronous-error poll and destroy share one lock over the
+//! communicator's life, so the watchdog can never free the communicator
+//! between a poll's "still live?" and its call. A [`Comm`] is `!Sync`: its
+//! enqueue calls come from the one thread that owns it.
 
 use super::loader::{
     Nccl, NcclError, RawComm, Stream, UniqueId, NCCL_FLOAT32, NCCL_IN_PROGRESS, NCCL_SUM,
@@ -10,29 +15,47 @@ use super::loader::{
 };
 use crate::gpu::mem::{DeviceElem, DeviceView};
 use cudarc::driver::{CudaContext, CudaStream};
+use std::cell::Cell;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Where a communicator is in its life; only `Live` may be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Life {
+    Live,
+    Aborted,
+    Destroyed,
+}
 
 /// What a communicator and its abort handles share.
 struct Shared {
     nccl: Arc<Nccl>,
     raw: RawComm,
-    aborted: AtomicBool,
+    life: Mutex<Life>,
 }
 
-// SAFETY: the raw handle is only used by the owning `Comm` (one thread at a
-// time, as NCCL requires) and by `abort`, which NCCL allows from any thread.
+// SAFETY: the raw handle is used by the owning `Comm` (which is `!Sync`, so
+// one thread at a time, as NCCL requires) and, under `life`'s lock, by
+// `abort`, which NCCL allows from any thread.
 unsafe impl Send for Shared {}
-// SAFETY: as above: shared access is limited to `abort` and the flag.
+// SAFETY: as above: from other threads only `abort` runs, under the lock.
 unsafe impl Sync for Shared {}
 
 impl Shared {
+    fn life(&self) -> MutexGuard<'_, Life> {
+        // A panic while holding the lock leaves a valid `Life`.
+        self.life.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn abort(&self) {
-        if !self.aborted.swap(true, Ordering::SeqCst) {
-            // SAFETY: a live communicator of this library, aborted once;
+        let mut life = self.life();
+        if *life == Life::Live {
+            // SAFETY: a live communicator of this library (checked under
+            // the lock that destroy and the error poll take), aborted once;
             // abort may be called at any time and unblocks its kernels.
             unsafe { (self.nccl.comm_abort)(self.raw) };
+            *life = Life::Aborted;
         }
     }
 }
@@ -42,6 +65,8 @@ pub struct Comm {
     shared: Arc<Shared>,
     /// Current while the communicator is destroyed.
     ctx: Arc<CudaContext>,
+    /// `!Sync`: NCCL wants one thread at a time on a communicator.
+    _one_thread: PhantomData<Cell<()>>,
 }
 
 /// Aborts a communicator from another thread (the watchdog's).
@@ -93,9 +118,10 @@ impl Comm {
             shared: Arc::new(Shared {
                 nccl: nccl.clone(),
                 raw,
-                aborted: AtomicBool::new(false),
+                life: Mutex::new(Life::Live),
             }),
             ctx: ctx.clone(),
+            _one_thread: PhantomData,
         })
     }
 
@@ -108,7 +134,7 @@ impl Comm {
     }
 
     pub fn aborted(&self) -> bool {
-        self.shared.aborted.load(Ordering::SeqCst)
+        *self.shared.life() == Life::Aborted
     }
 
     fn nccl(&self) -> &Nccl {
@@ -214,11 +240,14 @@ impl Comm {
     /// The communicator's asynchronous error, if it has one (a peer died,
     /// a connection broke), with NCCL's last words on it.
     pub fn async_error(&self) -> Option<NcclError> {
-        if self.aborted() {
+        // Held across both calls, so an abort cannot free the communicator
+        // in between; neither call blocks.
+        let life = self.shared.life();
+        if *life != Life::Live {
             return None;
         }
         let mut state = 0;
-        // SAFETY: out-parameter on a live, not aborted communicator.
+        // SAFETY: out-parameter on a live communicator (checked under the lock).
         let r = unsafe { (self.nccl().comm_get_async_error)(self.shared.raw, &mut state) };
         let bad = if r != 0 { r } else { state };
         if bad == 0 || bad == NCCL_IN_PROGRESS {
@@ -228,19 +257,38 @@ impl Comm {
             .nccl()
             .check(bad, "NCCL reported an asynchronous error")
             .err()?;
-        // SAFETY: our live communicator, not aborted (checked above).
+        // SAFETY: still live: the lock is held.
         e.detail = unsafe { self.nccl().last_error(self.shared.raw) };
+        drop(life);
         Some(e)
     }
 }
 
 impl Drop for Comm {
     fn drop(&mut self) {
-        // Never destroy a communicator after an abort.
-        if self.aborted() || self.ctx.bind_to_thread().is_err() {
-            return;
+        // Never destroy a communicator after an abort. The lock is not held
+        // across the destroy, which may wait on the peers: a watchdog abort
+        // must still get through. Marking it destroyed first makes a later
+        // abort a no-op instead of a use after free.
+        {
+            let mut life = self.shared.life();
+            if *life != Life::Live || self.ctx.bind_to_thread().is_err() {
+                return;
+            }
+            *life = Life::Destroyed;
         }
-        // SAFETY: a live communicator, destroyed once, its context current.
+        // SAFETY: a communicator that was live a moment ago and that nobody
+        // else may now abort or poll; destroyed once, its context current.
         unsafe { (self.nccl().comm_destroy)(self.shared.raw) };
     }
 }
+
+// `Comm` must stay `!Sync`: if it became `Sync`, both impls below would
+// apply, the type parameter could not be inferred, and this would not
+// compile (tried: with `PhantomData<Arc<()>>` in place of the `Cell`).
+trait AmbiguousIfSync<A> {
+    fn check() {}
+}
+impl<T: ?Sized> AmbiguousIfSync<()> for T {}
+impl<T: ?Sized + Sync> AmbiguousIfSync<u8> for T {}
+const _: fn() = || <Comm as AmbiguousIfSync<_>>::check();

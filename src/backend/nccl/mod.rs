@@ -164,15 +164,16 @@ impl NcclBackend {
                 .map_or("rank 0".to_string(), |e| format!("rank {}", e.rank));
             Watchdog::new(move |phase| {
                 eprintln!("error: {me}: watchdog: `{phase}` did not finish in time; aborting the communicator");
-                for c in comms.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-                    c.abort();
-                }
-                // If the blocked call still does not return, do not hang.
+                // If the blocked call still does not return, or an abort
+                // itself waits (on a communicator's lock), do not hang.
                 std::thread::spawn(|| {
                     std::thread::sleep(Duration::from_secs(10));
                     eprintln!("error: watchdog: exiting after abort");
                     std::process::exit(4);
                 });
+                for c in comms.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+                    c.abort();
+                }
             })
         };
         let mut backend = NcclBackend {
