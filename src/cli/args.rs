@@ -30,7 +30,7 @@ Exit codes:
   2      bad input: usage, a malformed experiment, a corrupt or inconsistent report, an unusable output path; a rank file that is missing, malformed, changed during the run or unlike the other ranks'
   3      a resource is missing: no GPU (or none for this rank), driver or library, not enough memory or disk space
   4      the infrastructure failed mid-run: an NCCL error, a dead peer, the watchdog, the rendezvous
-  128+N  stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP) at a case boundary, or at once while the ranks wait in the rendezvous; nothing written";
+  128+N  stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP) at a case boundary, or at once while the ranks wait in the rendezvous or a run waits for another run's output lock; nothing written";
 
 #[derive(Subcommand)]
 pub(super) enum Command {

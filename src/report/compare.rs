@@ -1,6 +1,6 @@
 //! Cross-report agreement by case key. Every digest a report carries is
-//! compared (arena, per rank, per chunk, chunk root), the parameters and
-//! the order sensitivity;
+//! compared (arena, per rank, per chunk, chunk root), the parameters, the
+//! order sensitivity and the `expect` result;
 //! a golden file (arena digests of one experiment) can stand on either side.
 
 use super::expect::ExpectOutcome;

@@ -180,3 +180,62 @@ impl ExpectOutcome {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(first: Vec<ElementDiff>, differing: usize, max_ulp: Option<u64>) -> ExpectOutcome {
+        ExpectOutcome {
+            path: "e.safetensors".into(),
+            sha256: Sha256::of(b"e"),
+            bytes: 1,
+            equal: differing == 0,
+            arenas: vec![ExpectArena {
+                index: 0,
+                len: 4,
+                differing,
+                max_ulp,
+                first,
+            }],
+        }
+    }
+
+    fn pair(index: usize, left: u32, right: u32) -> ElementDiff {
+        ElementDiff {
+            index,
+            left,
+            right,
+            ulp: ulp_distance(left, right),
+        }
+    }
+
+    #[test]
+    fn nan_pairs_are_differences_only_where_the_policy_keeps_payloads() {
+        let (x86, quiet) = (0xffc0_0000u32, 0x7fc0_0000u32);
+        let e = outcome(vec![pair(0, x86, quiet)], 1, None);
+        assert_eq!(e.problems(&[4], NanPolicy::Preserve), Vec::<String>::new());
+        assert_eq!(
+            e.problems(&[4], NanPolicy::Canonical),
+            vec!["expect.arenas[0].first[0]: 0xffc00000 and 0x7fc00000 are equal under NaN policy `canonical`, yet listed as a difference".to_string()]
+        );
+    }
+
+    #[test]
+    fn max_ulp_follows_from_the_listed_differences() {
+        let one = 1.0f32.to_bits();
+        let listed = vec![pair(1, one, one + 2), pair(3, one, one + 5)];
+        assert!(outcome(listed.clone(), 2, Some(5))
+            .problems(&[4], NanPolicy::Canonical)
+            .is_empty());
+        for wrong in [None, Some(4), Some(6)] {
+            let p = outcome(listed.clone(), 2, wrong).problems(&[4], NanPolicy::Canonical);
+            assert_eq!(p.len(), 1, "{wrong:?}: {p:?}");
+            assert!(p[0].contains("max_ulp"), "{p:?}");
+        }
+        // Out of order, or twice the same element.
+        let p = outcome(vec![listed[1].clone(), listed[0].clone()], 2, Some(5))
+            .problems(&[4], NanPolicy::Canonical);
+        assert!(p[0].contains("does not follow 3"), "{p:?}");
+    }
+}
