@@ -50,10 +50,19 @@ fn flock(file: &std::fs::File, op: libc::c_int) -> std::io::Result<()> {
     }
 }
 
+/// How often a run waiting for another run's lock looks again, and for a
+/// signal.
+const LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
 impl Lock {
     /// Take the lock of `output`, waiting for another run that holds it
-    /// (`waiting` is called once if so).
-    pub fn acquire(output: &Path, waiting: &mut dyn FnMut(&Path)) -> std::io::Result<Lock> {
+    /// (`waiting` is called once if so). The wait polls, so that a signal
+    /// ([`crate::interrupt`]) ends it within [`LOCK_POLL`]: `Ok(Err(signal))`,
+    /// with nothing of the other run's touched.
+    pub fn acquire(
+        output: &Path,
+        waiting: &mut dyn FnMut(&Path),
+    ) -> std::io::Result<Result<Lock, i32>> {
         use std::os::unix::fs::OpenOptionsExt;
         let path = lock_path(output);
         let mut told = false;
@@ -66,19 +75,32 @@ impl Lock {
                 .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
                 .mode(0o600)
                 .open(&path)?;
-            if flock(&file, libc::LOCK_EX | libc::LOCK_NB).is_err() {
+            loop {
+                match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+                    Ok(()) => break,
+                    Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
+                    Err(e) => return Err(e),
+                }
+                // The file is the holder's (it removes it as it unlocks):
+                // a signal leaves it alone.
+                if let Some(signal) = crate::interrupt::pending() {
+                    return Ok(Err(signal));
+                }
                 if !told {
                     waiting(output);
                     told = true;
                 }
-                flock(&file, libc::LOCK_EX)?;
+                std::thread::sleep(LOCK_POLL);
             }
             // The holder before us removes the file as it unlocks: ours must
             // still be the one at `path`, or we locked a removed file.
             let held = file.metadata()?;
             match std::fs::symlink_metadata(&path) {
                 Ok(m) if m.dev() == held.dev() && m.ino() == held.ino() => {
-                    return Ok(Lock { path, file });
+                    // A second signal ends the process at once: the lock
+                    // file goes with the staging files.
+                    crate::interrupt::register_staging(&path);
+                    return Ok(Ok(Lock { path, file }));
                 }
                 _ => continue,
             }
@@ -91,23 +113,41 @@ impl Drop for Lock {
         // Removed while still held, so no one can lock it after us and
         // then see it vanish.
         let _ = std::fs::remove_file(&self.path);
+        crate::interrupt::unregister_staging(&self.path);
         let _ = &self.file;
     }
 }
 
 /// The locks of every output, taken in one order (so two runs naming the
-/// same outputs cannot deadlock).
-pub fn lock_all(outputs: &[&Path], waiting: &mut dyn FnMut(&Path)) -> std::io::Result<Vec<Lock>> {
+/// same outputs cannot deadlock). A signal while waiting for one ends the
+/// wait: [`RunError::Interrupted`] before the first of `cases`, with every
+/// lock taken so far released and its file removed.
+pub fn lock_all(
+    outputs: &[&Path],
+    cases: usize,
+    waiting: &mut dyn FnMut(&Path),
+) -> Result<Vec<Lock>, RunError> {
     let mut paths: Vec<(PathBuf, &Path)> = outputs
         .iter()
         .map(|p| (crate::atomic::resolved(&lock_path(p)), *p))
         .collect();
     paths.sort();
     paths.dedup_by(|a, b| a.0 == b.0);
-    paths
-        .into_iter()
-        .map(|(_, p)| Lock::acquire(p, waiting))
-        .collect()
+    let mut locks = Vec::with_capacity(paths.len());
+    for (lock, output) in paths {
+        match Lock::acquire(output, waiting) {
+            Ok(Ok(l)) => locks.push(l),
+            Ok(Err(signal)) => {
+                return Err(RunError::Interrupted {
+                    signal,
+                    done: 0,
+                    total: cases,
+                })
+            }
+            Err(source) => return Err(RunError::Output { path: lock, source }),
+        }
+    }
+    Ok(locks)
 }
 
 /// Stage `bytes` for `path` (see [`crate::atomic::stage`]).

@@ -149,7 +149,10 @@ pub fn run_staged(
                         "the backend returned no values to compare",
                     ))
                 })?;
-                Some(ExpectOutcome::compare(file, &values).map_err(addends_error(case))?)
+                Some(
+                    ExpectOutcome::compare(file, &values, cfg.nan_policy)
+                        .map_err(addends_error(case))?,
+                )
             }
             None => None,
         };

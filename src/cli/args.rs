@@ -30,7 +30,7 @@ Exit codes:
   2      bad input: usage, a malformed experiment, a corrupt or inconsistent report, an unusable output path; a rank file that is missing, malformed, changed during the run or unlike the other ranks'
   3      a resource is missing: no GPU (or none for this rank), driver or library, not enough memory or disk space
   4      the infrastructure failed mid-run: an NCCL error, a dead peer, the watchdog, the rendezvous
-  128+N  stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP) at a case boundary, or at once while the ranks wait in the rendezvous; nothing written";
+  128+N  stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP) at a case boundary, or at once while the ranks wait in the rendezvous or a run waits for another run's output lock; nothing written";
 
 #[derive(Subcommand)]
 pub(super) enum Command {
@@ -121,7 +121,7 @@ pub(super) struct Common {
     #[arg(required = true)]
     pub(super) paths: Vec<PathBuf>,
     /// Where the reduction runs.
-    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    #[arg(long, default_value = "auto", value_parser = BackendParser)]
     pub(super) backend: BackendChoice,
     /// NaN handling before hashing: `canonical` (every NaN hashed as one
     /// quiet NaN) or `preserve` (each NaN's sign and payload hashed as it
@@ -312,6 +312,61 @@ pub(super) struct GoldenArgs {
 pub(super) struct DoctorArgs {
     #[arg(long)]
     pub(super) json: bool,
+}
+
+/// `--backend`, as clap's own enum parser, except that a value meaning
+/// "a GPU" (`gpu`, which clap would take for a misspelt `cpu`) is told the
+/// two GPU backends.
+#[derive(Clone)]
+pub(super) struct BackendParser;
+
+impl clap::builder::TypedValueParser for BackendParser {
+    type Value = BackendChoice;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<BackendChoice, clap::Error> {
+        use clap::error::{ContextKind, ContextValue, ErrorKind};
+        let plain = clap::builder::EnumValueParser::<BackendChoice>::new();
+        let text = value.to_string_lossy().to_ascii_lowercase();
+        if !matches!(text.as_str(), "gpu" | "gpus" | "nvidia") {
+            return plain.parse_ref(cmd, arg, value);
+        }
+        let mut err = clap::Error::new(ErrorKind::InvalidValue).with_cmd(cmd);
+        if let Some(a) = arg {
+            err.insert(ContextKind::InvalidArg, ContextValue::String(a.to_string()));
+        }
+        err.insert(
+            ContextKind::InvalidValue,
+            ContextValue::String(value.to_string_lossy().into_owned()),
+        );
+        err.insert(
+            ContextKind::ValidValue,
+            ContextValue::Strings(["auto", "cpu", "cuda", "nccl"].map(String::from).to_vec()),
+        );
+        err.insert(
+            ContextKind::Suggested,
+            ContextValue::StyledStrs(vec![
+                "on a GPU, name `cuda` (all W ranks on one GPU) or `nccl` (one rank per GPU over NCCL); `auto` takes cuda when a GPU is usable"
+                    .into(),
+            ]),
+        );
+        Err(err)
+    }
+
+    fn possible_values(
+        &self,
+    ) -> Option<Box<dyn Iterator<Item = clap::builder::PossibleValue> + '_>> {
+        use clap::ValueEnum;
+        Some(Box::new(
+            BackendChoice::value_variants()
+                .iter()
+                .filter_map(|v| v.to_possible_value()),
+        ))
+    }
 }
 
 fn parse_nan_policy(s: &str) -> Result<NanPolicy, String> {

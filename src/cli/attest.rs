@@ -51,6 +51,12 @@ pub(super) fn run(a: AttestArgs) -> Result<i32> {
         subjects.len(),
         attest::PREDICATE_TYPE
     );
+    let differs = report.summary.differs_from_expect.len();
+    if differs > 0 {
+        outln!(
+            "note: {differs} case(s) differ from their expect file; the statement records it (verdict.differs_from_expect)"
+        );
+    }
     if let Some(f) = failed {
         eprintln!("FAILED RUN: {f}");
         return Ok(ExitCode::CheckFailed.code());

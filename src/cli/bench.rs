@@ -23,7 +23,7 @@ pub struct BenchArgs {
     /// `cuda`: time the GPU fold kernel alone (seed and fast variants, plus
     /// a device-to-device copy of the same bytes); `auto` picks cuda when
     /// usable.
-    #[arg(long, value_enum, default_value_t = foldprint::backend::BackendChoice::Cpu)]
+    #[arg(long, default_value = "cpu", value_parser = super::args::BackendParser)]
     backend: foldprint::backend::BackendChoice,
     /// CUDA bench: log2 of the arena length of the end-to-end phase split
     /// (W = 8; 25 is the 1 GiB `experiments/large.toml` case).

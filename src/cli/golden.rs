@@ -10,6 +10,7 @@ use foldprint::report::Golden;
 type Result<T, E = Failure> = std::result::Result<T, E>;
 
 pub(super) fn run(a: GoldenArgs) -> Result<i32> {
+    super::verify::golden_dir(&a.golden)?;
     start_threads()?;
     let exps = load(&a.paths, BackendChoice::Cpu)?;
     for e in &exps {

@@ -7,16 +7,23 @@ use std::io::IsTerminal;
 /// Progress of a run: a bar on a terminal (stderr), ticking even while one
 /// long case runs, and, when asked, each case's table row printed as soon
 /// as the case finishes (so a piped run streams its rows).
-pub(super) struct Bar {
+pub(super) struct Bar<'a> {
     pb: Option<indicatif::ProgressBar>,
     /// (name, path, cases, SHA-256 column width) of each experiment, when
     /// rows are streamed.
     rows: Option<Vec<(String, String, usize, usize)>>,
     current: Option<String>,
+    /// What a finished case contradicts beyond its own checks (`verify`:
+    /// its golden), said on its row.
+    judge: &'a dyn Fn(&foldprint::report::CaseReport) -> Vec<String>,
 }
 
-impl Bar {
-    pub(super) fn new(total: usize, rows: Option<Vec<(String, String, usize, usize)>>) -> Bar {
+impl<'a> Bar<'a> {
+    pub(super) fn new(
+        total: usize,
+        rows: Option<Vec<(String, String, usize, usize)>>,
+        judge: &'a dyn Fn(&foldprint::report::CaseReport) -> Vec<String>,
+    ) -> Bar<'a> {
         let pb = (std::io::stderr().is_terminal() && total >= 1).then(|| {
             let pb = indicatif::ProgressBar::new(total as u64);
             pb.set_style(
@@ -32,6 +39,7 @@ impl Bar {
             pb,
             rows,
             current: None,
+            judge,
         }
     }
 
@@ -44,7 +52,7 @@ impl Bar {
     }
 }
 
-impl runner::Progress for Bar {
+impl runner::Progress for Bar<'_> {
     fn start(&mut self, case: &experiment::Case, _i: usize, _n: usize) {
         if let Some(pb) = &self.pb {
             pb.set_message(format!(
@@ -65,7 +73,8 @@ impl runner::Progress for Bar {
     fn done(&mut self, _case: &experiment::Case, result: Option<&foldprint::report::CaseReport>) {
         if let (Some(rows), Some(c)) = (&self.rows, result) {
             let w = rows.iter().find(|r| r.0 == c.experiment).map_or(0, |r| r.3);
-            self.print(|| table::case_row(c, w));
+            let problems = (self.judge)(c);
+            self.print(|| table::case_row_judged(c, w, &problems));
         }
         if let Some(pb) = &self.pb {
             pb.inc(1);
@@ -73,7 +82,7 @@ impl runner::Progress for Bar {
     }
 }
 
-impl Drop for Bar {
+impl Drop for Bar<'_> {
     fn drop(&mut self) {
         if let Some(pb) = &self.pb {
             pb.finish_and_clear();

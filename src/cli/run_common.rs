@@ -118,6 +118,19 @@ pub(super) fn execute(
     dump: Option<&std::path::Path>,
     stream: bool,
 ) -> Result<Option<Executed>> {
+    execute_judged(common, experiments, dump, stream, &|_| Vec::new())
+}
+
+/// [`execute`], with `judge` saying what each case contradicts beyond the
+/// run's own checks (`verify`: its golden), so that a streamed row says it
+/// as the case finishes.
+pub(super) fn execute_judged(
+    common: &Common,
+    experiments: &[Experiment],
+    dump: Option<&std::path::Path>,
+    stream: bool,
+    judge: &dyn Fn(&foldprint::report::CaseReport) -> Vec<String>,
+) -> Result<Option<Executed>> {
     let t0 = std::time::Instant::now();
     // Rank files are hashed while the backend starts (a GPU context takes
     // about as long as hashing a gigabyte); an NCCL rank presents its own
@@ -190,7 +203,7 @@ pub(super) fn execute(
             })
             .collect()
     });
-    let mut bar = Bar::new(total, rows);
+    let mut bar = Bar::new(total, rows, judge);
     let cfg = RunConfig {
         nan_policy: common.nan_policy,
         dump,
@@ -204,12 +217,13 @@ pub(super) fn execute(
         .flatten()
         .collect();
     let locks = if reporting {
-        foldprint::outputs::lock_all(&outputs, &mut |p| {
+        foldprint::outputs::lock_all(&outputs, total, &mut |p| {
             eprintln!(
                 "note: waiting for another foldprint run writing {}",
                 p.display()
             )
         })
+        .map_err(|e| interrupted(e, common, dump))
         .context("locking the outputs")?
     } else {
         Vec::new()
@@ -240,5 +254,5 @@ pub(super) fn junit_of(common: &Common, report: &Report, problems: &[String]) ->
     common
         .junit
         .as_ref()
-        .map(|_| foldprint::report::junit(report, problems))
+        .map(|_| foldprint::report::junit(report, &|_| Vec::new(), problems))
 }

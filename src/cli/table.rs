@@ -63,7 +63,13 @@ pub fn experiment_header(name: &str, path: &str, cases: usize, width: usize) {
 
 /// One case's row (and its failure lines), under a header of `width`.
 pub fn case_row(c: &foldprint::report::CaseReport, width: usize) {
-    let ok = c.ranks_identical && c.rounds_identical;
+    case_row_judged(c, width, &[])
+}
+
+/// [`case_row`] of a case that also contradicts what `problems` say (its
+/// golden, under `verify`): its row is `FAIL`, with one line each.
+pub fn case_row_judged(c: &foldprint::report::CaseReport, width: usize, problems: &[String]) {
+    let ok = c.ranks_identical && c.rounds_identical && problems.is_empty();
     let differs = c.expect.as_ref().is_some_and(|e| !e.equal);
     let lens: Vec<String> = c.params.arenas.iter().map(|n| n.to_string()).collect();
     let digests: Vec<String> = c.arenas.iter().map(|a| a.sha256.short(16)).collect();
@@ -103,6 +109,9 @@ pub fn case_row(c: &foldprint::report::CaseReport, width: usize) {
     if !c.rounds_identical {
         outln!("       rounds gave different digests");
     }
+    for p in problems {
+        outln!("       {p}");
+    }
     if let Some(e) = c.expect.as_ref().filter(|e| !e.equal) {
         let n: usize = e.arenas.iter().map(|a| a.differing).sum();
         let ulp = e.arenas.iter().filter_map(|a| a.max_ulp).max();
@@ -137,6 +146,17 @@ pub fn print_report(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
 
 /// Everything after the case rows: groups, skipped cases, notes, verdict.
 pub fn print_tail(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
+    print_tail_judged(r, out, dump, 0)
+}
+
+/// [`print_tail`] of a run with `against_golden` problems against its
+/// goldens (`verify`): its verdict line never says every check passed.
+pub fn print_tail_judged(
+    r: &Report,
+    out: Option<&Path>,
+    dump: Option<&Path>,
+    against_golden: usize,
+) {
     if !r.groups.is_empty() {
         outln!();
         outln!("invariance groups (cases differing only in delivery order)");
@@ -203,7 +223,17 @@ pub fn print_tail(r: &Report, out: Option<&Path>, dump: Option<&Path>) {
             outln!("  - {f}");
         }
     }
-    if r.summary.ok && !r.summary.differs_from_expect.is_empty() {
+    if r.summary.ok && against_golden > 0 {
+        out!(
+            "FAILED against the goldens: {against_golden} problem(s), listed below; the run's own checks held ({} cases, {} groups){}",
+            r.summary.cases,
+            r.summary.groups,
+            match r.summary.differs_from_expect.len() {
+                0 => String::new(),
+                n => format!("; {n} case(s) differ from their expect"),
+            }
+        );
+    } else if r.summary.ok && !r.summary.differs_from_expect.is_empty() {
         out!(
             "checks ok: {} cases, {} groups, every check of the run passed; {} case(s) differ from their expect",
             r.summary.cases,

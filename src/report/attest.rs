@@ -1,7 +1,8 @@
 //! Attestations: an in-toto Statement v1 about a run, serialized as RFC 8785
 //! (JCS) canonical JSON so any signer hashes the same bytes.
 //! Subjects: the report file and every dumped arena, with their SHA-256.
-//! Predicate: what was run (experiments, case parameters, digests) and where.
+//! Predicate: what was run (experiments, case parameters, digests, and where
+//! a case has an `expect` file, what its comparison found) and where.
 
 use super::Report;
 use serde_json::{json, Map, Value};
@@ -157,16 +158,30 @@ pub fn statement(report: &Report, subjects: &[Subject]) -> Value {
         .cases
         .iter()
         .map(|c| {
-            json!({
+            let mut case = json!({
                 "key": c.key,
                 "experiment": c.experiment,
                 "id": c.id,
                 "params": c.params,
                 "arenas_sha256": c.digests(),
                 "ranks_identical": c.ranks_identical,
-            })
+            });
+            // Only where the case has one, so a statement about a run
+            // without `expect` files is what it always was.
+            if let (Some(e), Value::Object(o)) = (&c.expect, &mut case) {
+                o.insert("expect".into(), expect_result(e));
+            }
+            case
         })
         .collect();
+    let mut verdict = json!({"ok": report.summary.ok, "failures": report.summary.failures});
+    if let (false, Value::Object(o)) = (report.summary.differs_from_expect.is_empty(), &mut verdict)
+    {
+        o.insert(
+            "differs_from_expect".into(),
+            json!(report.summary.differs_from_expect),
+        );
+    }
     json!({
         "_type": STATEMENT_TYPE,
         "subject": subjects.iter().map(|s| json!({"name": s.name, "digest": {"sha256": s.sha256}})).collect::<Vec<_>>(),
@@ -177,9 +192,25 @@ pub fn statement(report: &Report, subjects: &[Subject]) -> Value {
             "nan_policy": report.nan_policy,
             "experiments": report.experiments,
             "cases": cases,
-            "verdict": {"ok": report.summary.ok, "failures": report.summary.failures},
+            "verdict": verdict,
             "environment": strip_floats(&serde_json::to_value(&report.environment).unwrap_or_default()),
         }
+    })
+}
+
+/// What a case's comparison with its `expect` file found: the file's
+/// digest and size, the verdict, and per arena the differing elements and
+/// their largest ULP distance.
+fn expect_result(e: &super::expect::ExpectOutcome) -> Value {
+    json!({
+        "path": e.path,
+        "sha256": e.sha256,
+        "bytes": e.bytes,
+        "equal": e.equal,
+        "arenas": e.arenas.iter().map(|a| json!({
+            "differing": a.differing,
+            "max_ulp": a.max_ulp,
+        })).collect::<Vec<_>>(),
     })
 }
 

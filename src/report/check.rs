@@ -8,14 +8,33 @@
 
 use super::{build_groups, check_params, printable, ArenaReport, CaseReport, Group, Report};
 use crate::backend::BackendChoice;
-use crate::digest::CHUNK_ELEMS;
+use crate::digest::{NanPolicy, CHUNK_ELEMS};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 
-fn check_case(c: &CaseReport, problems: &mut Vec<String>) {
+fn check_case(c: &CaseReport, nan_policy: NanPolicy, problems: &mut Vec<String>) {
     let mut bad = |m: String| problems.push(format!("case `{}` ({}): {m}", c.id, c.key));
-    if let Some(Err(m)) = c.expect.as_ref().map(|e| e.consistent(&c.params.arenas)) {
-        bad(m);
+    if let Some(e) = &c.expect {
+        for m in e.problems(&c.params.arenas, nan_policy) {
+            bad(m);
+        }
+    }
+    // A tensor's shape gives its length (an empty shape: one element).
+    for (i, a) in c.params.addends.iter().flat_map(|f| &f.arenas).enumerate() {
+        let product = a
+            .shape
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))
+            .and_then(|n| usize::try_from(n).ok());
+        if product != Some(a.len) {
+            let dims: Vec<String> = a.shape.iter().map(|d| d.to_string()).collect();
+            bad(format!(
+                "params.addends.arenas[{i}] (`{}`): shape [{}] does not hold {} elements",
+                printable(&a.name),
+                dims.join(", "),
+                a.len
+            ));
+        }
     }
     if let Some(case) = check_params::params(c, &mut bad) {
         check_params::sensitivity(c, &case, &mut bad);
@@ -255,7 +274,7 @@ pub fn problems(r: &Report) -> Vec<String> {
                 c.key, c.id
             ));
         }
-        check_case(c, &mut out);
+        check_case(c, r.nan_policy, &mut out);
     }
     check_run(r, &mut out);
     check_experiments(r, &mut out);
@@ -271,9 +290,11 @@ pub fn problems(r: &Report) -> Vec<String> {
     }
     if s.differs_from_expect != t.differs_from_expect {
         out.push(format!(
-            "summary lists {} case(s) differing from their expect; its cases say {}",
+            "summary.differs_from_expect lists {} case(s) [{}]; its cases' expect results make it {} [{}]",
             s.differs_from_expect.len(),
-            t.differs_from_expect.len()
+            s.differs_from_expect.join("; "),
+            t.differs_from_expect.len(),
+            t.differs_from_expect.join("; ")
         ));
     }
     if s.cases != t.cases || s.skipped != t.skipped || s.groups != t.groups {

@@ -1,8 +1,9 @@
 //! Cross-report agreement by case key. Every digest a report carries is
-//! compared (arena, per rank, per chunk, chunk root), the parameters and
-//! the order sensitivity;
+//! compared (arena, per rank, per chunk, chunk root), the parameters, the
+//! order sensitivity and the `expect` result;
 //! a golden file (arena digests of one experiment) can stand on either side.
 
+use super::expect::ExpectOutcome;
 use super::{ArenaReport, CaseParams, Golden, Report, ReportError};
 use crate::digest::NanPolicy;
 use std::collections::BTreeMap;
@@ -200,6 +201,7 @@ impl Source {
                                 &c.sensitivity.sample,
                             )),
                             arenas: Some(c.arenas.iter().collect()),
+                            expect: Some(c.expect.as_ref()),
                         },
                     )
                 })
@@ -219,6 +221,7 @@ impl Source {
                                 .as_ref()
                                 .map(|s| (s.changed, s.checked, s.sample.as_str())),
                             arenas: None,
+                            expect: None,
                         },
                     )
                 })
@@ -236,6 +239,9 @@ struct View<'a> {
     sensitivity: Option<(u64, u64, &'a str)>,
     /// Full arena records (reports only).
     arenas: Option<Vec<&'a ArenaReport>>,
+    /// The comparison with the case's `expect` file, or none (reports
+    /// only: a golden carries no expect result).
+    expect: Option<Option<&'a ExpectOutcome>>,
 }
 
 /// Compare every report against the first. `names` label reports in messages.
@@ -343,6 +349,11 @@ fn compare_case(key: &str, l: (&String, &View), r: (&String, &View), out: &mut C
                 .push(field("sensitivity".into(), say(a), say(b)));
         }
     }
+    if let (Some(a), Some(b)) = (lv.expect, rv.expect) {
+        compare_expect(a, b, &mut |what, x, y| {
+            out.mismatches.push(field(what, x, y))
+        });
+    }
     if lv.digests.len() != rv.digests.len() {
         out.mismatches.push(Mismatch::Shape {
             key: key.to_string(),
@@ -430,6 +441,82 @@ fn compare_case(key: &str, l: (&String, &View), r: (&String, &View), out: &mut C
                     }
                 }
             }
+        }
+    }
+}
+
+/// The two sides' `expect` results, field by field: the file's digest and
+/// size, the verdict, and per arena the differing count, the largest ULP
+/// distance and the differences listed. Its path is where the file was,
+/// like a rank file's, and is not compared.
+fn compare_expect(
+    a: Option<&ExpectOutcome>,
+    b: Option<&ExpectOutcome>,
+    mismatch: &mut dyn FnMut(String, String, String),
+) {
+    let verdict = |e: Option<&ExpectOutcome>| match e {
+        None => "no expect result".to_string(),
+        Some(e) if e.equal => format!("equal to {} ({})", e.path, e.sha256.short(16)),
+        Some(e) => format!(
+            "differs from {} ({}) in {} element(s)",
+            e.path,
+            e.sha256.short(16),
+            e.arenas.iter().map(|a| a.differing).sum::<usize>()
+        ),
+    };
+    let (x, y) = match (a, b) {
+        (Some(x), Some(y)) => (x, y),
+        (None, None) => return,
+        _ => return mismatch("expect".into(), verdict(a), verdict(b)),
+    };
+    if x.sha256 != y.sha256 || x.bytes != y.bytes {
+        mismatch(
+            "expect file".into(),
+            format!("{} ({} bytes)", x.sha256, x.bytes),
+            format!("{} ({} bytes)", y.sha256, y.bytes),
+        );
+    }
+    if x.equal != y.equal {
+        let say = |e: bool| if e { "equal" } else { "differs" }.to_string();
+        mismatch("expect verdict".into(), say(x.equal), say(y.equal));
+    }
+    if x.arenas.len() != y.arenas.len() {
+        mismatch(
+            "expect arena count".into(),
+            x.arenas.len().to_string(),
+            y.arenas.len().to_string(),
+        );
+        return;
+    }
+    for (i, (p, q)) in x.arenas.iter().zip(&y.arenas).enumerate() {
+        if p.differing != q.differing {
+            mismatch(
+                format!("expect arena {i} differing elements"),
+                p.differing.to_string(),
+                q.differing.to_string(),
+            );
+        }
+        if p.max_ulp != q.max_ulp {
+            let say = |u: Option<u64>| u.map_or("none".to_string(), |u| u.to_string());
+            mismatch(
+                format!("expect arena {i} max_ulp"),
+                say(p.max_ulp),
+                say(q.max_ulp),
+            );
+        }
+        if p.first != q.first {
+            let say = |f: &[super::localize::ElementDiff]| {
+                let v: Vec<String> = f
+                    .iter()
+                    .map(|d| format!("{}: 0x{:08x}/0x{:08x}", d.index, d.left, d.right))
+                    .collect();
+                format!("[{}]", v.join(", "))
+            };
+            mismatch(
+                format!("expect arena {i} first differences"),
+                say(&p.first),
+                say(&q.first),
+            );
         }
     }
 }

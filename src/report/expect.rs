@@ -3,9 +3,9 @@
 //! bit for bit with the case's, arena by arena, with the differing
 //! elements counted and their ULP distances.
 
-use super::localize::{diff_bits, ElementDiff};
+use super::localize::{diff_bits, ulp_distance, ElementDiff};
 use crate::addends::{AddendError, ExpectFile};
-use crate::digest::Sha256;
+use crate::digest::{NanPolicy, Sha256};
 use serde::{Deserialize, Serialize};
 
 /// Differences listed per arena, at most.
@@ -38,12 +38,22 @@ pub struct ExpectArena {
 
 impl ExpectOutcome {
     /// Compare `results` (the case's reduced arenas, rank 0's copy) with
-    /// the file.
-    pub fn compare(file: &ExpectFile, results: &[&[f32]]) -> Result<ExpectOutcome, AddendError> {
+    /// the file, both sides under the run's NaN policy, as the digests are
+    /// (canonical: every NaN equals every NaN; the differences listed are
+    /// the bits as hashed).
+    pub fn compare(
+        file: &ExpectFile,
+        results: &[&[f32]],
+        policy: NanPolicy,
+    ) -> Result<ExpectOutcome, AddendError> {
         let mut arenas = Vec::with_capacity(results.len());
         for (index, ours) in results.iter().enumerate() {
             let theirs = file.read(index)?;
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            let bits = |v: &[f32]| {
+                v.iter()
+                    .map(|x| policy.apply(x.to_bits()))
+                    .collect::<Vec<u32>>()
+            };
             let d = diff_bits(&bits(ours), &bits(&theirs), FIRST_KEPT);
             arenas.push(ExpectArena {
                 index,
@@ -90,29 +100,142 @@ impl ExpectOutcome {
         ))
     }
 
-    /// Whether `equal` and each arena's count follow from what it lists.
-    pub fn consistent(&self, lens: &[usize]) -> Result<(), String> {
+    /// Every way the block contradicts itself, the case's arena lengths
+    /// `lens` or its NaN policy: whatever can be recomputed from the block
+    /// must agree (a forged count, distance or verdict is refused).
+    pub fn problems(&self, lens: &[usize], policy: NanPolicy) -> Vec<String> {
+        let mut out = Vec::new();
         let have: Vec<usize> = self.arenas.iter().map(|a| a.len).collect();
         let indices = self.arenas.iter().enumerate().all(|(i, a)| a.index == i);
         if have != lens || !indices {
-            return Err(format!(
+            out.push(format!(
                 "expect.arenas have {have:?} elements, the case's arenas {lens:?}"
             ));
+            return out;
         }
         for a in &self.arenas {
-            if a.differing > a.len || a.first.len() > a.differing.min(FIRST_KEPT) {
-                return Err(format!(
-                    "expect.arenas[{}]: {} differing of {} elements with {} listed",
-                    a.index,
-                    a.differing,
-                    a.len,
-                    a.first.len()
+            let at = format!("expect.arenas[{}]", a.index);
+            let listed = a.first.len();
+            if a.differing > a.len || listed != a.differing.min(FIRST_KEPT) {
+                out.push(format!(
+                    "{at}: {} differing of {} elements with {listed} listed (a run lists the first {} differences, up to {FIRST_KEPT})",
+                    a.differing, a.len, a.differing.min(FIRST_KEPT)
+                ));
+            }
+            let mut last = None;
+            for (k, d) in a.first.iter().enumerate() {
+                let at = format!("{at}.first[{k}]");
+                if d.index >= a.len {
+                    out.push(format!(
+                        "{at}: index {} is past the arena's {} elements",
+                        d.index, a.len
+                    ));
+                }
+                if last.is_some_and(|l| d.index <= l) {
+                    out.push(format!(
+                        "{at}: index {} does not follow {} (differences are listed in ascending order)",
+                        d.index,
+                        last.unwrap_or_default()
+                    ));
+                }
+                last = Some(d.index);
+                if policy.apply(d.left) == policy.apply(d.right) {
+                    out.push(format!(
+                        "{at}: 0x{:08x} and 0x{:08x} are equal under NaN policy `{policy}`, yet listed as a difference",
+                        d.left, d.right
+                    ));
+                }
+                let ulp = ulp_distance(d.left, d.right);
+                if d.ulp != ulp {
+                    let say =
+                        |u: Option<u64>| u.map_or("none (NaN)".to_string(), |u| u.to_string());
+                    out.push(format!(
+                        "{at}: ULP distance {} but 0x{:08x} and 0x{:08x} are {} apart",
+                        say(d.ulp),
+                        d.left,
+                        d.right,
+                        say(ulp)
+                    ));
+                }
+            }
+            // The largest distance: at least every listed one, and exactly
+            // theirs when every difference is listed.
+            let listed_max = a.first.iter().filter_map(|d| d.ulp).max();
+            let bad_max = if listed == a.differing {
+                a.max_ulp != listed_max
+            } else {
+                a.max_ulp < listed_max
+            };
+            if bad_max {
+                out.push(format!(
+                    "{at}: max_ulp {} does not follow from its differences (listed: {})",
+                    a.max_ulp.map_or("null".into(), |u| u.to_string()),
+                    listed_max.map_or("none".into(), |u| u.to_string())
                 ));
             }
         }
         if self.equal != self.arenas.iter().all(|a| a.differing == 0) {
-            return Err("expect.equal does not follow from its arenas".into());
+            out.push("expect.equal does not follow from its arenas".into());
         }
-        Ok(())
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(first: Vec<ElementDiff>, differing: usize, max_ulp: Option<u64>) -> ExpectOutcome {
+        ExpectOutcome {
+            path: "e.safetensors".into(),
+            sha256: Sha256::of(b"e"),
+            bytes: 1,
+            equal: differing == 0,
+            arenas: vec![ExpectArena {
+                index: 0,
+                len: 4,
+                differing,
+                max_ulp,
+                first,
+            }],
+        }
+    }
+
+    fn pair(index: usize, left: u32, right: u32) -> ElementDiff {
+        ElementDiff {
+            index,
+            left,
+            right,
+            ulp: ulp_distance(left, right),
+        }
+    }
+
+    #[test]
+    fn nan_pairs_are_differences_only_where_the_policy_keeps_payloads() {
+        let (x86, quiet) = (0xffc0_0000u32, 0x7fc0_0000u32);
+        let e = outcome(vec![pair(0, x86, quiet)], 1, None);
+        assert_eq!(e.problems(&[4], NanPolicy::Preserve), Vec::<String>::new());
+        assert_eq!(
+            e.problems(&[4], NanPolicy::Canonical),
+            vec!["expect.arenas[0].first[0]: 0xffc00000 and 0x7fc00000 are equal under NaN policy `canonical`, yet listed as a difference".to_string()]
+        );
+    }
+
+    #[test]
+    fn max_ulp_follows_from_the_listed_differences() {
+        let one = 1.0f32.to_bits();
+        let listed = vec![pair(1, one, one + 2), pair(3, one, one + 5)];
+        assert!(outcome(listed.clone(), 2, Some(5))
+            .problems(&[4], NanPolicy::Canonical)
+            .is_empty());
+        for wrong in [None, Some(4), Some(6)] {
+            let p = outcome(listed.clone(), 2, wrong).problems(&[4], NanPolicy::Canonical);
+            assert_eq!(p.len(), 1, "{wrong:?}: {p:?}");
+            assert!(p[0].contains("max_ulp"), "{p:?}");
+        }
+        // Out of order, or twice the same element.
+        let p = outcome(vec![listed[1].clone(), listed[0].clone()], 2, Some(5))
+            .problems(&[4], NanPolicy::Canonical);
+        assert!(p[0].contains("does not follow 3"), "{p:?}");
     }
 }

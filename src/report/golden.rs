@@ -447,95 +447,192 @@ pub enum GoldenProblem {
     },
 }
 
+impl GoldenProblem {
+    /// The problem as a line under its case's row (the case named by the
+    /// row itself); problems of no case as their full text.
+    pub fn in_case(&self) -> String {
+        use GoldenProblem as P;
+        match self {
+            P::NotInGolden { golden, .. } => {
+                format!("no golden digest in {}", golden.display())
+            }
+            P::Digest {
+                at,
+                got,
+                want,
+                golden,
+            } => format!(
+                "arena {}: digest {} but golden {} says {}",
+                at.arena,
+                got.short(16),
+                golden.display(),
+                want.short(16)
+            ),
+            P::ArenaCount { got, want, .. } => format!("{got} arenas, golden has {want}"),
+            P::ChunkElems { at, got, want } => format!(
+                "arena {}: chunks of {got} elements, golden has {want}",
+                at.arena
+            ),
+            P::ChunkRoot { at, got, want } => format!(
+                "arena {}: chunk root {} but golden says {}",
+                at.arena,
+                got.short(16),
+                want.short(16)
+            ),
+            P::NoChunkRoot { at } => format!("arena {}: golden has no chunk root", at.arena),
+            P::ChunkDigests {
+                at,
+                differing,
+                got,
+                want,
+                first,
+            } => format!(
+                "arena {}: {differing} of {got} chunk digests differ from the golden's {want} (first: chunk {first})",
+                at.arena
+            ),
+            P::NoChunkDigests { at } => {
+                format!("arena {}: golden has no chunk digests", at.arena)
+            }
+            P::Sensitivity { got, want, .. } => format!(
+                "order sensitivity {} of {} changed ({}) but golden says {} of {} ({})",
+                got.changed, got.checked, got.sample, want.changed, want.checked, want.sample
+            ),
+            P::NotChecked { .. } | P::NoSuchExperiment { .. } | P::Stale { .. } => {
+                self.to_string()
+            }
+        }
+    }
+}
+
+/// What one case of a run contradicts in its experiment's golden (none
+/// when no golden of `goldens` is its experiment's): the arena digests,
+/// their number and [`Golden::mismatches_beyond_digests`]. `verify` asks
+/// as each case finishes, so its row says whether it matched.
+pub fn case_problems(goldens: &[GoldenFile], c: &CaseReport) -> Vec<GoldenProblem> {
+    goldens
+        .iter()
+        .find(|g| g.golden.experiment == c.experiment)
+        .map_or_else(Vec::new, |g| check_case(g, c))
+}
+
+fn check_case(file: &GoldenFile, c: &CaseReport) -> Vec<GoldenProblem> {
+    let GoldenFile { path, golden: g } = file;
+    let mut problems = Vec::new();
+    let Some(gc) = g.cases.iter().find(|gc| gc.key == c.key) else {
+        problems.push(GoldenProblem::NotInGolden {
+            id: c.id.clone(),
+            key: c.key.clone(),
+            experiment: g.experiment.clone(),
+            golden: path.clone(),
+        });
+        return problems;
+    };
+    for (i, (got, exp)) in c.arenas.iter().zip(&gc.arenas).enumerate() {
+        if got.sha256 != *exp {
+            problems.push(GoldenProblem::Digest {
+                at: ArenaOf {
+                    id: c.id.clone(),
+                    key: c.key.clone(),
+                    arena: i,
+                },
+                got: got.sha256,
+                want: *exp,
+                golden: path.clone(),
+            });
+        }
+    }
+    if c.arenas.len() != gc.arenas.len() {
+        problems.push(GoldenProblem::ArenaCount {
+            id: c.id.clone(),
+            got: c.arenas.len(),
+            want: gc.arenas.len(),
+        });
+    }
+    problems.extend(g.mismatches_beyond_digests(gc, c));
+    problems
+}
+
 /// Everything in `report` that contradicts `goldens` (see [`load`]), golden
-/// by golden: per case of its experiment the arena digests, their number
-/// and [`Golden::mismatches_beyond_digests`]; then every declared case the
-/// report neither ran nor skipped, and the golden's cases that
-/// `experiments` no longer declare. Empty when the run matches.
+/// by golden: per case of its experiment [`case_problems`]; then every
+/// declared case the report neither ran nor skipped, and the golden's
+/// cases that `experiments` no longer declare. Empty when the run matches.
 pub fn check(
     goldens: &[GoldenFile],
     experiments: &[Experiment],
     report: &Report,
 ) -> Vec<GoldenProblem> {
     let mut problems = Vec::new();
-    for GoldenFile { path, golden: g } in goldens {
-        let want: BTreeMap<&str, &GoldenCase> =
-            g.cases.iter().map(|c| (c.key.as_str(), c)).collect();
-        for c in report.cases.iter().filter(|c| c.experiment == g.experiment) {
-            let Some(gc) = want.get(c.key.as_str()) else {
-                problems.push(GoldenProblem::NotInGolden {
-                    id: c.id.clone(),
-                    key: c.key.clone(),
-                    experiment: g.experiment.clone(),
-                    golden: path.clone(),
-                });
-                continue;
-            };
-            for (i, (got, exp)) in c.arenas.iter().zip(&gc.arenas).enumerate() {
-                if got.sha256 != *exp {
-                    problems.push(GoldenProblem::Digest {
-                        at: ArenaOf {
-                            id: c.id.clone(),
-                            key: c.key.clone(),
-                            arena: i,
-                        },
-                        got: got.sha256,
-                        want: *exp,
-                        golden: path.clone(),
-                    });
-                }
-            }
-            if c.arenas.len() != gc.arenas.len() {
-                problems.push(GoldenProblem::ArenaCount {
-                    id: c.id.clone(),
-                    got: c.arenas.len(),
-                    want: gc.arenas.len(),
-                });
-            }
-            problems.extend(g.mismatches_beyond_digests(gc, c));
-        }
-        let Some(exp) = experiments.iter().find(|e| e.name == g.experiment) else {
-            problems.push(GoldenProblem::NoSuchExperiment {
-                experiment: g.experiment.clone(),
-                golden: path.clone(),
-            });
-            continue;
-        };
-        // Every declared case was compared above or skipped by the backend
-        // (the skips are counted where the verdict is printed).
-        let seen: BTreeSet<&str> = report
+    for file in goldens {
+        for c in report
             .cases
             .iter()
-            .map(|c| (c.experiment.as_str(), c.key.as_str()))
-            .chain(
-                report
-                    .skipped
-                    .iter()
-                    .map(|s| (s.experiment.as_str(), s.key.as_str())),
-            )
-            .filter(|(e, _)| *e == exp.name)
-            .map(|(_, k)| k)
-            .collect();
-        let mut declared = BTreeSet::new();
-        for c in &exp.cases {
-            let key = c.key();
-            if !seen.contains(key.as_str()) {
-                problems.push(GoldenProblem::NotChecked {
-                    id: c.id().to_string(),
-                    key: key.clone(),
-                    experiment: exp.name.clone(),
-                });
-            }
-            declared.insert(key);
+            .filter(|c| c.experiment == file.golden.experiment)
+        {
+            problems.extend(check_case(file, c));
         }
-        for gc in &g.cases {
-            if !declared.contains(&gc.key) {
-                problems.push(GoldenProblem::Stale {
-                    id: gc.id.clone(),
-                    key: gc.key.clone(),
-                    golden: path.clone(),
-                });
-            }
+        problems.extend(declared(file, experiments, report));
+    }
+    problems
+}
+
+/// The problems of no one case run: every declared case the report
+/// neither ran nor skipped, and the golden's cases `experiments` no
+/// longer declare (or its experiment, when none declares it).
+pub fn run_problems(
+    goldens: &[GoldenFile],
+    experiments: &[Experiment],
+    report: &Report,
+) -> Vec<GoldenProblem> {
+    goldens
+        .iter()
+        .flat_map(|file| declared(file, experiments, report))
+        .collect()
+}
+
+fn declared(file: &GoldenFile, experiments: &[Experiment], report: &Report) -> Vec<GoldenProblem> {
+    let GoldenFile { path, golden: g } = file;
+    let mut problems = Vec::new();
+    let Some(exp) = experiments.iter().find(|e| e.name == g.experiment) else {
+        problems.push(GoldenProblem::NoSuchExperiment {
+            experiment: g.experiment.clone(),
+            golden: path.clone(),
+        });
+        return problems;
+    };
+    // Every declared case was compared above or skipped by the backend
+    // (the skips are counted where the verdict is printed).
+    let seen: BTreeSet<&str> = report
+        .cases
+        .iter()
+        .map(|c| (c.experiment.as_str(), c.key.as_str()))
+        .chain(
+            report
+                .skipped
+                .iter()
+                .map(|s| (s.experiment.as_str(), s.key.as_str())),
+        )
+        .filter(|(e, _)| *e == exp.name)
+        .map(|(_, k)| k)
+        .collect();
+    let mut declared = BTreeSet::new();
+    for c in &exp.cases {
+        let key = c.key();
+        if !seen.contains(key.as_str()) {
+            problems.push(GoldenProblem::NotChecked {
+                id: c.id().to_string(),
+                key: key.clone(),
+                experiment: exp.name.clone(),
+            });
+        }
+        declared.insert(key);
+    }
+    for gc in &g.cases {
+        if !declared.contains(&gc.key) {
+            problems.push(GoldenProblem::Stale {
+                id: gc.id.clone(),
+                key: gc.key.clone(),
+                golden: path.clone(),
+            });
         }
     }
     problems

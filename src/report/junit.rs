@@ -1,12 +1,14 @@
 //! JUnit XML for CI dashboards: one testcase per case (ranks identical,
-//! rounds identical) and one per invariance group.
+//! rounds identical, its `expect` and whatever the caller checked of it,
+//! e.g. `verify`'s golden), one per case the backend skipped (a
+//! `<skipped>` element with the reason) and one per invariance group.
 //!
 //! Written by hand rather than with `quick-junit`: that crate (0.8) pulls
 //! in chrono, uuid, quick-xml, vte and a second major version of syn for
 //! four element types, and drops control characters from names without a
 //! trace, where this file writes them as `\u{7}` so an id stays findable.
 
-use super::Report;
+use super::{CaseReport, Report};
 
 /// XML-escaped, with control characters (which XML 1.0 cannot carry even
 /// as references) written as `\u{7}`.
@@ -19,7 +21,14 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-pub fn junit(report: &Report, extra_failures: &[String]) -> String {
+/// The XML of `report`. `of_case` gives the failures the caller found in
+/// a case (beyond the report's own); `extra_failures` are failures of no
+/// one case, listed under a `run` testcase with the report's own.
+pub fn junit(
+    report: &Report,
+    of_case: &dyn Fn(&CaseReport) -> Vec<String>,
+    extra_failures: &[String],
+) -> String {
     let mut cases = Vec::new();
     for c in &report.cases {
         let mut problems = Vec::new();
@@ -32,12 +41,9 @@ pub fn junit(report: &Report, extra_failures: &[String]) -> String {
         if let Some(f) = c.expect.as_ref().and_then(|e| e.failure(&c.id)) {
             problems.push(f);
         }
-        for f in extra_failures
-            .iter()
-            .filter(|f| f.contains(&format!("case `{}`", c.id)))
-        {
-            if !problems.contains(f) {
-                problems.push(f.clone());
+        for f in of_case(c) {
+            if !problems.contains(&f) {
+                problems.push(f);
             }
         }
         let secs = c.timings.rounds.iter().map(|t| t.total_ms).sum::<f64>() / 1e3;
@@ -63,7 +69,8 @@ pub fn junit(report: &Report, extra_failures: &[String]) -> String {
     // Failures of no case or group (nothing checked, a stale golden) get a
     // testcase of their own: a dashboard must never show 0 tests, 0 failures
     // for a run that checked nothing.
-    let of_case = |f: &str| {
+    // The report's own failures of a case or group are its testcase's.
+    let listed = |f: &str| {
         report
             .cases
             .iter()
@@ -74,8 +81,8 @@ pub fn junit(report: &Report, extra_failures: &[String]) -> String {
         .summary
         .failures
         .iter()
+        .filter(|f| !listed(f))
         .chain(extra_failures)
-        .filter(|f| !of_case(f))
         .cloned()
         .collect();
     if !rest.is_empty() {
@@ -88,12 +95,12 @@ pub fn junit(report: &Report, extra_failures: &[String]) -> String {
         ));
     }
     let failures = cases.iter().filter(|c| !c.3.is_empty()).count();
+    let skipped = report.skipped.len();
+    let tests = cases.len() + skipped;
     let mut xml = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     xml.push_str(&format!(
-        "<testsuites name=\"foldprint\" tests=\"{}\" failures=\"{failures}\">\n  <testsuite name=\"foldprint.{}\" tests=\"{}\" failures=\"{failures}\">\n",
-        cases.len(),
+        "<testsuites name=\"foldprint\" tests=\"{tests}\" failures=\"{failures}\" skipped=\"{skipped}\">\n  <testsuite name=\"foldprint.{}\" tests=\"{tests}\" failures=\"{failures}\" skipped=\"{skipped}\">\n",
         esc(&report.backend),
-        cases.len()
     ));
     for (class, name, secs, problems, out) in &cases {
         xml.push_str(&format!(
@@ -107,6 +114,17 @@ pub fn junit(report: &Report, extra_failures: &[String]) -> String {
         xml.push_str(&format!(
             "      <system-out>{}</system-out>\n    </testcase>\n",
             esc(out)
+        ));
+    }
+    // A case the backend could not run is listed, never left out: a
+    // dashboard counts it as skipped, with the reason.
+    for c in &report.skipped {
+        xml.push_str(&format!(
+            "    <testcase classname=\"{}.{}\" name=\"{}\" time=\"0.000\">\n      <skipped message=\"{}\"/>\n    </testcase>\n",
+            esc(&c.experiment),
+            esc(&c.id),
+            esc(&c.key),
+            esc(&c.reason)
         ));
     }
     xml.push_str("  </testsuite>\n</testsuites>\n");

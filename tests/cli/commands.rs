@@ -798,7 +798,12 @@ fn nothing_checked_fails_run_verify_and_golden() {
             .code(1),
     );
     let xml = std::fs::read_to_string(&junit).unwrap();
-    assert!(xml.contains("tests=\"1\" failures=\"1\""), "{xml}");
+    // The verdict's testcase fails; the two cases are listed as skipped.
+    assert!(
+        xml.contains("tests=\"3\" failures=\"1\" skipped=\"2\""),
+        "{xml}"
+    );
+    assert_eq!(xml.matches("<skipped message=").count(), 2, "{xml}");
     assert!(
         xml.contains("<failure message=\"nothing was checked"),
         "{xml}"

@@ -16,3 +16,4 @@ mod outputs;
 mod progress;
 mod rank_files;
 mod readme;
+mod verdicts;

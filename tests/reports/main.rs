@@ -8,6 +8,7 @@
 mod common;
 
 mod audit;
+mod expect_evidence;
 mod integrity;
 mod report_checks;
 mod report_json;
