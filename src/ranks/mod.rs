@@ -7,6 +7,7 @@
 //! one process per rank (`launch`).
 
 pub mod discover;
+mod handshake;
 pub mod job;
 pub mod launch;
 pub mod placement;
