@@ -2,16 +2,25 @@
 //! agree on the work first: a length mismatch in NCCL point-to-point calls
 //! hangs rather than errors, so disagreement must be caught here.
 //!
-//! TCP: rank 0 listens; each peer connects and presents the job token, its
-//! rank, its plan (a digest of the cases it is about to run plus a short
-//! description) and itself as a [`Member`] (host, pid, device). Rank 0
-//! answers nobody until all W-1 peers have presented matching plans, then
-//! sends the id to all; on a mismatch it tells all of them and everyone
-//! fails with the same message. Wrong tokens are turned away without
-//! disturbing the job. A peer whose connection closes while rank 0 waits
-//! (it died, or its launcher stopped it) fails the job at once, and so does
-//! rank 0's: nobody waits for the deadline on a rank that is gone. A signal
-//! (a launcher stopping the job) ends every wait within 0.2 s.
+//! TCP: rank 0 listens and runs each connection's handshake on a thread of
+//! its own, bounded by one deadline (5 s, never past the job's) and a byte
+//! cap, so a slow, idle or hostile connection never delays a real rank.
+//! Both sides prove they know the job token without sending it, over fresh
+//! nonces of both ([`super::handshake`] has the wire): the peer checks rank
+//! 0's proof before it says anything of the job, so a process squatting on
+//! the port learns nothing and the peer fails at once; then it presents
+//! its rank, its plan (a digest of the cases it is about to run plus a
+//! short description) and itself as a [`Member`] (host, pid, device),
+//! whose rank must be the one it joined as. Rank 0 answers nobody until
+//! all W-1 peers have proven the token and presented matching plans, then
+//! sends the id to all, each answer with its proof for that connection; on
+//! a mismatch it tells all of them and everyone fails with the same
+//! message. Connections without the token are turned away without
+//! disturbing the job (they can only make it miss its deadline). A peer
+//! whose connection closes while rank 0 waits (it died, or its launcher
+//! stopped it) fails the job at once, and so does rank 0's: nobody waits
+//! for the deadline on a rank that is gone. A signal (a launcher stopping
+//! the job) ends every wait within 0.2 s, handshakes included.
 //!
 //! Directory: rank 0 writes `<job>.id` atomically; peers read it, compare
 //! plans and acknowledge with `<job>.ack.<rank>` (holding the member);
@@ -566,10 +575,9 @@ fn lost_peer(peers: &[Option<Box<Joined>>]) -> Option<String> {
 /// Why a peer's attempt got no greeting it could check from rank 0.
 fn no_greeting(addr: SocketAddr, f: &Fault) -> String {
     match f {
-        Fault::Deadline => format!(
-            "the process at {addr} accepted the connection but did not greet within {} s",
-            HANDSHAKE.as_secs()
-        ),
+        Fault::Deadline => {
+            format!("the process at {addr} accepted the connection but did not greet in time")
+        }
         Fault::Closed => format!("the process at {addr} closed the connection unanswered"),
         f => format!("talking to {addr}: {f}"),
     }
