@@ -6,7 +6,8 @@
 //! that many bytes):
 //!
 //! 1. peer to rank 0: `FPRV3`, a fresh 32-byte nonce `Np`.
-//! 2. rank 0 to peer: `FPRV3`, a fresh 32-byte nonce `N0`, proof `'0'`.
+//! 2. rank 0 to peer: `FPRV3`, a fresh 32-byte nonce `N0`, proof `'0'`
+//!    (over the nonces alone).
 //! 3. the peer checks that proof before it says anything about the job,
 //!    then sends its hello: rank (u32), plan digest (32 bytes), plan
 //!    summary (frame), itself as JSON (frame), and proof `'P'` over those
