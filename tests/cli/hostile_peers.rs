@@ -119,12 +119,15 @@ fn sigterm(child: &Child) {
 
 /// Clients that keep a connection to `port` open and send one byte a
 /// second (reconnecting when the other side hangs up), until `stop`: the
-/// start of a hello of this protocol, and of the one before it.
+/// start of a hello of the protocol before this one, connected first (the
+/// old rank 0 took connections in turn), and of this one.
 fn drip(port: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
-    let one = |start: &'static [u8], stop: Arc<AtomicBool>| {
+    let connect = move || TcpStream::connect(("127.0.0.1", port)).ok();
+    let one = |start: &'static [u8], first: Option<TcpStream>, stop: Arc<AtomicBool>| {
         std::thread::spawn(move || {
+            let mut next = first;
             while !stop.load(Ordering::SeqCst) {
-                let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+                let Some(mut s) = next.take().or_else(connect) else {
                     std::thread::sleep(Duration::from_millis(100));
                     continue;
                 };
@@ -138,7 +141,8 @@ fn drip(port: u16, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
             }
         })
     };
-    let both = [one(b"FPRV3", stop.clone()), one(b"FPRV2", stop)];
+    let (old, new) = (connect(), connect());
+    let both = [one(b"FPRV2", old, stop.clone()), one(b"FPRV3", new, stop)];
     std::thread::spawn(move || {
         for t in both {
             t.join().unwrap();
