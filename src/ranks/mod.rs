@@ -2,11 +2,13 @@
 //! free of CUDA so it is tested on any machine. Which rank this process is
 //! (`discover`), which device it uses and whether it emulates a host
 //! (`placement`), the job's identity and rank 0's address (`job`), how the
-//! NCCL unique id and the case agreement travel (`rendezvous`), how a stuck
+//! NCCL unique id and the case agreement travel (`rendezvous`; its wire and
+//! the proofs of the job token in `handshake`), how a stuck
 //! collective is bounded (`watchdog`), and the local launcher that starts
 //! one process per rank (`launch`).
 
 pub mod discover;
+mod handshake;
 pub mod job;
 pub mod launch;
 pub mod placement;

@@ -2,39 +2,61 @@
 //! agree on the work first: a length mismatch in NCCL point-to-point calls
 //! hangs rather than errors, so disagreement must be caught here.
 //!
-//! TCP: rank 0 listens; each peer connects and presents the job token, its
-//! rank, its plan (a digest of the cases it is about to run plus a short
-//! description) and itself as a [`Member`] (host, pid, device). Rank 0
-//! answers nobody until all W-1 peers have presented matching plans, then
-//! sends the id to all; on a mismatch it tells all of them and everyone
-//! fails with the same message. Wrong tokens are turned away without
-//! disturbing the job. A peer whose connection closes while rank 0 waits
-//! (it died, or its launcher stopped it) fails the job at once, and so does
-//! rank 0's: nobody waits for the deadline on a rank that is gone. A signal
-//! (a launcher stopping the job) ends every wait within 0.2 s.
+//! TCP: rank 0 listens and runs each connection's handshake on a thread of
+//! its own, bounded by one deadline (5 s, never past the job's) and a byte
+//! cap, so a slow, idle or hostile connection never delays a real rank.
+//! Both sides prove they know the job token without sending it, over fresh
+//! nonces of both ([`super::handshake`] has the wire): the peer checks rank
+//! 0's proof before it says anything of the job, so a process squatting on
+//! the port learns nothing and the peer fails at once; then it presents
+//! its rank, its plan (a digest of the cases it is about to run plus a
+//! short description) and itself as a [`Member`] (host, pid, device),
+//! whose rank must be the one it joined as. Rank 0 answers nobody until
+//! all W-1 peers have proven the token and presented matching plans, then
+//! sends the id to all, each answer with its proof for that connection; on
+//! a mismatch it tells all of them and everyone fails with the same
+//! message. Connections without the token are turned away without
+//! disturbing the job (they can only make it miss its deadline). A peer
+//! whose connection closes while rank 0 waits (it died, or its launcher
+//! stopped it) fails the job at once, and so does rank 0's: nobody waits
+//! for the deadline on a rank that is gone. A signal (a launcher stopping
+//! the job) ends every wait within 0.2 s, handshakes included.
 //!
 //! Directory: rank 0 writes `<job>.id` atomically; peers read it, compare
 //! plans and acknowledge with `<job>.ack.<rank>` (holding the member);
 //! rank 0 waits for the acks.
 
 use super::discover::RankEnv;
+use super::handshake::{
+    fresh_nonce, prove, put_frame, verify, Fault, Nonces, Role, Wire, GREETING, MAGIC, NONCE, PROOF,
+};
 use super::{job, RankError};
 use crate::experiment::Experiment;
 use sha2::{Digest, Sha256};
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-const MAGIC: &[u8; 5] = b"FPRV2";
 const OK: u8 = 0;
-const BAD_TOKEN: u8 = 1;
 const DISAGREE: u8 = 2;
 const BAD_RANK: u8 = 3;
 const PEER_LOST: u8 = 4;
 
 /// How often a wait looks at signals and dead peers.
 const POLL: Duration = Duration::from_millis(200);
+/// One handshake's time (never past the job's deadline): rank 0's greeting
+/// on a peer, the peer's hello on rank 0.
+const HANDSHAKE: Duration = Duration::from_secs(5);
+/// Handshakes rank 0 runs at once; more connections wait to be accepted.
+const MAX_HANDSHAKES: usize = 64;
+/// Byte caps: a plan summary, a member's description, all of a hello, and
+/// rank 0's answer.
+const SUMMARY_MAX: usize = 16 << 10;
+const MEMBER_MAX: usize = 64 << 10;
+const HELLO_MAX: usize = 36 + 4 + SUMMARY_MAX + 4 + MEMBER_MAX + PROOF;
+const ANSWER_MAX: usize = 64 << 10;
 
 /// One rank as it presents itself in the rendezvous.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -262,74 +284,105 @@ fn err(role: &str, message: impl Into<String>) -> RankError {
     }
 }
 
-fn same_token(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 fn left(deadline: Instant) -> Option<Duration> {
     deadline
         .checked_duration_since(Instant::now())
         .filter(|d| !d.is_zero())
 }
 
-fn write_frame(s: &mut TcpStream, bytes: &[u8]) -> std::io::Result<()> {
-    s.write_all(&(bytes.len() as u32).to_le_bytes())?;
-    s.write_all(bytes)
+/// The earlier of `deadline` and one handshake's time from now.
+fn handshake_deadline(deadline: Instant) -> Instant {
+    deadline.min(Instant::now() + HANDSHAKE)
 }
 
-fn read_frame(s: &mut TcpStream, max: usize) -> std::io::Result<Vec<u8>> {
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len)?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len > max {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "frame too large",
-        ));
-    }
-    let mut buf = vec![0u8; len];
-    s.read_exact(&mut buf)?;
-    Ok(buf)
-}
-
-struct Hello {
+/// A peer that proved the job token, as rank 0 holds it until it answers.
+struct Joined {
+    s: TcpStream,
+    nonces: Nonces,
     rank: usize,
-    token: Vec<u8>,
     plan: Plan,
-    member: Option<Member>,
+    /// Its description as it sent it (JSON; parsed on rank 0's own thread).
+    member: Vec<u8>,
+    /// Who it is, once rank 0 has taken it in.
+    who: Option<Member>,
 }
 
-fn read_hello(s: &mut TcpStream) -> std::io::Result<Hello> {
-    let mut magic = [0u8; 5];
-    s.read_exact(&mut magic)?;
+/// How one connection's handshake on rank 0 ended.
+enum Handshake {
+    Proven(Box<Joined>, SocketAddr),
+    Refused(SocketAddr, String),
+}
+
+/// Rank 0's side of one connection up to the peer's proven hello: at most
+/// [`HELLO_MAX`] bytes in, all of it by `deadline`.
+fn handshake(s: TcpStream, token: &[u8], deadline: Instant) -> Result<Joined, String> {
+    let mut w = Wire::new(&s, deadline, MAGIC.len() + NONCE + HELLO_MAX, false);
+    let fault = |what: &str, f: Fault| format!("{what}: {f}");
+    let magic: [u8; 5] = w.read_array().map_err(|f| fault("no opening", f))?;
     if &magic != MAGIC {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "not a foldprint rendezvous client",
-        ));
+        return Err(if magic.starts_with(b"FPRV") {
+            format!(
+                "a foldprint rank of another version (protocol {})",
+                String::from_utf8_lossy(&magic)
+            )
+        } else {
+            "not a foldprint rank".into()
+        });
+    }
+    let peer = w.read_array().map_err(|f| fault("no nonce", f))?;
+    let nonces = Nonces {
+        peer,
+        rank0: fresh_nonce()?,
+    };
+    let mut greeting = MAGIC.to_vec();
+    greeting.extend_from_slice(&nonces.rank0);
+    greeting.extend_from_slice(&prove(token, Role::Rank0, &nonces, &[]));
+    w.write_all(&greeting).map_err(|f| fault("greeting", f))?;
+    // The hello, every byte of it kept for the proof.
+    let mut raw = Vec::new();
+    let head: [u8; 36] = w.read_array().map_err(|f| fault("no hello", f))?;
+    raw.extend_from_slice(&head);
+    let summary = w
+        .read_frame(SUMMARY_MAX, &mut raw)
+        .map_err(|f| fault("plan summary", f))?;
+    let member = w
+        .read_frame(MEMBER_MAX, &mut raw)
+        .map_err(|f| fault("description", f))?;
+    let proof: [u8; PROOF] = w.read_array().map_err(|f| fault("no proof", f))?;
+    if !verify(token, Role::Peer, &nonces, &raw, &proof) {
+        return Err("no proof of the job token (or a replayed one)".into());
     }
     let mut rank = [0u8; 4];
-    s.read_exact(&mut rank)?;
-    let token = read_frame(s, 1024)?;
+    rank.copy_from_slice(&head[..4]);
     let mut digest = [0u8; 32];
-    s.read_exact(&mut digest)?;
-    let summary = String::from_utf8_lossy(&read_frame(s, 4096)?).into_owned();
-    let member = serde_json::from_slice(&read_frame(s, 4096)?).ok();
-    Ok(Hello {
+    digest.copy_from_slice(&head[4..]);
+    Ok(Joined {
+        s,
+        nonces,
         rank: u32::from_le_bytes(rank) as usize,
-        token,
-        plan: Plan { digest, summary },
+        plan: Plan {
+            digest,
+            summary: String::from_utf8_lossy(&summary).into_owned(),
+        },
         member,
+        who: None,
     })
 }
 
-fn reply(s: &mut TcpStream, status: u8, body: &[u8]) {
-    let _ = s.write_all(&[status]).and_then(|_| write_frame(s, body));
+/// Answer a proven peer: `status` and `body`, with rank 0's proof over
+/// them on this connection. A peer that does not take it within a second
+/// loses it (an honest one reads at once).
+fn answer(p: &Joined, token: &[u8], status: u8, body: &[u8]) {
+    let mut msg = vec![status];
+    put_frame(&mut msg, body);
+    let proof = prove(token, Role::Answer, &p.nonces, &msg);
+    msg.extend_from_slice(&proof);
+    let _ = Wire::new(&p.s, Instant::now() + Duration::from_secs(1), 0, false).write_all(&msg);
 }
 
-/// Rank 0: accept W-1 peers on `listener`, check tokens and plans, then send
-/// `payload` (the NCCL unique id) to all of them. Returns every member in
-/// rank order, `me` first.
+/// Rank 0: accept W-1 peers on `listener`, each of which must prove the
+/// job `token`, then check their plans and send `payload` (the NCCL unique
+/// id) to all of them. Returns every member in rank order, `me` first.
 pub fn serve(
     listener: &TcpListener,
     world: usize,
@@ -343,118 +396,152 @@ pub fn serve(
     listener
         .set_nonblocking(true)
         .map_err(|e| err(role, format!("listener: {e}")))?;
-    let mut peers: Vec<Option<(TcpStream, Member)>> = (0..world).map(|_| None).collect();
+    let shared: Arc<[u8]> = token.into();
+    let (tx, rx) = mpsc::channel::<Handshake>();
+    let running = Arc::new(AtomicUsize::new(0));
+    let mut peers: Vec<Option<Box<Joined>>> = (0..world).map(|_| None).collect();
     let mut joined = 0;
+    let (mut refused, mut last_refusal) = (0usize, String::new());
     let mut disagreement: Option<String> = None;
     // After a disagreement, keep accepting until every peer has heard it
     // (or the deadline passes), so all ranks fail with the same message.
     while joined < world - 1 {
         if let Err(e) = interrupted() {
-            reply_all(&mut peers, PEER_LOST, &format!("rank 0 was {e}"));
+            reply_all(&peers, token, PEER_LOST, &format!("rank 0 was {e}"));
             return Err(e);
         }
         if disagreement.is_none() {
-            if let Some(gone) = lost_peer(&mut peers) {
+            if let Some(gone) = lost_peer(&peers) {
                 let msg = format!(
                     "{gone} closed its connection before all {world} ranks had joined: it failed or was stopped"
                 );
-                reply_all(&mut peers, PEER_LOST, &msg);
+                reply_all(&peers, token, PEER_LOST, &msg);
                 return Err(err(role, msg));
             }
         }
-        let Some(rest) = left(deadline) else {
+        if left(deadline).is_none() {
             if disagreement.is_some() {
                 break;
             }
             let missing: Vec<usize> = (1..world).filter(|&r| peers[r].is_none()).collect();
             let msg = format!("ranks {missing:?} did not join before the deadline");
-            reply_all(&mut peers, PEER_LOST, &msg);
+            reply_all(&peers, token, PEER_LOST, &msg);
+            let also = match refused {
+                0 => String::new(),
+                n => format!("; {n} other connection(s) refused, the last {last_refusal}"),
+            };
             return Err(err(
                 role,
                 format!(
-                    "{joined} of {} peers joined before the deadline; missing ranks {missing:?}",
+                    "{joined} of {} peers joined before the deadline; missing ranks {missing:?}{also}",
                     world - 1
                 ),
             ));
-        };
-        let (mut s, from) = match listener.accept() {
-            Ok(c) => c,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(5));
+        }
+        // Every waiting connection gets its own handshake thread, up to a
+        // bound; past it, connections wait in the backlog.
+        while running.load(Ordering::SeqCst) < MAX_HANDSHAKES {
+            let (s, from) = match listener.accept() {
+                Ok(c) => c,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                // Out of descriptors, a connection reset before accept:
+                // nothing the job can fix now, so keep serving.
+                Err(e) => {
+                    refused += 1;
+                    last_refusal = format!("by accept: {e}");
+                    break;
+                }
+            };
+            let (tx, token, slots) = (tx.clone(), Arc::clone(&shared), Arc::clone(&running));
+            let until = handshake_deadline(deadline);
+            running.fetch_add(1, Ordering::SeqCst);
+            let spawned = std::thread::Builder::new()
+                .name("foldprint-handshake".into())
+                .stack_size(256 << 10)
+                .spawn(move || {
+                    let done = match handshake(s, &token, until) {
+                        Ok(j) => Handshake::Proven(Box::new(j), from),
+                        Err(why) => Handshake::Refused(from, why),
+                    };
+                    slots.fetch_sub(1, Ordering::SeqCst);
+                    let _ = tx.send(done);
+                });
+            if let Err(e) = spawned {
+                running.fetch_sub(1, Ordering::SeqCst);
+                refused += 1;
+                last_refusal = format!("from {from}: no thread for its handshake: {e}");
+            }
+        }
+        let (mut j, from) = match rx.recv_timeout(Duration::from_millis(10)) {
+            Ok(Handshake::Proven(j, from)) => (j, from),
+            Ok(Handshake::Refused(from, why)) => {
+                refused += 1;
+                last_refusal = format!("from {from}: {why}");
                 continue;
             }
-            Err(e) => return Err(err(role, format!("accept: {e}"))),
-        };
-        // A silent client must not stall the job: bound each handshake.
-        let _ = s.set_nonblocking(false);
-        let _ = s.set_read_timeout(Some(rest.min(Duration::from_secs(5))));
-        let mut hello = match read_hello(&mut s) {
-            Ok(h) => h,
             Err(_) => continue,
         };
-        if !same_token(&hello.token, token) {
-            reply(
-                &mut s,
-                BAD_TOKEN,
-                format!("wrong job token from {from}").as_bytes(),
+        if j.rank == 0 || j.rank >= world || peers[j.rank].is_some() {
+            let msg = format!(
+                "rank {} is not a free peer rank of a world of {world}",
+                j.rank
             );
+            answer(&j, token, BAD_RANK, msg.as_bytes());
+            refused += 1;
+            last_refusal = format!("from {from}: {msg}");
             continue;
         }
-        if hello.rank == 0 || hello.rank >= world || peers[hello.rank].is_some() {
-            reply(
-                &mut s,
-                BAD_RANK,
-                format!(
-                    "rank {} is not a free peer rank of a world of {world}",
-                    hello.rank
-                )
-                .as_bytes(),
-            );
-            continue;
-        }
-        let member = hello.member.take().unwrap_or_else(|| {
-            Member::undescribed(
-                hello.rank,
+        // The rank a member names is the rank it proved, or it is refused.
+        let member = match serde_json::from_slice::<Member>(&j.member) {
+            Ok(m) if m.rank != j.rank => {
+                let msg = format!(
+                    "the peer that joined as rank {} describes itself as rank {}",
+                    j.rank, m.rank
+                );
+                answer(&j, token, BAD_RANK, msg.as_bytes());
+                refused += 1;
+                last_refusal = format!("from {from}: {msg}");
+                continue;
+            }
+            Ok(m) => m,
+            Err(_) => Member::undescribed(
+                j.rank,
                 from.ip().to_string(),
                 "sent no description of itself",
-            )
-        });
-        if hello.plan.digest != plan.digest {
+            ),
+        };
+        if j.plan.digest != plan.digest {
             disagreement = Some(
-                files_difference(hello.rank, &hello.plan.summary, &plan.summary).unwrap_or_else(
-                    || {
-                        format!(
-                            "rank {} would run `{}` but rank 0 would run `{}` (plan {} vs {})",
-                            hello.rank,
-                            hello.plan.summary,
-                            plan.summary,
-                            &hex::encode(hello.plan.digest)[..16],
-                            &hex::encode(plan.digest)[..16]
-                        )
-                    },
-                ),
+                files_difference(j.rank, &j.plan.summary, &plan.summary).unwrap_or_else(|| {
+                    format!(
+                        "rank {} would run `{}` but rank 0 would run `{}` (plan {} vs {})",
+                        j.rank,
+                        j.plan.summary,
+                        plan.summary,
+                        &hex::encode(j.plan.digest)[..16],
+                        &hex::encode(plan.digest)[..16]
+                    )
+                }),
             );
         }
         // Non-blocking from here, so `lost_peer` can look without waiting.
-        let _ = s.set_nonblocking(true);
-        peers[hello.rank] = Some((s, member));
+        let _ = j.s.set_nonblocking(true);
+        j.who = Some(member);
+        let rank = j.rank;
+        peers[rank] = Some(j);
         joined += 1;
     }
     let mut members = vec![me.clone()];
-    for (s, m) in peers.iter_mut().flatten() {
-        let _ = s.set_nonblocking(false);
-        let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
-        members.push(m.clone());
-    }
+    members.extend(peers.iter().flatten().filter_map(|p| p.who.clone()));
     members.sort_by_key(|m| m.rank);
     match disagreement {
         Some(msg) => {
-            reply_all(&mut peers, DISAGREE, &msg);
+            reply_all(&peers, token, DISAGREE, &msg);
             Err(disagree(msg))
         }
         None => {
-            for (s, _) in peers.iter_mut().flatten() {
-                reply(s, OK, payload);
+            for p in peers.iter().flatten() {
+                answer(p, token, OK, payload);
             }
             Ok(members)
         }
@@ -462,27 +549,43 @@ pub fn serve(
 }
 
 /// Tell every joined peer the same thing.
-fn reply_all(peers: &mut [Option<(TcpStream, Member)>], status: u8, msg: &str) {
-    for (s, _) in peers.iter_mut().flatten() {
-        reply(s, status, msg.as_bytes());
+fn reply_all(peers: &[Option<Box<Joined>>], token: &[u8], status: u8, msg: &str) {
+    for p in peers.iter().flatten() {
+        answer(p, token, status, msg.as_bytes());
     }
 }
 
 /// The first joined peer whose connection has closed, by name.
-fn lost_peer(peers: &mut [Option<(TcpStream, Member)>]) -> Option<String> {
+fn lost_peer(peers: &[Option<Box<Joined>>]) -> Option<String> {
     let mut byte = [0u8; 1];
-    peers
-        .iter_mut()
-        .flatten()
-        .find_map(|(s, m)| match s.peek(&mut byte) {
-            Ok(0) => Some(m.who()),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Some(m.who()),
-            _ => None,
+    peers.iter().flatten().find_map(|p| {
+        let gone = match p.s.peek(&mut byte) {
+            Ok(0) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+            _ => false,
+        };
+        gone.then(|| {
+            p.who
+                .as_ref()
+                .map_or(format!("rank {}", p.rank), Member::who)
         })
+    })
 }
 
-/// A peer: connect to rank 0 (retrying until it listens), present the
-/// token, plan and itself, and receive the payload.
+/// Why a peer's attempt got no greeting it could check from rank 0.
+fn no_greeting(addr: SocketAddr, f: &Fault) -> String {
+    match f {
+        Fault::Deadline => {
+            format!("the process at {addr} accepted the connection but did not greet in time")
+        }
+        Fault::Closed => format!("the process at {addr} closed the connection unanswered"),
+        f => format!("talking to {addr}: {f}"),
+    }
+}
+
+/// A peer: connect to rank 0 (retrying until it listens and greets),
+/// check that it knows the job `token`, present the plan and itself, and
+/// receive the payload.
 pub fn join(
     addr: SocketAddr,
     me: &Member,
@@ -492,62 +595,142 @@ pub fn join(
 ) -> Result<Vec<u8>, RankError> {
     let rank = me.rank;
     let role = format!("rank {rank}");
-    let mut s = loop {
-        interrupted()?;
-        let Some(rest) = left(deadline) else {
-            return Err(err(
-                &role,
-                format!("rank 0 at {addr} did not answer before the deadline"),
-            ));
-        };
-        match TcpStream::connect_timeout(&addr, rest.min(POLL)) {
-            Ok(s) => break s,
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
+    let stopped = |f: &Fault| match f {
+        Fault::Stopped(sig) => Some(RankError::Interrupted(*sig)),
+        _ => None,
     };
-    let io = |e: std::io::Error| err(&role, format!("talking to rank 0 at {addr}: {e}"));
-    let mut hello = Vec::new();
-    hello.extend_from_slice(MAGIC);
-    hello.extend_from_slice(&(rank as u32).to_le_bytes());
-    s.write_all(&hello).map_err(io)?;
-    write_frame(&mut s, token).map_err(io)?;
-    s.write_all(&plan.digest).map_err(io)?;
-    write_frame(&mut s, plan.summary.as_bytes()).map_err(io)?;
-    write_frame(&mut s, &me.to_json()).map_err(io)?;
-    // Wait for the answer in short steps, so a signal or rank 0's end is
-    // seen at once rather than at the deadline.
-    let mut status = [0u8; 1];
-    loop {
+    // The hello, sent only to a rank 0 that proved the token.
+    let mut hello = u32::try_from(rank)
+        .map_err(|_| err(&role, format!("rank {rank} does not fit the rendezvous")))?
+        .to_le_bytes()
+        .to_vec();
+    hello.extend_from_slice(&plan.digest);
+    let mut summary = plan.summary.as_str();
+    if summary.len() > SUMMARY_MAX {
+        let mut end = SUMMARY_MAX;
+        while !summary.is_char_boundary(end) {
+            end -= 1;
+        }
+        summary = &summary[..end];
+    }
+    put_frame(&mut hello, summary.as_bytes());
+    let json = me.to_json();
+    if json.len() > MEMBER_MAX {
+        return Err(err(
+            &role,
+            format!(
+                "this rank's description is {} bytes, more than the rendezvous carries ({MEMBER_MAX})",
+                json.len()
+            ),
+        ));
+    }
+    put_frame(&mut hello, &json);
+    // Connect and take rank 0's greeting, again until the deadline: a
+    // connection that rank 0 cannot take yet, or a process that never
+    // greets, costs one handshake's time, not the job.
+    let mut last: Option<String> = None;
+    let (s, nonces) = loop {
         interrupted()?;
         let Some(rest) = left(deadline) else {
             return Err(err(
                 &role,
-                format!(
-                    "no answer from rank 0 at {addr} before the deadline; are all ranks started?"
-                ),
+                match last {
+                    None => format!("rank 0 at {addr} did not answer before the deadline"),
+                    Some(why) => format!(
+                        "no rank 0 at {addr} completed the handshake before the deadline ({why})"
+                    ),
+                },
             ));
         };
-        s.set_read_timeout(Some(rest.min(POLL))).map_err(io)?;
-        use std::io::ErrorKind as K;
-        let closed = match s.read(&mut status) {
-            Ok(1) => break,
-            Ok(_) => true,
-            Err(e) if matches!(e.kind(), K::ConnectionReset | K::ConnectionAborted) => true,
-            Err(e) if matches!(e.kind(), K::WouldBlock | K::TimedOut | K::Interrupted) => false,
-            Err(e) => return Err(io(e)),
+        let s = match TcpStream::connect_timeout(&addr, rest.min(POLL)) {
+            Ok(s) => s,
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
         };
-        if closed {
+        let nonce = fresh_nonce().map_err(|m| err(&role, m))?;
+        let mut w = Wire::new(&s, handshake_deadline(deadline), GREETING, true);
+        let mut opening = MAGIC.to_vec();
+        opening.extend_from_slice(&nonce);
+        let greeting = w
+            .write_all(&opening)
+            .and_then(|_| w.read_array::<GREETING>());
+        let greeting = match greeting {
+            Ok(g) => g,
+            Err(f) => {
+                if let Some(e) = stopped(&f) {
+                    return Err(e);
+                }
+                last = Some(no_greeting(addr, &f));
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        let (magic, rest) = greeting.split_at(MAGIC.len());
+        let (rank0, proof) = rest.split_at(NONCE);
+        let mut nonces = Nonces {
+            peer: nonce,
+            rank0: [0; NONCE],
+        };
+        nonces.rank0.copy_from_slice(rank0);
+        if magic != MAGIC {
+            return Err(err(
+                &role,
+                format!("the process at {addr} is not a foldprint rank 0 of this version"),
+            ));
+        }
+        if !verify(token, Role::Rank0, &nonces, &[], proof) {
             return Err(err(
                 &role,
                 format!(
-                    "rank 0 at {addr} closed the connection before answering: it failed or was stopped"
+                    "the process at {addr} does not know the job token: not this job's rank 0 \
+                     (another job or program holds the port, or the ranks were given different \
+                     FOLDPRINT_JOB_TOKEN values)"
                 ),
             ));
         }
+        break (s, nonces);
+    };
+    let proof = prove(token, Role::Peer, &nonces, &hello);
+    hello.extend_from_slice(&proof);
+    let gone = || {
+        err(
+            &role,
+            format!(
+                "rank 0 at {addr} closed the connection before answering: it failed or was stopped"
+            ),
+        )
+    };
+    let fail = |f: Fault, waiting: bool| match f {
+        Fault::Stopped(sig) => RankError::Interrupted(sig),
+        Fault::Closed => gone(),
+        Fault::Deadline if waiting => err(
+            &role,
+            format!("no answer from rank 0 at {addr} before the deadline; are all ranks started?"),
+        ),
+        f => err(&role, format!("rank 0's answer from {addr}: {f}")),
+    };
+    let mut w = Wire::new(&s, handshake_deadline(deadline), 0, true);
+    w.write_all(&hello).map_err(|f| fail(f, false))?;
+    // Rank 0 answers once every rank has joined: wait up to the job's
+    // deadline for the first byte, then one handshake's time for the rest.
+    w.phase(deadline, 1);
+    let status: [u8; 1] = w.read_array().map_err(|f| fail(f, true))?;
+    w.phase(handshake_deadline(deadline), 4 + ANSWER_MAX + PROOF);
+    let mut msg = status.to_vec();
+    let body = w
+        .read_frame(ANSWER_MAX, &mut msg)
+        .map_err(|f| fail(f, false))?;
+    let proof: [u8; PROOF] = w.read_array().map_err(|f| fail(f, false))?;
+    if !verify(token, Role::Answer, &nonces, &msg, &proof) {
+        return Err(err(
+            &role,
+            format!(
+                "the answer from rank 0 at {addr} does not carry its proof of the job token: it was altered on the way"
+            ),
+        ));
     }
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .map_err(io)?;
-    let body = read_frame(&mut s, 1 << 16).map_err(io)?;
     match status[0] {
         OK => Ok(body),
         DISAGREE => Err(disagree(String::from_utf8_lossy(&body).into_owned())),
@@ -888,14 +1071,133 @@ mod tests {
     }
 
     #[test]
-    fn a_stranger_with_the_wrong_token_is_turned_away_and_the_job_times_out() {
-        let (s, peers) = tcp_job(2, vec![plan("a"); 2], vec![b"right", b"wrong"], 1);
-        assert!(s.unwrap_err().to_string().contains("missing ranks [1]"));
-        assert!(peers[0]
-            .as_ref()
-            .unwrap_err()
-            .to_string()
-            .contains("wrong job token"));
+    fn a_peer_with_another_token_is_told_rank_zero_is_not_its_own_and_the_job_times_out() {
+        let t = Instant::now();
+        let (s, peers) = tcp_job(2, vec![plan("a"); 2], vec![b"right", b"wrong"], 2);
+        let e = s.unwrap_err().to_string();
+        assert!(e.contains("missing ranks [1]"), "{e}");
+        assert!(e.contains("1 other connection(s) refused"), "{e}");
+        let p = peers[0].as_ref().unwrap_err().to_string();
+        assert!(p.contains("does not know the job token"), "{p}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    }
+
+    /// What a token holder says as a peer: the opening, then (after rank
+    /// 0's greeting, unchecked) a hello with `json` as its description.
+    fn present(addr: SocketAddr, rank: usize, token: &[u8], p: &Plan, json: &[u8]) -> TcpStream {
+        let s = TcpStream::connect(addr).unwrap();
+        let far = Instant::now() + Duration::from_secs(10);
+        let mut w = Wire::new(&s, far, 1 << 20, false);
+        let peer = fresh_nonce().unwrap();
+        w.write_all(&[MAGIC.as_slice(), &peer].concat()).unwrap();
+        let g: [u8; GREETING] = w.read_array().unwrap();
+        let mut n = Nonces {
+            peer,
+            rank0: [0; NONCE],
+        };
+        n.rank0.copy_from_slice(&g[5..5 + NONCE]);
+        let mut hello = (rank as u32).to_le_bytes().to_vec();
+        hello.extend_from_slice(&p.digest);
+        put_frame(&mut hello, p.summary.as_bytes());
+        put_frame(&mut hello, json);
+        let proof = prove(token, Role::Peer, &n, &hello);
+        w.write_all(&[hello, proof.to_vec()].concat()).unwrap();
+        s
+    }
+
+    #[test]
+    fn a_member_naming_another_rank_than_it_joined_as_is_refused() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let rank0 = std::thread::spawn(move || {
+            serve(
+                &listener,
+                2,
+                b"tok",
+                &plan("a"),
+                &[7; 16],
+                deadline,
+                &member(0),
+            )
+        });
+        // Joins as rank 1 but describes itself as rank 0.
+        let s = present(addr, 1, b"tok", &plan("a"), &member(0).to_json());
+        let mut w = Wire::new(&s, deadline, 1 << 16, false);
+        let answer: [u8; 5] = w.read_array().unwrap();
+        assert_eq!(answer[0], BAD_RANK);
+        let mut msg = vec![0u8; u32::from_le_bytes(answer[1..].try_into().unwrap()) as usize];
+        w.read_exact(&mut msg).unwrap();
+        let msg = String::from_utf8_lossy(&msg);
+        assert!(
+            msg.contains("joined as rank 1 describes itself as rank 0"),
+            "{msg}"
+        );
+        // The slot stays free: the real rank 1 joins, and rank 0 lists
+        // each rank once.
+        let got = join(addr, &member(1), b"tok", &plan("a"), deadline).unwrap();
+        assert_eq!(got, vec![7; 16]);
+        assert_eq!(rank0.join().unwrap().unwrap(), vec![member(0), member(1)]);
+    }
+
+    /// A relay between a peer and rank 0 that flips the byte at `flip` (if
+    /// any) of what rank 0 sends.
+    fn relay(front: TcpListener, back: SocketAddr, flip: Option<usize>) {
+        let (a, _) = front.accept().unwrap();
+        let b = TcpStream::connect(back).unwrap();
+        let (mut a2, mut b2) = (a.try_clone().unwrap(), b.try_clone().unwrap());
+        let up = std::thread::spawn(move || {
+            let _ = std::io::copy(&mut a2, &mut b2);
+        });
+        let (mut from, mut to) = (b, a);
+        let (mut at, mut buf) = (0, [0u8; 256]);
+        use std::io::{Read, Write};
+        while let Ok(n @ 1..) = from.read(&mut buf) {
+            if let Some(i) = flip.filter(|i| (at..at + n).contains(i)) {
+                buf[i - at] ^= 1;
+            }
+            at += n;
+            if to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        drop(to);
+        let _ = up.join();
+    }
+
+    #[test]
+    fn an_answer_altered_on_the_way_is_refused() {
+        for flip in [None, Some(GREETING + 20)] {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let front = TcpListener::bind("127.0.0.1:0").unwrap();
+            let (back, addr) = (listener.local_addr().unwrap(), front.local_addr().unwrap());
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let r = std::thread::spawn(move || relay(front, back, flip));
+            let peer =
+                std::thread::spawn(move || join(addr, &member(1), b"tok", &plan("a"), deadline));
+            let served = serve(
+                &listener,
+                2,
+                b"tok",
+                &plan("a"),
+                &[7; 64],
+                deadline,
+                &member(0),
+            );
+            assert!(served.is_ok(), "{served:?}");
+            drop(listener);
+            let got = peer.join().unwrap();
+            r.join().unwrap();
+            match flip {
+                // Negative control: a relay that changes nothing is only a
+                // longer wire.
+                None => assert_eq!(got.unwrap(), vec![7; 64]),
+                Some(_) => {
+                    let e = got.unwrap_err().to_string();
+                    assert!(e.contains("altered on the way"), "{e}");
+                }
+            }
+        }
     }
 
     #[test]
@@ -1026,15 +1328,9 @@ mod tests {
     /// A peer that presents itself and then goes away, as a rank killed
     /// mid-rendezvous does.
     fn vanishing_peer(addr: SocketAddr, rank: usize, token: &[u8], p: &Plan) {
-        let mut s = TcpStream::connect(addr).unwrap();
-        let mut hello = MAGIC.to_vec();
-        hello.extend_from_slice(&(rank as u32).to_le_bytes());
-        s.write_all(&hello).unwrap();
-        write_frame(&mut s, token).unwrap();
-        s.write_all(&p.digest).unwrap();
-        write_frame(&mut s, p.summary.as_bytes()).unwrap();
-        write_frame(&mut s, &member(rank).to_json()).unwrap();
+        let s = present(addr, rank, token, p, &member(rank).to_json());
         std::thread::sleep(Duration::from_millis(100));
+        drop(s);
     }
 
     #[test]
@@ -1079,8 +1375,19 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(60);
         let t = Instant::now();
         let peer = std::thread::spawn(move || join(addr, &member(1), b"tok", &plan("a"), deadline));
-        // Rank 0 takes the connection and dies without answering.
+        // Rank 0 greets, takes the hello and dies without answering.
         let (s, _) = listener.accept().unwrap();
+        let mut w = Wire::new(&s, deadline, 1 << 20, false);
+        let opening: [u8; 5 + NONCE] = w.read_array().unwrap();
+        let mut n = Nonces {
+            peer: [0; NONCE],
+            rank0: [9; NONCE],
+        };
+        n.peer.copy_from_slice(&opening[5..]);
+        let proof = prove(b"tok", Role::Rank0, &n, &[]);
+        w.write_all(&[MAGIC.as_slice(), &n.rank0, &proof].concat())
+            .unwrap();
+        let _: [u8; 36] = w.read_array().unwrap();
         std::thread::sleep(Duration::from_millis(100));
         drop(s);
         let e = peer.join().unwrap().unwrap_err().to_string();
