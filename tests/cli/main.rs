@@ -10,6 +10,7 @@ mod common;
 mod commands;
 mod exit_codes;
 mod hostile_inputs;
+mod inputs;
 mod launchers;
 mod messages;
 mod outputs;
