@@ -103,7 +103,7 @@ fn safetensors(file: &std::fs::File, size: u64) -> Result<Vec<Tensor>, String> {
     // declares against the file's length without touching the data), and
     // it is unmapped before this function returns.
     let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| format!("cannot map it: {e}"))?;
-    offsets_within(&map, size)?;
+    offsets_fit(&map)?;
     let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map)
         .map_err(|e| format!("not a valid safetensors file: {}", safetensors_problem(&e)))?;
     let data_start = 8 + header_len as u64;
@@ -170,36 +170,34 @@ fn too_many(name: &str, shape: &[usize]) -> String {
     format!("tensor `{name}` has shape {shape:?}: more bytes than a file can hold")
 }
 
-/// Every tensor's declared bytes inside the file, checked before the crate
-/// adds them up (its sum could pass the largest size, a panic under
-/// overflow checks). A header the crate cannot read is left to it.
-fn offsets_within(map: &[u8], size: u64) -> Result<(), String> {
+/// Refuses a tensor declared to end so far out that the crate's sum of
+/// header and data sizes would pass 2^64 (a panic under overflow checks,
+/// a wrapped sum without); any other offset is left to the crate. A
+/// header the crate cannot read is left to it too.
+fn offsets_fit(map: &[u8]) -> Result<(), String> {
     let Some(n) = map
         .get(..8)
         .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
     else {
         return Ok(());
     };
-    let Some(data) = n.checked_add(8).and_then(|h| size.checked_sub(h)) else {
-        return Ok(());
-    };
-    let Some(header) = map.get(8..8 + n as usize) else {
+    let Some(header) = usize::try_from(n).ok().and_then(|n| map.get(8..)?.get(..n)) else {
         return Ok(());
     };
     let Ok(serde_json::Value::Object(tensors)) = serde_json::from_slice(header) else {
         return Ok(());
     };
+    let room = (usize::MAX as u64).saturating_sub(n.saturating_add(8));
     for (name, t) in &tensors {
-        let Some(offsets) = t.get("data_offsets").and_then(|o| o.as_array()) else {
-            continue;
-        };
+        let offsets = t.get("data_offsets").and_then(|o| o.as_array());
         if let Some(end) = offsets
-            .iter()
+            .into_iter()
+            .flatten()
             .filter_map(|o| o.as_u64())
-            .find(|&o| o > data)
+            .find(|&o| o > room)
         {
             return Err(format!(
-                "tensor `{name}` declares data up to byte {end} of the data section, which holds {data} bytes (the file has {size})"
+                "tensor `{name}` declares data up to byte {end}: more than a file can hold"
             ));
         }
     }

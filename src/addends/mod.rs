@@ -957,6 +957,132 @@ mod tests {
         f.read(2, 0, &mut v).unwrap();
     }
 
+    /// Overwrite `path`'s float32 values in place (same size, new mtime).
+    fn scribble(path: &Path) {
+        use std::os::unix::fs::FileExt;
+        // Past the filesystem's timestamp tick, so the write shows in mtime.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        let len = f.metadata().unwrap().len();
+        f.write_all_at(&7.0f32.to_le_bytes(), len - 12).unwrap();
+    }
+
+    #[test]
+    fn bytes_written_while_a_file_is_read_are_never_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        three(dir.path());
+        let f = AddendFiles::open("r{rank}.npy", dir.path(), None, None, Scope::AllRanks)
+            .unwrap()
+            .hashed()
+            .unwrap();
+        let o = f.files[1].opened.as_deref().unwrap();
+        let read = |file: &std::fs::File, t: &Tensor| -> std::io::Result<Vec<f32>> {
+            let mut v = vec![0f32; t.len];
+            read::tensor(file, t, &mut v)?;
+            Ok(v)
+        };
+        // Control: nothing written, the read stands.
+        let v = o.read("r1.npy", 0, "before it was read", read).unwrap();
+        assert_eq!(v, [1.0, 0.5, -2.0]);
+        // A write landing after the check before the read, while it reads:
+        // the values read may be the new ones, so they are refused.
+        let path = dir.path().join("r1.npy");
+        let e = o
+            .read("r1.npy", 0, "before it was read", |file, t| {
+                scribble(&path);
+                read(file, t)
+            })
+            .unwrap_err();
+        assert!(
+            matches!(&e, AddendError::Changed { path, what } if path == "r1.npy" && what == "while it was read"),
+            "{e}"
+        );
+        // The same for a framework's result (`expect`), through its reader.
+        let arenas = f.arenas().to_vec();
+        let expect = ExpectFile::open("r2.npy", dir.path(), &arenas).unwrap();
+        assert_eq!(expect.read(0).unwrap(), [2.0, 0.5, -2.0]);
+        let path = dir.path().join("r2.npy");
+        let e = expect
+            .opened
+            .read("r2.npy", 0, "before it was compared", |file, t| {
+                scribble(&path);
+                read(file, t)
+            })
+            .unwrap_err();
+        assert!(matches!(&e, AddendError::Changed { .. }), "{e}");
+        assert!(matches!(expect.read(0), Err(AddendError::Changed { .. })));
+    }
+
+    #[test]
+    fn a_rank_with_its_own_file_sees_files_past_the_world() {
+        let dir = tempfile::tempdir().unwrap();
+        three(dir.path());
+        let own = |rank, world, declared| {
+            AddendFiles::open(
+                "r{rank}.npy",
+                dir.path(),
+                None,
+                declared,
+                Scope::OwnRank { rank, world },
+            )
+        };
+        // Three files, two ranks launched: rank 2's file would be left out.
+        let e = own(0, 2, None).unwrap_err().to_string();
+        assert!(
+            e.contains("W (the ranks launched) = 2, but 3 file(s) match it (ranks 0 ..= 2)"),
+            "{e}"
+        );
+        let e = own(1, 3, Some(2)).unwrap_err().to_string();
+        assert!(e.contains("world = 2, but 3 file(s)"), "{e}");
+        // Control: the world the files give.
+        assert!(own(1, 3, None).unwrap().is_open(1));
+        assert!(own(0, 2, Some(3)).is_ok());
+    }
+
+    #[test]
+    fn no_tensor_name_can_pass_for_another_arena() {
+        let arena = |name: &str| ArenaSpec {
+            name: name.into(),
+            dtype: Dtype::F32,
+            shape: vec![1],
+            len: 1,
+        };
+        let files = [FileFacts {
+            sha256: Sha256::of(b"x"),
+            bytes: 4,
+        }];
+        let id = |names: &[&str]| {
+            let arenas: Vec<ArenaSpec> = names.iter().map(|n| arena(n)).collect();
+            identity(Format::Safetensors, &arenas, &files)
+        };
+        // Read unescaped, both are the lines of arenas p, q and r.
+        let a = id(&["p\tf32\t1\t1\narena\tq", "r"]);
+        let b = id(&["p", "q\tf32\t1\t1\narena\tr"]);
+        assert_ne!(a, b);
+        assert_eq!(a, id(&["p\tf32\t1\t1\narena\tq", "r"]));
+        // A backslash is escaped too, so an escape cannot be spelt.
+        assert_ne!(id(&["a\\tb"]), id(&["a\tb"]));
+        // A plain name is itself: the identity of ordinary files is unchanged.
+        let plain = "foldprint addends 1\nsafetensors\narena\tw.0\tf32\t1\t1\nfile\t";
+        let text = format!("{plain}{}\t4\n", files[0].sha256);
+        assert_eq!(id(&["w.0"]), Sha256::of(text.as_bytes()));
+        // The layout every NCCL rank presents has one reading as well.
+        let layout = |names: &[&str]| {
+            let mut f = AddendFiles::open(
+                "r{rank}.npy",
+                Path::new("/"),
+                None,
+                Some(1),
+                Scope::OwnRank { rank: 5, world: 1 },
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            f.arenas = names.iter().map(|n| arena(n)).collect();
+            f.layout()
+        };
+        assert_ne!(layout(&["x:f32[1],y", "z"]), layout(&["x", "y:f32[1],z"]));
+        assert_eq!(layout(&["w", "b"]), "npy w:f32[1],b:f32[1]");
+    }
+
     #[test]
     fn a_rank_that_opened_only_its_own_file_learns_the_others_digests() {
         let dir = tempfile::tempdir().unwrap();
