@@ -460,3 +460,42 @@ fn two_selections_of_tensors_never_share_a_key() {
     // Control: the same selection, in another experiment, the same key.
     assert_eq!(key("a2", &format!("\"{toml_x}\", \"r\"")), a);
 }
+
+/// A grid (`audit`, `world`) sizes its columns from their cells; a cell
+/// past the 65,535 that a format width takes (here a configuration's
+/// environment value in SETTINGS) is printed, not a panic.
+#[test]
+fn a_grid_cell_of_any_width_prints() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        "e.toml",
+        "name = \"e\"\n[[case]]\nid = \"c\"\nworld = 2\narenas = [5]\n",
+    );
+    let long = "a".repeat(70_000);
+    write(
+        dir.path(),
+        "m.toml",
+        &format!(
+            "name = \"m\"\nexperiments = [\"e.toml\"]\noracle = false\n[[config]]\nname = \"base\"\n\
+             backend = \"cpu\"\nenv = {{ FOLDPRINT_NOTE = \"{long}\" }}\n"
+        ),
+    );
+    let o = fp()
+        .current_dir(dir.path())
+        .args(["audit", "m.toml"])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        &stderr[..stderr.len().min(3000)]
+    );
+    assert!(!stderr.contains("panicked"));
+    assert!(
+        stdout.contains(&format!("FOLDPRINT_NOTE={long}")),
+        "the whole value"
+    );
+}
