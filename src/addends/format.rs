@@ -103,10 +103,12 @@ fn safetensors(file: &std::fs::File, size: u64) -> Result<Vec<Tensor>, String> {
     // declares against the file's length without touching the data), and
     // it is unmapped before this function returns.
     let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| format!("cannot map it: {e}"))?;
+    offsets_fit(&map)?;
     let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map)
         .map_err(|e| format!("not a valid safetensors file: {}", safetensors_problem(&e)))?;
     let data_start = 8 + header_len as u64;
     let mut out = Vec::new();
+    let mut data_bytes = 0u64;
     for (name, info) in meta.tensors() {
         let dtype = match info.dtype {
             safetensors::Dtype::F32 => Dtype::F32,
@@ -118,21 +120,150 @@ fn safetensors(file: &std::fs::File, size: u64) -> Result<Vec<Tensor>, String> {
                 ))
             }
         };
-        let len: usize = info.shape.iter().product();
+        // The crate checked these; checked again here, so no size taken
+        // from the file is ever computed with wrapping arithmetic.
+        let (start, end) = (info.data_offsets.0 as u64, info.data_offsets.1 as u64);
+        let len = info
+            .shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| too_many(&name, &info.shape))?;
+        let bytes = (len as u64)
+            .checked_mul(dtype.bytes() as u64)
+            .ok_or_else(|| too_many(&name, &info.shape))?;
+        let offset = data_start
+            .checked_add(start)
+            .filter(|_| end.checked_sub(start) == Some(bytes))
+            .filter(|_| data_start.checked_add(end).is_some_and(|e| e <= size))
+            .ok_or_else(|| {
+                format!(
+                    "tensor `{name}` declares bytes {start}..{end}, which do not hold its \
+                     {len} elements of {dtype} inside the file's {size} bytes"
+                )
+            })?;
+        data_bytes = data_bytes
+            .checked_add(bytes)
+            .ok_or_else(|| too_many(&name, &info.shape))?;
         out.push(Tensor {
             name,
             dtype,
             shape: info.shape.iter().map(|&d| d as u64).collect(),
             len,
-            offset: data_start + info.data_offsets.0 as u64,
+            offset,
             big_endian: false,
         });
     }
     if out.is_empty() {
         return Err("holds no tensors".into());
     }
+    // Every byte accounted for: the header, then the tensors, back to back.
+    if data_start.checked_add(data_bytes) != Some(size) {
+        return Err(format!(
+            "its tensors hold {data_bytes} bytes after a {data_start}-byte header, the file has {size} bytes"
+        ));
+    }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
+}
+
+fn too_many(name: &str, shape: &[usize]) -> String {
+    format!("tensor `{name}` has shape {shape:?}: more bytes than a file can hold")
+}
+
+/// Refuses a tensor declared to end so far out that the crate's sum of
+/// header and data sizes would pass 2^64 (a panic under overflow checks,
+/// a wrapped sum without); any other offset is left to the crate. A
+/// header the crate cannot read is left to it too.
+fn offsets_fit(map: &[u8]) -> Result<(), String> {
+    let Some(n) = map
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+    else {
+        return Ok(());
+    };
+    let Some(header) = usize::try_from(n).ok().and_then(|n| map.get(8..)?.get(..n)) else {
+        return Ok(());
+    };
+    let Ok(serde_json::Value::Object(tensors)) = serde_json::from_slice(header) else {
+        return Ok(());
+    };
+    let room = (usize::MAX as u64).saturating_sub(n.saturating_add(8));
+    for (name, t) in &tensors {
+        let offsets = t.get("data_offsets").and_then(|o| o.as_array());
+        if let Some(end) = offsets
+            .into_iter()
+            .flatten()
+            .filter_map(|o| o.as_u64())
+            .find(|&o| o > room)
+        {
+            return Err(format!(
+                "tensor `{name}` declares data up to byte {end}: more than a file can hold"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An npy header's shape, refused when its dimensions multiply past 2^64
+/// (npyz multiplies them unchecked: wrapped, a huge shape would pass as a
+/// small or empty array). Read with the parser npyz itself uses; a header
+/// it cannot parse is left to npyz to report.
+fn shape_fits(head: &[u8]) -> Result<(), String> {
+    use py_literal::Value;
+    let text = match head.get(..8) {
+        Some([0x93, b'N', b'U', b'M', b'P', b'Y', 1, _]) => head
+            .get(8..10)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
+            .and_then(|n| head.get(10..10 + n)),
+        Some([0x93, b'N', b'U', b'M', b'P', b'Y', 2 | 3, _]) => head
+            .get(8..12)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .and_then(|n| head.get(12..12usize.checked_add(n)?)),
+        _ => None,
+    };
+    let Some(text) = text
+        .and_then(|t| std::str::from_utf8(t).ok())
+        .map(|t| t.strip_suffix('\n').unwrap_or(t))
+    else {
+        return Ok(());
+    };
+    let Ok(Value::Dict(dict)) = text.parse::<Value>() else {
+        return Ok(());
+    };
+    let shape = dict.iter().find_map(|(k, v)| match (k, v) {
+        (Value::String(k), Value::Tuple(d) | Value::List(d)) if k == "shape" => Some(d),
+        _ => None,
+    });
+    let Some(shape) = shape else { return Ok(()) };
+    // npyz refuses a dimension that is not an integer in 0 ..= 2^64 - 1.
+    let Some(dims) = shape
+        .iter()
+        .map(|d| match d {
+            Value::Integer(i) => u64::try_from(i).ok(),
+            _ => None,
+        })
+        .collect::<Option<Vec<u64>>>()
+    else {
+        return Ok(());
+    };
+    // Every partial product npyz forms (its strides too) is at most the
+    // product of the nonzero dimensions.
+    let fits = dims
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(1u64, |n, &d| n.checked_mul(d))
+        .is_some();
+    if fits {
+        Ok(())
+    } else {
+        Err(format!(
+            "its header declares shape ({}): more elements than a file can hold",
+            dims.iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }
 }
 
 /// The crate's error in words a user can act on.
@@ -153,6 +284,7 @@ fn npy(file: &std::fs::File, size: u64) -> Result<Vec<Tensor>, String> {
     let mut head = vec![0u8; size.min(MAX_NPY_HEADER) as usize];
     file.read_exact_at(&mut head, 0)
         .map_err(|e| format!("cannot read its header: {e}"))?;
+    shape_fits(&head)?;
     let mut cursor = std::io::Cursor::new(&head[..]);
     let npy = npyz::NpyFile::new(&mut cursor).map_err(|e| {
         if size < 10 {

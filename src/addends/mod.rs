@@ -118,13 +118,15 @@ impl AddendParams {
 
 /// The inputs' identity: format, arenas and every rank file's digest and
 /// size in rank order; never a path, so the same files elsewhere compare.
+/// A tensor name is escaped (docs/SPEC.md §6), so no name can pass for
+/// another arena's fields: the text has one reading.
 pub fn identity(format: Format, arenas: &[ArenaSpec], files: &[FileFacts]) -> Sha256 {
     let mut text = format!("foldprint addends 1\n{}\n", format.name());
     for a in arenas {
         let shape: Vec<String> = a.shape.iter().map(|d| d.to_string()).collect();
         text.push_str(&format!(
             "arena\t{}\t{}\t{}\t{}\n",
-            a.name,
+            escaped(&a.name, &[]),
             a.dtype,
             shape.join("x"),
             a.len
@@ -134,6 +136,29 @@ pub fn identity(format: Format, arenas: &[ArenaSpec], files: &[FileFacts]) -> Sh
         text.push_str(&format!("file\t{}\t{}\n", f.sha256, f.bytes));
     }
     Sha256::of(text.as_bytes())
+}
+
+/// `name` with each backslash, tab and newline written `\\`, `\t`, `\n`
+/// (and each of `also` after a backslash): a name without them is itself,
+/// and no two names are written alike.
+fn escaped<'a>(name: &'a str, also: &[char]) -> std::borrow::Cow<'a, str> {
+    if !name.contains(|c| matches!(c, '\\' | '\t' | '\n') || also.contains(&c)) {
+        return name.into();
+    }
+    let mut out = String::with_capacity(name.len() + 8);
+    for c in name.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            c if also.contains(&c) => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out.into()
 }
 
 /// A file's identity on disk when it was hashed.
@@ -248,9 +273,30 @@ impl AddendFiles {
             }
         };
         let exists = |r: usize| std::fs::symlink_metadata(resolve(r)).is_ok();
+        // A declared world and the rank files on disk must agree: a file
+        // past it would be left out of the sum unseen.
+        let beyond = |w: usize, what: &str| -> Result<(), AddendError> {
+            if !(w..w + GAP_LOOKAHEAD).any(exists) {
+                return Ok(());
+            }
+            let found: Vec<usize> = (0..w + GAP_LOOKAHEAD).filter(|&r| exists(r)).collect();
+            Err(bad(
+                template,
+                format!(
+                    "{what} = {w}, but {} file(s) match it ({}): \
+                     the world and the rank files on disk must agree",
+                    found.len(),
+                    rank_list(&found)
+                ),
+            ))
+        };
         let (world, mine): (usize, Vec<usize>) = match scope {
             Scope::OwnRank { rank, world: w } => {
-                let w = world.unwrap_or(w);
+                let (w, what) = match world {
+                    Some(declared) => (declared, "world"),
+                    None => (w, "W (the ranks launched)"),
+                };
+                beyond(w, what)?;
                 (w, if rank < w { vec![rank] } else { Vec::new() })
             }
             Scope::AllRanks => {
@@ -262,27 +308,34 @@ impl AddendFiles {
                     return Err(bad(&shown(0), "not found (the first rank file)"));
                 }
                 if let Some(r) = (0..w).find(|&r| !exists(r)) {
+                    let found: Vec<usize> = (0..w + GAP_LOOKAHEAD).filter(|&r| exists(r)).collect();
                     return Err(bad(
                         &shown(r),
                         format!(
-                            "not found: W = {w} needs a file for each of ranks 0 ..= {}",
-                            w - 1
-                        ),
-                    ));
-                }
-                if let Some(r) = (w + 1..=w + GAP_LOOKAHEAD).find(|&r| exists(r)) {
-                    return Err(bad(
-                        &shown(w),
-                        format!(
-                            "{} exists but rank {w}'s file is missing: {}",
-                            shown(r),
-                            if world.is_some() {
-                                "W is set, so the rank files past it would be left out"
+                            "not found: W = {w} needs a file for each of ranks 0 ..= {}; found {}",
+                            w - 1,
+                            if found.is_empty() {
+                                "none".to_string()
                             } else {
-                                "W is the number of rank files 0, 1, 2 ... so a gap would drop ranks"
+                                rank_list(&found)
                             }
                         ),
                     ));
+                }
+                match world {
+                    Some(w) => beyond(w, "world")?,
+                    None => {
+                        if let Some(r) = (w + 1..=w + GAP_LOOKAHEAD).find(|&r| exists(r)) {
+                            return Err(bad(
+                                &shown(w),
+                                format!(
+                                    "{} exists but rank {w}'s file is missing: W is the number \
+                                     of rank files 0, 1, 2 ... so a gap would drop ranks",
+                                    shown(r),
+                                ),
+                            ));
+                        }
+                    }
                 }
                 (w, (0..w).collect())
             }
@@ -358,6 +411,16 @@ impl AddendFiles {
     /// Rank `rank`'s file as the experiment wrote it.
     pub fn path(&self, rank: usize) -> &str {
         &self.files[rank].shown
+    }
+    /// Rank `rank`'s file as a path that works from any directory (whether
+    /// this process opened it or not).
+    pub fn resolved_path(&self, rank: usize) -> PathBuf {
+        let p = PathBuf::from(&self.files[rank].shown);
+        if p.is_absolute() {
+            p
+        } else {
+            self.base.join(p)
+        }
     }
     /// Every file this process opened, hashed (in parallel; a file that
     /// changed while it was read is refused). Until then the files' digests
@@ -472,7 +535,14 @@ impl AddendFiles {
             .iter()
             .map(|a| {
                 let shape: Vec<String> = a.shape.iter().map(|d| d.to_string()).collect();
-                format!("{}:{}[{}]", a.name, a.dtype, shape.join("x"))
+                // Escaped as in the identity, `,` too: two layouts are
+                // equal only when their arenas are.
+                format!(
+                    "{}:{}[{}]",
+                    escaped(&a.name, &[',']),
+                    a.dtype,
+                    shape.join("x")
+                )
             })
             .collect();
         format!("{} {}", self.format.name(), arenas.join(","))
@@ -526,8 +596,9 @@ impl AddendFiles {
 
 impl Opened {
     /// `how` on tensor `arena` of this file (`shown` as the experiment
-    /// wrote it), refused if the file changed since it was hashed (`when`
-    /// says at which step that was found).
+    /// wrote it), refused if the file changed since it was hashed: checked
+    /// before the read (`when` says at which step) and again after it, so
+    /// bytes written during the read are never reported under the digest.
     fn read<T>(
         &self,
         shown: &str,
@@ -535,6 +606,21 @@ impl Opened {
         when: &str,
         how: impl FnOnce(&std::fs::File, &Tensor) -> std::io::Result<T>,
     ) -> Result<T, AddendError> {
+        self.unchanged(shown, when)?;
+        let t = &self.tensors[arena];
+        let read = how(&self.file, t);
+        // A read cut short by a truncation is a change too, not an I/O error.
+        self.unchanged(shown, "while it was read")?;
+        read.map_err(|source| AddendError::Io {
+            path: shown.into(),
+            tensor: t.name.clone(),
+            source,
+        })
+    }
+
+    /// Refused unless the open file is as it was when hashed (device,
+    /// inode, size, mtime and ctime to the nanosecond).
+    fn unchanged(&self, shown: &str, when: &str) -> Result<(), AddendError> {
         let now = Stamp::of(&self.file).map_err(|e| bad(shown, e.to_string()))?;
         if now != self.stamp {
             return Err(AddendError::Changed {
@@ -542,12 +628,7 @@ impl Opened {
                 what: when.into(),
             });
         }
-        let t = &self.tensors[arena];
-        how(&self.file, t).map_err(|source| AddendError::Io {
-            path: shown.into(),
-            tensor: t.name.clone(),
-            source,
-        })
+        Ok(())
     }
 }
 
@@ -566,8 +647,15 @@ fn open_file(
             },
         )
     })?;
-    let all = format::tensors(&file, size, format).map_err(|m| bad(shown, m))?;
     let stamp = Stamp::of(&file).map_err(|e| bad(shown, e.to_string()))?;
+    let all = format::tensors(&file, size, format).map_err(|m| bad(shown, m))?;
+    // The header read must be of the file that is then hashed and read.
+    if Stamp::of(&file).map_err(|e| bad(shown, e.to_string()))? != stamp || stamp.size != size {
+        return Err(AddendError::Changed {
+            path: shown.into(),
+            what: "while its header was read".into(),
+        });
+    }
     Ok((file, stamp, all))
 }
 
@@ -594,6 +682,8 @@ fn hash_file(shown: &str, file: &std::fs::File, stamp: Stamp) -> Result<FileFact
 #[derive(Debug)]
 pub struct ExpectFile {
     shown: String,
+    /// `shown` from any directory.
+    resolved: PathBuf,
     facts: FileFacts,
     opened: Opened,
 }
@@ -665,6 +755,7 @@ impl ExpectFile {
         let facts = hash_file(written, &file, stamp)?;
         Ok(ExpectFile {
             shown: written.into(),
+            resolved: path,
             facts,
             opened: Opened {
                 file,
@@ -677,6 +768,10 @@ impl ExpectFile {
     /// As the experiment wrote it.
     pub fn path(&self) -> &str {
         &self.shown
+    }
+    /// As a path that works from any directory.
+    pub fn resolved_path(&self) -> &Path {
+        &self.resolved
     }
     pub fn facts(&self) -> FileFacts {
         self.facts
@@ -739,6 +834,26 @@ fn pick(all: &[Tensor], want: Option<&[String]>, shown: &str) -> Result<Vec<Tens
             Ok(out)
         }
     }
+}
+
+/// Ranks as runs: `ranks 0 ..= 3`, `ranks 0 ..= 2, 5`, `rank 4`.
+fn rank_list(ranks: &[usize]) -> String {
+    let mut runs: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        runs.push(if j == i {
+            ranks[i].to_string()
+        } else {
+            format!("{} ..= {}", ranks[i], ranks[j])
+        });
+        i = j + 1;
+    }
+    let plural = if ranks.len() == 1 { "rank" } else { "ranks" };
+    format!("{plural} {}", runs.join(", "))
 }
 
 fn list(names: &[&str]) -> String {
@@ -840,6 +955,132 @@ mod tests {
         );
         // Control: rank 2's file, untouched, still reads.
         f.read(2, 0, &mut v).unwrap();
+    }
+
+    /// Overwrite `path`'s float32 values in place (same size, new mtime).
+    fn scribble(path: &Path) {
+        use std::os::unix::fs::FileExt;
+        // Past the filesystem's timestamp tick, so the write shows in mtime.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        let len = f.metadata().unwrap().len();
+        f.write_all_at(&7.0f32.to_le_bytes(), len - 12).unwrap();
+    }
+
+    #[test]
+    fn bytes_written_while_a_file_is_read_are_never_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        three(dir.path());
+        let f = AddendFiles::open("r{rank}.npy", dir.path(), None, None, Scope::AllRanks)
+            .unwrap()
+            .hashed()
+            .unwrap();
+        let o = f.files[1].opened.as_deref().unwrap();
+        let read = |file: &std::fs::File, t: &Tensor| -> std::io::Result<Vec<f32>> {
+            let mut v = vec![0f32; t.len];
+            read::tensor(file, t, &mut v)?;
+            Ok(v)
+        };
+        // Control: nothing written, the read stands.
+        let v = o.read("r1.npy", 0, "before it was read", read).unwrap();
+        assert_eq!(v, [1.0, 0.5, -2.0]);
+        // A write landing after the check before the read, while it reads:
+        // the values read may be the new ones, so they are refused.
+        let path = dir.path().join("r1.npy");
+        let e = o
+            .read("r1.npy", 0, "before it was read", |file, t| {
+                scribble(&path);
+                read(file, t)
+            })
+            .unwrap_err();
+        assert!(
+            matches!(&e, AddendError::Changed { path, what } if path == "r1.npy" && what == "while it was read"),
+            "{e}"
+        );
+        // The same for a framework's result (`expect`), through its reader.
+        let arenas = f.arenas().to_vec();
+        let expect = ExpectFile::open("r2.npy", dir.path(), &arenas).unwrap();
+        assert_eq!(expect.read(0).unwrap(), [2.0, 0.5, -2.0]);
+        let path = dir.path().join("r2.npy");
+        let e = expect
+            .opened
+            .read("r2.npy", 0, "before it was compared", |file, t| {
+                scribble(&path);
+                read(file, t)
+            })
+            .unwrap_err();
+        assert!(matches!(&e, AddendError::Changed { .. }), "{e}");
+        assert!(matches!(expect.read(0), Err(AddendError::Changed { .. })));
+    }
+
+    #[test]
+    fn a_rank_with_its_own_file_sees_files_past_the_world() {
+        let dir = tempfile::tempdir().unwrap();
+        three(dir.path());
+        let own = |rank, world, declared| {
+            AddendFiles::open(
+                "r{rank}.npy",
+                dir.path(),
+                None,
+                declared,
+                Scope::OwnRank { rank, world },
+            )
+        };
+        // Three files, two ranks launched: rank 2's file would be left out.
+        let e = own(0, 2, None).unwrap_err().to_string();
+        assert!(
+            e.contains("W (the ranks launched) = 2, but 3 file(s) match it (ranks 0 ..= 2)"),
+            "{e}"
+        );
+        let e = own(1, 3, Some(2)).unwrap_err().to_string();
+        assert!(e.contains("world = 2, but 3 file(s)"), "{e}");
+        // Control: the world the files give.
+        assert!(own(1, 3, None).unwrap().is_open(1));
+        assert!(own(0, 2, Some(3)).is_ok());
+    }
+
+    #[test]
+    fn no_tensor_name_can_pass_for_another_arena() {
+        let arena = |name: &str| ArenaSpec {
+            name: name.into(),
+            dtype: Dtype::F32,
+            shape: vec![1],
+            len: 1,
+        };
+        let files = [FileFacts {
+            sha256: Sha256::of(b"x"),
+            bytes: 4,
+        }];
+        let id = |names: &[&str]| {
+            let arenas: Vec<ArenaSpec> = names.iter().map(|n| arena(n)).collect();
+            identity(Format::Safetensors, &arenas, &files)
+        };
+        // Read unescaped, both are the lines of arenas p, q and r.
+        let a = id(&["p\tf32\t1\t1\narena\tq", "r"]);
+        let b = id(&["p", "q\tf32\t1\t1\narena\tr"]);
+        assert_ne!(a, b);
+        assert_eq!(a, id(&["p\tf32\t1\t1\narena\tq", "r"]));
+        // A backslash is escaped too, so an escape cannot be spelt.
+        assert_ne!(id(&["a\\tb"]), id(&["a\tb"]));
+        // A plain name is itself: the identity of ordinary files is unchanged.
+        let plain = "foldprint addends 1\nsafetensors\narena\tw.0\tf32\t1\t1\nfile\t";
+        let text = format!("{plain}{}\t4\n", files[0].sha256);
+        assert_eq!(id(&["w.0"]), Sha256::of(text.as_bytes()));
+        // The layout every NCCL rank presents has one reading as well.
+        let layout = |names: &[&str]| {
+            let mut f = AddendFiles::open(
+                "r{rank}.npy",
+                Path::new("/"),
+                None,
+                Some(1),
+                Scope::OwnRank { rank: 5, world: 1 },
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            f.arenas = names.iter().map(|n| arena(n)).collect();
+            f.layout()
+        };
+        assert_ne!(layout(&["x:f32[1],y", "z"]), layout(&["x", "y:f32[1],z"]));
+        assert_eq!(layout(&["w", "b"]), "npy w:f32[1],b:f32[1]");
     }
 
     #[test]

@@ -65,6 +65,9 @@ pub fn run(a: AuditArgs) -> Result<i32> {
         super::check_output("--out", out)?;
     }
     let matrix = audit::load(&a.matrix)?;
+    if let Some(out) = &a.out {
+        super::checks::refuse_inputs("--out", out, &super::checks::audit_inputs(&matrix))?;
+    }
     let exe = std::env::current_exe().context("locating the foldprint binary")?;
     let opts = audit::Options { exe, keep: a.keep };
     // A signal is recorded, passed on to the running child, and ends the

@@ -1,7 +1,7 @@
 //! `foldprint golden`: regenerate goldens from the CPU oracle.
 
 use super::args::{Common, CudaArgs, GoldenArgs, NcclArgs};
-use super::checks::check_output;
+use super::checks::{check_output, refuse_inputs};
 use super::run_common::{execute, load, start_threads};
 use super::table;
 use foldprint::backend::BackendChoice;
@@ -13,7 +13,9 @@ pub(super) fn run(a: GoldenArgs) -> Result<i32> {
     super::verify::golden_dir(&a.golden)?;
     start_threads()?;
     let exps = load(&a.paths, BackendChoice::Cpu)?;
+    let inputs = foldprint::experiment::input_files(&exps);
     for e in &exps {
+        refuse_inputs("--golden", &Golden::path_in(&a.golden, &e.name), &inputs)?;
         check_output("--golden", &Golden::path_in(&a.golden, &e.name)).or_else(|err| {
             // A golden directory that does not exist yet is made below.
             if a.golden.exists() {

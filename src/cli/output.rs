@@ -81,7 +81,13 @@ pub(super) fn print_grid(
         let parts: Vec<String> = cells
             .iter()
             .zip(&widths)
-            .map(|(c, &w)| format!("{:<w$}", truncate(c, w)))
+            .map(|(c, &w)| {
+                // Padded by hand: a width from the data may pass the
+                // 65535 that `{:<w$}` takes (case ids have no length cap).
+                let t = truncate(c, w);
+                let pad = w.saturating_sub(t.chars().count());
+                t + &" ".repeat(pad)
+            })
             .collect();
         outln!("{indent}{}", parts.join("  ").trim_end());
     };

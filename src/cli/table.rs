@@ -36,10 +36,33 @@ pub fn banner(version: &str, backend: &str, backend_env: &BackendEnvironment, na
     outln!("foldprint {version} · backend {backend} ({on}) · NaN policy {nan_policy}{emulated}");
 }
 
+/// Most arena digests a row shows; a case of more shows the first
+/// `DIGESTS_SHOWN - 1` and how many more there are (every one is in the
+/// report, `--out` or `--json`).
+const DIGESTS_SHOWN: usize = 8;
+
 /// Width of the SHA-256 column for cases of up to `arenas` arenas: 16 hex
-/// digits per arena, so TIME stays aligned however many there are.
+/// digits per arena shown, so TIME stays aligned however many there are.
 pub fn digest_width(arenas: usize) -> usize {
-    (17 * arenas).saturating_sub(1).max(35)
+    (17 * arenas.min(DIGESTS_SHOWN)).saturating_sub(1).max(35)
+}
+
+/// The ARENAS and SHA-256 cells of a row: every length and digest, or for
+/// a case of more than [`DIGESTS_SHOWN`] arenas (an MoE model's gradients
+/// in one file) their count and the first digests.
+fn arena_cells(c: &foldprint::report::CaseReport) -> (String, String) {
+    let n = c.arenas.len();
+    if n <= DIGESTS_SHOWN {
+        let lens: Vec<String> = c.params.arenas.iter().map(|n| n.to_string()).collect();
+        let digests: Vec<String> = c.arenas.iter().map(|a| a.sha256.short(16)).collect();
+        return (truncate(&lens.join("+"), 16), digests.join(" "));
+    }
+    let mut digests: Vec<String> = c.arenas[..DIGESTS_SHOWN - 1]
+        .iter()
+        .map(|a| a.sha256.short(16))
+        .collect();
+    digests.push(format!("+{} more", n - (DIGESTS_SHOWN - 1)));
+    (format!("{n} arenas"), digests.join(" "))
 }
 
 /// The title and column header of one experiment's rows; `width` is its
@@ -71,8 +94,7 @@ pub fn case_row(c: &foldprint::report::CaseReport, width: usize) {
 pub fn case_row_judged(c: &foldprint::report::CaseReport, width: usize, problems: &[String]) {
     let ok = c.ranks_identical && c.rounds_identical && problems.is_empty();
     let differs = c.expect.as_ref().is_some_and(|e| !e.equal);
-    let lens: Vec<String> = c.params.arenas.iter().map(|n| n.to_string()).collect();
-    let digests: Vec<String> = c.arenas.iter().map(|a| a.sha256.short(16)).collect();
+    let (lens, digests) = arena_cells(c);
     let sens = match c.sensitivity.verdict {
         Verdict::Blind => Verdict::Blind.name().to_string(),
         Verdict::Weak | Verdict::Sensitive => format!("{:.1}%", c.sensitivity.fraction * 100.0),
@@ -92,11 +114,11 @@ pub fn case_row_judged(c: &foldprint::report::CaseReport, width: usize, problems
         },
         truncate(&c.id, 40),
         c.params.world,
-        truncate(&lens.join("+"), 16),
+        lens,
         c.params.contract.name(),
         truncate(&c.params.order, 12),
         sens,
-        digests.join(" "),
+        digests,
         if best.is_finite() {
             fmt_ms(best)
         } else {

@@ -31,7 +31,11 @@ pub(super) fn run(a: VerifyArgs) -> Result<i32> {
         .iter()
         .map(|e| Golden::path_in(&a.golden, &e.name))
         .collect();
-    check_outputs(&a.common, &exps, None, &golden_files)?;
+    let golden_inputs: Vec<(String, PathBuf)> = golden_files
+        .iter()
+        .map(|g| ("the golden".to_string(), g.clone()))
+        .collect();
+    check_outputs(&a.common, &exps, None, &golden_inputs)?;
     // Read every golden before running anything: a missing one is known early.
     let goldens = golden::load(&exps, &a.golden, a.common.nan_policy)?;
     foldprint::interrupt::install();

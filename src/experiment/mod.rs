@@ -206,6 +206,36 @@ pub fn rank_file_sets(experiments: &[Experiment]) -> Vec<Arc<AddendFiles>> {
     sets
 }
 
+/// Every file a run of `experiments` reads, each once, with what it is (for
+/// a message): the experiment files, every rank's file of each set (opened
+/// by this process or not) and the `expect` files. No output may be one.
+pub fn input_files(experiments: &[Experiment]) -> Vec<(String, PathBuf)> {
+    let mut out: Vec<(String, PathBuf)> = experiments
+        .iter()
+        .map(|e| ("the experiment".to_string(), e.path.clone()))
+        .collect();
+    for set in rank_file_sets(experiments) {
+        for rank in 0..set.world() {
+            out.push((format!("rank {rank}'s file"), set.resolved_path(rank)));
+        }
+    }
+    let mut expects: Vec<&Arc<ExpectFile>> = Vec::new();
+    for e in experiments
+        .iter()
+        .flat_map(|e| &e.cases)
+        .filter_map(Case::expect)
+    {
+        if !expects.iter().any(|x| Arc::ptr_eq(x, e)) {
+            expects.push(e);
+            out.push((
+                "the expect file".to_string(),
+                e.resolved_path().to_path_buf(),
+            ));
+        }
+    }
+    out
+}
+
 /// The experiments with every rank file's digest known, from what each
 /// rank presented in the rendezvous (`presented[rank]`: that rank's own
 /// file of each set of [`rank_file_sets`], in that order).

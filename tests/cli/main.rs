@@ -11,6 +11,7 @@ mod commands;
 mod exit_codes;
 mod hostile_inputs;
 mod hostile_peers;
+mod inputs;
 mod launchers;
 mod messages;
 mod outputs;

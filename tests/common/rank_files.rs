@@ -66,8 +66,8 @@ pub fn safetensors_bytes(tensors: &[T]) -> Vec<u8> {
             header.push(',');
         }
         header.push_str(&format!(
-            "\"{}\":{{\"dtype\":\"{dt}\",\"shape\":[{}],\"data_offsets\":[{off},{}]}}",
-            t.name,
+            "{}:{{\"dtype\":\"{dt}\",\"shape\":[{}],\"data_offsets\":[{off},{}]}}",
+            serde_json::to_string(&t.name).unwrap(),
             shape.join(","),
             off + t.bytes.len()
         ));
