@@ -11,6 +11,7 @@ mod commands;
 mod exit_codes;
 mod hostile_inputs;
 mod launchers;
+mod launchers_setup;
 mod messages;
 mod outputs;
 mod progress;
