@@ -1,6 +1,8 @@
 //! Who this job is and where its ranks meet: the job id and token every
 //! rank shares, and rank 0's rendezvous address, from the environment the
-//! launcher set.
+//! launcher set. Rank 0 listens on that address only ([`listen`]): an
+//! address it cannot take is the job's setup to fix, never a reason to
+//! listen on every interface.
 
 use super::discover::{self, RankEnv};
 use super::RankError;
@@ -119,8 +121,13 @@ pub fn listen(e: &RankEnv, get: impl Fn(&str) -> Option<String>) -> Result<TcpLi
     let p = rendezvous_point(e, get)?;
     let (host, port) = (p.host.as_str(), p.port);
     let not_here = |detail: String| {
+        let hint = if p.host_var == "MASTER_ADDR" {
+            " (FOLDPRINT_MASTER_ADDR and FOLDPRINT_MASTER_PORT choose another)"
+        } else {
+            ""
+        };
         RankError::Env(format!(
-            "{}={host:?} {detail}: rank 0 listens there, so it must name this host ({}) or one of its addresses",
+            "{}={host:?} {detail}: rank 0 listens there, so it must name this host ({}) or one of its addresses{hint}",
             p.host_var,
             crate::host::hostname()
         ))

@@ -458,3 +458,45 @@ fn mpirun_inside_an_sbatch_step_is_refused_unless_the_launcher_is_named() {
         "{out}"
     );
 }
+
+#[test]
+fn a_stopped_rank_zero_ends_a_directory_rendezvous_on_every_rank_and_cleans_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Rank 2 of 3 never comes; rank 1 acknowledges and waits.
+    let v = |r: usize| {
+        vars(&[
+            ("FOLDPRINT_RANK", &r.to_string()),
+            ("FOLDPRINT_WORLD_SIZE", "3"),
+            ("FOLDPRINT_RENDEZVOUS_DIR", &d.display().to_string()),
+            ("FOLDPRINT_JOB_ID", "9"),
+        ])
+    };
+    let zero = world(&v(0), 60);
+    let one = world(&v(1), 60);
+    let ack = d.join("9.ack.1");
+    let t = Instant::now();
+    while !ack.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no {}",
+            ack.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t = Instant::now();
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(zero.id() as i32, libc::SIGTERM) };
+    let done = finish(vec![zero, one]);
+    assert_eq!(done[0].0, Some(143), "rank 0: {}", done[0].2);
+    // Rank 1 took rank 0's file as its answer the moment it read it, and
+    // passed (exit 0) before.
+    assert_eq!(done[1].0, Some(4), "rank 1: {}{}", done[1].1, done[1].2);
+    assert!(
+        done[1].2.contains("rank 0 was stopped by SIGTERM"),
+        "{}",
+        done[1].2
+    );
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert_eq!(entries(d), Vec::<String>::new());
+}

@@ -41,6 +41,9 @@ use std::time::{Duration, Instant};
 const FORMAT: &str = "foldprint directory rendezvous 1";
 /// How often a wait looks at the files, signals and the deadline.
 const STEP: Duration = Duration::from_millis(10);
+/// How long rank 0's file must stay absent before a peer that
+/// acknowledged it takes rank 0 for gone.
+const GONE: Duration = Duration::from_millis(500);
 /// The largest file read back (a member lists its rank files' facts).
 const MAX_FILE: u64 = 1 << 20;
 
@@ -115,18 +118,31 @@ impl Files {
         self.dir.join(format!("{}.ack.{rank}", self.job))
     }
 
-    fn read_id(&self) -> Option<IdFile> {
+    fn read_id(&self) -> Found<IdFile> {
         read(&self.id).filter(|f: &IdFile| f.format == FORMAT)
     }
 
     fn read_ack(&self, rank: usize) -> Option<Ack> {
-        read(&self.ack(rank)).filter(|a: &Ack| a.format == FORMAT)
+        read(&self.ack(rank))
+            .file()
+            .filter(|a: &Ack| a.format == FORMAT)
+    }
+
+    /// Whether rank `rank`'s acknowledgement of `attempt` is still there
+    /// (an unreadable file counts as there: only its absence, or another
+    /// attempt's file, says the peer took the answer).
+    fn ack_pending(&self, rank: usize, attempt: &str) -> bool {
+        match read::<Ack>(&self.ack(rank)) {
+            Found::Absent => false,
+            Found::File(a) => a.format == FORMAT && a.attempt == attempt,
+            Found::Unreadable => true,
+        }
     }
 
     /// Rank 0, at the end: its own `<job>.id` and every acknowledgement
     /// left under the job id. Best effort: a file that will not go is left.
     fn clean(&self, attempt: &str) {
-        if self.read_id().is_some_and(|f| f.attempt == attempt) {
+        if self.read_id().file().is_some_and(|f| f.attempt == attempt) {
             let _ = std::fs::remove_file(&self.id);
         }
         let prefix = format!("{}.ack.", self.job);
@@ -145,19 +161,40 @@ impl Files {
     }
 }
 
-/// A file of this rendezvous, or `None` (absent, unreadable, too large or
-/// not one of ours).
-fn read<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .ok()?
-        .take(MAX_FILE + 1)
-        .read_to_end(&mut bytes)
-        .ok()?;
-    if bytes.len() as u64 > MAX_FILE {
-        return None;
+/// What is at a path of this rendezvous.
+enum Found<T> {
+    Absent,
+    /// Unreadable for now (a shared file system mid-rename), too large, or
+    /// not one of ours.
+    Unreadable,
+    File(T),
+}
+
+impl<T> Found<T> {
+    fn file(self) -> Option<T> {
+        match self {
+            Found::File(t) => Some(t),
+            _ => None,
+        }
     }
-    serde_json::from_slice(&bytes).ok()
+
+    fn filter(self, keep: impl FnOnce(&T) -> bool) -> Found<T> {
+        match self {
+            Found::File(t) if !keep(&t) => Found::Unreadable,
+            other => other,
+        }
+    }
+}
+
+fn read<T: serde::de::DeserializeOwned>(path: &Path) -> Found<T> {
+    let mut bytes = Vec::new();
+    let read = std::fs::File::open(path).and_then(|f| f.take(MAX_FILE + 1).read_to_end(&mut bytes));
+    match read {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Found::Absent,
+        Err(_) => Found::Unreadable,
+        Ok(_) if bytes.len() as u64 > MAX_FILE => Found::Unreadable,
+        Ok(_) => serde_json::from_slice(&bytes).map_or(Found::Unreadable, Found::File),
+    }
 }
 
 fn write<T: Serialize>(path: &Path, what: &T, role: &str) -> Result<(), RankError> {
@@ -276,7 +313,7 @@ pub fn publish_dir(
     };
     let uncollected = loop {
         let waiting: Vec<usize> = (1..world)
-            .filter(|&r| files.read_ack(r).is_some_and(|a| a.attempt == attempt))
+            .filter(|&r| files.ack_pending(r, &attempt))
             .collect();
         if waiting.is_empty() || Instant::now() >= until {
             break waiting;
@@ -320,22 +357,30 @@ pub fn join_dir(
     let ack_path = files.ack(rank);
     // The attempt this rank acknowledged, with its payload.
     let mut acked: Option<(String, Vec<u8>)> = None;
+    // Since when rank 0's file has been absent after this rank acknowledged
+    // it (a moment's absence is a shared file system's, not rank 0's end).
+    let mut absent_since: Option<Instant> = None;
     let outcome = loop {
         if let Err(e) = interrupted() {
             break Err(e);
         }
-        match files.read_id() {
-            None if acked.is_some() => {
-                break Err(err(
-                    &role,
-                    format!(
-                        "{} went away before rank 0 answered: it failed or was stopped",
-                        files.id.display()
-                    ),
-                ))
-            }
-            None => {}
-            Some(f) => {
+        let found = files.read_id();
+        absent_since = match (&found, &acked) {
+            (Found::Absent, Some(_)) => absent_since.or(Some(Instant::now())),
+            _ => None,
+        };
+        if absent_since.is_some_and(|t| t.elapsed() > GONE) {
+            break Err(err(
+                &role,
+                format!(
+                    "{} went away before rank 0 answered: it failed or was stopped",
+                    files.id.display()
+                ),
+            ));
+        }
+        match found {
+            Found::Absent | Found::Unreadable => {}
+            Found::File(f) => {
                 let ours = acked.as_ref().is_some_and(|(a, _)| *a == f.attempt);
                 match f.state {
                     State::Waiting if !ours => {
