@@ -57,8 +57,11 @@ pub struct OtherLauncher {
 
 impl RankEnv {
     /// How the launcher was chosen, for reports: `None` when no other
-    /// launcher's variables are set and none was named.
+    /// launcher's variables are set.
     pub fn launcher_note(&self) -> Option<String> {
+        if self.others.is_empty() {
+            return None;
+        }
         let chosen = self.variables.iter().any(|(n, _)| *n == LAUNCHER_VAR);
         let mut parts: Vec<String> = Vec::new();
         if chosen {
@@ -72,7 +75,7 @@ impl RankEnv {
                 .collect();
             format!("{} {} ({})", o.source, o.verdict, vars.join(", "))
         }));
-        (!parts.is_empty()).then(|| parts.join("; "))
+        Some(parts.join("; "))
     }
 
     /// The other launchers as JSON, for reports: each one's name, verdict
@@ -466,6 +469,15 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!((t.source, t.launcher_note()), ("torchrun", None));
+        // Nor when it is named and alone (`foldprint launch`'s ranks).
+        let f = discover(env(&[
+            ("FOLDPRINT_RANK", "0"),
+            ("FOLDPRINT_WORLD_SIZE", "1"),
+            ("FOLDPRINT_LAUNCHER", "foldprint"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!((f.source, f.launcher_note()), ("foldprint", None));
     }
 
     #[test]

@@ -237,8 +237,8 @@ pub fn publish_dir(
             break Err(e);
         }
         let mut refused = None;
-        for r in 1..world {
-            if acked[r] {
+        for (r, done) in acked.iter_mut().enumerate().skip(1) {
+            if *done {
                 continue;
             }
             let Some(ack) = files.read_ack(r).filter(|a| a.attempt == attempt) else {
@@ -266,7 +266,7 @@ pub fn publish_dir(
                 ));
                 break;
             }
-            acked[r] = true;
+            *done = true;
             members.push(ack.member);
         }
         if let Some(e) = refused {
@@ -467,17 +467,14 @@ mod tests {
         n
     }
 
-    /// A job of `world` ranks in `d`, peer `r` presenting `plans(r)`.
-    fn job(
-        d: &Path,
-        id: &str,
-        world: usize,
-        plans: impl Fn(usize) -> Plan,
-        secs: u64,
-    ) -> (
+    /// What rank 0 and each peer got.
+    type Outcome = (
         Result<Vec<Member>, RankError>,
         Vec<Result<Vec<u8>, RankError>>,
-    ) {
+    );
+
+    /// A job of `world` ranks in `d`, peer `r` presenting `plans(r)`.
+    fn job(d: &Path, id: &str, world: usize, plans: impl Fn(usize) -> Plan, secs: u64) -> Outcome {
         let deadline = Instant::now() + Duration::from_secs(secs);
         let peers: Vec<_> = (1..world)
             .map(|r| {
