@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The launchers users already run, live on this CPU machine, each starting
 # 4 ranks of `foldprint world`, once all healthy and once with a rank that
-# fails (tests/cli/launchers.rs, #[ignore]d in the plain test run):
+# fails (tests/cli/launchers.rs, #[ignore]d in the plain test run), and mpirun
+# inside an sbatch-like environment (tests/cli/launchers_setup.rs):
 # - Open MPI's mpirun, from Debian's openmpi-bin;
 # - Slurm's srun, against a one-node Slurm started here: munged, slurmctld
 #   and slurmd from Debian's packages, with a private slurm.conf and state
@@ -82,7 +83,7 @@ sinfo -h -o %T | grep -q idle \
     || { echo "launchers: the one-node Slurm did not come up ($slurm/log)" >&2; exit 1; }
 
 mkdir -p target
-cargo test --release --locked --test cli launchers:: -- --include-ignored 2>&1 \
+cargo test --release --locked --test cli launchers -- --include-ignored 2>&1 \
     | tee target/launcher-tests.log
 grep -Eq '^test result: ok\. [1-9][0-9]* passed; 0 failed; 0 ignored' target/launcher-tests.log \
     || { echo "launchers: the launcher tests did not all run" >&2; exit 1; }

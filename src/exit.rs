@@ -171,11 +171,15 @@ impl HasExitCode for AuditError {
 impl HasExitCode for RankError {
     fn exit_code(&self) -> ExitCode {
         match self {
-            RankError::Env(_)
-            | RankError::Rendezvous { .. }
-            | RankError::Disagree(_)
-            | RankError::Launch(_) => ExitCode::Infrastructure,
-            RankError::LaunchSize(_) | RankError::FilesDiffer(_) => ExitCode::BadInput,
+            RankError::Rendezvous { .. } | RankError::Disagree(_) | RankError::Launch(_) => {
+                ExitCode::Infrastructure
+            }
+            // A launcher's variable that is malformed, out of range or
+            // contradicted by another launcher's: the job's setup, not a
+            // rerun.
+            RankError::Env(_) | RankError::LaunchSize(_) | RankError::FilesDiffer(_) => {
+                ExitCode::BadInput
+            }
             RankError::Placement(_) => ExitCode::Unavailable,
             RankError::Interrupted(sig) => ExitCode::Interrupted(*sig),
         }

@@ -27,7 +27,7 @@ const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0      every check held
   1      a check failed: a digest, a rank copy, an invariance group, a golden or a comparison differs; or nothing was checked (every case skipped, no case shared, no dump listed, a report whose own run failed); or a case differs from its `expect` file
-  2      bad input: usage, a malformed experiment, a corrupt or inconsistent report, an unusable output path; a rank file that is missing, malformed, changed during the run or unlike the other ranks'
+  2      bad input: usage, a malformed experiment, a corrupt or inconsistent report, an unusable output path; a rank file that is missing, malformed, changed during the run or unlike the other ranks'; a launcher variable that is malformed, out of range or contradicts another launcher's, or a rendezvous address rank 0 cannot listen on
   3      a resource is missing: no GPU (or none for this rank), driver or library, not enough memory or disk space
   4      the infrastructure failed mid-run: an NCCL error, a dead peer, the watchdog, the rendezvous
   128+N  stopped by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP) at a case boundary, or at once while the ranks wait in the rendezvous or a run waits for another run's output lock; nothing written";
@@ -55,6 +55,11 @@ pub(super) enum Command {
     Audit(audit::AuditArgs),
     /// Check the ranks a launcher started (torchrun, srun, mpirun, launch):
     /// discovery and rendezvous only, no GPU work; rank 0 prints the world.
+    ///
+    /// Where several launchers' variables are set (mpirun or torchrun inside
+    /// a Slurm job), they must agree on the rank and world size, or every
+    /// rank refuses (exit 2) until FOLDPRINT_LAUNCHER=foldprint|torchrun|
+    /// slurm|openmpi names the launcher that started it.
     World(WorldArgs),
 }
 

@@ -69,10 +69,21 @@ fn interrupted(e: runner::RunError, common: &Common, dump: Option<&std::path::Pa
 /// them); every other run opens them all. They are hashed in `execute`,
 /// while the backend starts.
 pub(super) fn load(paths: &[PathBuf], backend: backend::BackendChoice) -> Result<Vec<Experiment>> {
-    let scope = match (backend, foldprint::ranks::discover::from_process_env()) {
-        (backend::BackendChoice::Nccl, Ok(Some(e))) => foldprint::addends::Scope::OwnRank {
-            rank: e.rank,
-            world: e.world,
+    let scope = match backend {
+        // Bad launcher variables are refused here (exit 2), before any
+        // device is looked for.
+        backend::BackendChoice::Nccl => match foldprint::ranks::discover::from_process_env()? {
+            Some(e) => {
+                let by_dir = std::env::var("FOLDPRINT_RENDEZVOUS_DIR").is_ok_and(|d| !d.is_empty());
+                if !by_dir {
+                    foldprint::ranks::job::rendezvous_addr(&e)?;
+                }
+                foldprint::addends::Scope::OwnRank {
+                    rank: e.rank,
+                    world: e.world,
+                }
+            }
+            None => foldprint::addends::Scope::AllRanks,
         },
         _ => foldprint::addends::Scope::AllRanks,
     };

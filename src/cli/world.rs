@@ -60,6 +60,7 @@ pub(super) fn run(a: WorldArgs) -> Result<i32> {
             "world": e.world,
             "launcher": e.source,
             "variables": e.variables.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+            "other_launchers": e.others_json(),
             "rendezvous": agreed.how,
             "job": job_id,
             "token_source": token_source,
@@ -70,8 +71,11 @@ pub(super) fn run(a: WorldArgs) -> Result<i32> {
         });
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
+        let note = e
+            .launcher_note()
+            .map_or(String::new(), |n| format!(" ({n})"));
         outln!(
-            "world of {} rank(s) under {}, {} host(s); rendezvous {}; job {job_id}, token: {token_source}",
+            "world of {} rank(s) under {}{note}, {} host(s); rendezvous {}; job {job_id}, token: {token_source}",
             e.world,
             e.source,
             hosts.len(),

@@ -72,7 +72,8 @@ pub struct Outcome {
     pub interrupted: Option<i32>,
 }
 
-fn token() -> String {
+/// A fresh random token (also each directory rendezvous attempt's name).
+pub(crate) fn token() -> String {
     let mut bytes = [0u8; 16];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
         let _ = std::io::Read::read_exact(&mut f, &mut bytes);
@@ -252,7 +253,10 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, RankError> {
             .env("FOLDPRINT_LOCAL_RANK", local.to_string())
             .env("FOLDPRINT_MASTER_ADDR", "127.0.0.1")
             .env("FOLDPRINT_MASTER_PORT", port.to_string())
-            .env("FOLDPRINT_JOB_TOKEN", &job);
+            .env("FOLDPRINT_JOB_TOKEN", &job)
+            // Inherited launchers' variables (a Slurm job's, torchrun's)
+            // disagree with these: say whose to believe.
+            .env(crate::ranks::discover::LAUNCHER_VAR, "foldprint");
         if let Some(e) = &spec.emulate {
             cmd.env("NCCL_HOSTID", host_id(&job, r, spec.ranks, e.host_ids))
                 .env(

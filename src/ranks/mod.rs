@@ -17,7 +17,10 @@ pub mod watchdog;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RankError {
-    #[error("rank discovery: {0}")]
+    /// A launcher variable that is malformed, out of range or contradicted
+    /// by another launcher's, or a rendezvous address rank 0 cannot listen
+    /// on (bad input: the job's setup, not a rerun).
+    #[error("launcher variables: {0}")]
     Env(String),
     #[error("rendezvous ({role}): {message}")]
     Rendezvous { role: String, message: String },

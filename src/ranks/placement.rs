@@ -120,6 +120,7 @@ mod tests {
             source: "torchrun",
             master: None,
             variables: Vec::new(),
+            others: Vec::new(),
         }
     }
 

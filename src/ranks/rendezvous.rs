@@ -34,10 +34,12 @@ use super::{job, RankError};
 use crate::experiment::Experiment;
 use sha2::{Digest, Sha256};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+
+mod dir;
+pub use dir::{join_dir, publish_dir};
 
 const OK: u8 = 0;
 const DISAGREE: u8 = 2;
@@ -742,133 +744,6 @@ pub fn join(
     }
 }
 
-/// Rank 0, directory mode: publish the payload, then wait for every peer's ack.
-pub fn publish_dir(
-    dir: &Path,
-    job: &str,
-    world: usize,
-    plan: &Plan,
-    payload: &[u8],
-    deadline: Instant,
-    me: &Member,
-) -> Result<Vec<Member>, RankError> {
-    let role = "rank 0";
-    let id = dir.join(format!("{job}.id"));
-    if id.exists() {
-        return Err(err(
-            role,
-            format!(
-                "{} already exists: a stale file from an earlier job? use a new job id",
-                id.display()
-            ),
-        ));
-    }
-    let body = format!(
-        "{}\n{}\n{}\n",
-        hex::encode(plan.digest),
-        hex::encode(payload),
-        plan.summary
-    );
-    crate::atomic::write(&id, body.as_bytes())
-        .map_err(|e| err(role, format!("{}: {e}", id.display())))?;
-    let mut acked = vec![false; world];
-    acked[0] = true;
-    let mut members = vec![me.clone()];
-    loop {
-        interrupted()?;
-        for (r, done) in acked.iter_mut().enumerate().skip(1) {
-            if *done {
-                continue;
-            }
-            if let Ok(text) = std::fs::read_to_string(dir.join(format!("{job}.ack.{r}"))) {
-                if let Some(theirs) = text.strip_prefix("mismatch ") {
-                    return Err(RankError::Disagree(format!(
-                        "rank {r} would run `{}` but rank 0 would run `{}`",
-                        theirs.trim(),
-                        plan.summary
-                    )));
-                }
-                if let Some(rest) = text.strip_prefix("ok\n") {
-                    *done = true;
-                    members.push(serde_json::from_str(rest.trim()).unwrap_or_else(|_| {
-                        Member::undescribed(
-                            r,
-                            "?".into(),
-                            "its acknowledgement holds no description",
-                        )
-                    }));
-                }
-            }
-        }
-        if acked.iter().all(|&a| a) {
-            members.sort_by_key(|m| m.rank);
-            return Ok(members);
-        }
-        if left(deadline).is_none() {
-            let missing: Vec<usize> = (0..world).filter(|&r| !acked[r]).collect();
-            return Err(err(
-                role,
-                format!(
-                    "ranks {missing:?} did not acknowledge {} before the deadline",
-                    id.display()
-                ),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// A peer, directory mode: wait for rank 0's file, compare plans, acknowledge.
-pub fn join_dir(
-    dir: &Path,
-    job: &str,
-    me: &Member,
-    plan: &Plan,
-    deadline: Instant,
-) -> Result<Vec<u8>, RankError> {
-    let rank = me.rank;
-    let role = format!("rank {rank}");
-    let id = dir.join(format!("{job}.id"));
-    let text = loop {
-        interrupted()?;
-        match std::fs::read_to_string(&id) {
-            Ok(t) => break t,
-            Err(_) if left(deadline).is_some() => std::thread::sleep(Duration::from_millis(10)),
-            Err(e) => {
-                return Err(err(
-                    &role,
-                    format!("{} did not appear before the deadline ({e})", id.display()),
-                ))
-            }
-        }
-    };
-    let mut lines = text.lines();
-    let (digest, payload, summary) = (lines.next(), lines.next(), lines.next().unwrap_or(""));
-    let payload = payload
-        .and_then(|p| hex::decode(p).ok())
-        .ok_or_else(|| err(&role, format!("{} is malformed", id.display())))?;
-    let ack = dir.join(format!("{job}.ack.{rank}"));
-    let agrees = digest == Some(hex::encode(plan.digest).as_str());
-    let body = if agrees {
-        format!("ok\n{}\n", String::from_utf8_lossy(&me.to_json()))
-    } else {
-        format!("mismatch {}\n", plan.summary)
-    };
-    crate::atomic::write(&ack, body.as_bytes())
-        .map_err(|e| err(&role, format!("{}: {e}", ack.display())))?;
-    if !agrees {
-        return Err(disagree(
-            files_difference(rank, &plan.summary, summary).unwrap_or_else(|| {
-                format!(
-                    "rank {rank} would run `{}` but rank 0 would run `{summary}`",
-                    plan.summary
-                )
-            }),
-        ));
-    }
-    Ok(payload)
-}
-
 /// Rank 0's `payload` (NCCL's unique id) handed to every rank of the job
 /// of `e`, once every rank has presented the same plan: through the
 /// directory `FOLDPRINT_RENDEZVOUS_DIR` when set, else over TCP at rank 0's
@@ -910,12 +785,10 @@ pub fn exchange_with(
             members,
         });
     }
-    let (host, port) = job::rendezvous_addr_from(e, &get).map_err(|m| err(&role, m))?;
+    let (host, port) = job::rendezvous_addr_from(e, &get)?;
     let how = format!("tcp {host}:{port}");
     let got = if e.rank == 0 {
-        let listener = TcpListener::bind((host.as_str(), port))
-            .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
-            .map_err(|x| err(&role, format!("cannot listen on {host}:{port}: {x}")))?;
+        let listener = job::listen(e, &get)?;
         let members = serve(&listener, e.world, &token, plan, payload, deadline, me)?;
         (payload.to_vec(), members)
     } else {
@@ -1216,33 +1089,6 @@ mod tests {
         assert!(t.elapsed() < Duration::from_secs(3));
     }
 
-    #[test]
-    fn directory_rendezvous_agrees_and_refuses_stale_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path().to_path_buf();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let peers: Vec<_> = (1..3)
-            .map(|r| {
-                let d = d.clone();
-                std::thread::spawn(move || join_dir(&d, "job1", &member(r), &plan("a"), deadline))
-            })
-            .collect();
-        let members = publish_dir(&d, "job1", 3, &plan("a"), &[1, 2, 3], deadline, &member(0));
-        assert_eq!(members.unwrap(), (0..3).map(member).collect::<Vec<_>>());
-        for p in peers {
-            assert_eq!(p.join().unwrap().unwrap(), vec![1, 2, 3]);
-        }
-        let e = publish_dir(&d, "job1", 3, &plan("a"), &[1], deadline, &member(0)).unwrap_err();
-        assert!(e.to_string().contains("stale"), "{e}");
-        // A peer with another plan refuses, and rank 0 hears about it.
-        let d2 = d.clone();
-        let peer =
-            std::thread::spawn(move || join_dir(&d2, "job2", &member(1), &plan("b"), deadline));
-        let e = publish_dir(&d, "job2", 2, &plan("a"), &[1], deadline, &member(0)).unwrap_err();
-        assert!(e.to_string().contains("rank 1 would run `b`"), "{e}");
-        assert!(peer.join().unwrap().is_err());
-    }
-
     fn rank_env(rank: usize, world: usize) -> RankEnv {
         RankEnv {
             rank,
@@ -1251,6 +1097,7 @@ mod tests {
             source: "foldprint",
             master: None,
             variables: Vec::new(),
+            others: Vec::new(),
         }
     }
 

@@ -13,6 +13,7 @@ mod hostile_inputs;
 mod hostile_peers;
 mod inputs;
 mod launchers;
+mod launchers_setup;
 mod messages;
 mod outputs;
 mod progress;

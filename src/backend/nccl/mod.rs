@@ -155,7 +155,7 @@ impl NcclBackend {
         let log = facts::OwnLog::start();
         let nccl = Arc::new(Nccl::load().map_err(unavailable)?);
         let version = nccl.version().map_err(unavailable)?;
-        let env = crate::ranks::discover::from_process_env().map_err(unavailable)?;
+        let env = crate::ranks::discover::from_process_env()?;
         let comms: Arc<Mutex<Vec<AbortHandle>>> = Arc::new(Mutex::new(Vec::new()));
         let watchdog = {
             let comms = comms.clone();
@@ -326,6 +326,7 @@ impl Backend for NcclBackend {
                     "rank": e.rank,
                     "local_rank": e.local_rank,
                     "variables": e.variables.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+                    "other_launchers": e.others_json(),
                 }),
                 None => serde_json::json!({"mode": "thread-per-gpu", "gpus": self.world}),
             },
