@@ -22,9 +22,10 @@
 //! for the deadline on a rank that is gone. A signal (a launcher stopping
 //! the job) ends every wait within 0.2 s, handshakes included.
 //!
-//! Directory: rank 0 writes `<job>.id` atomically; peers read it, compare
-//! plans and acknowledge with `<job>.ack.<rank>` (holding the member);
-//! rank 0 waits for the acks.
+//! Directory ([`dir`]): rank 0 writes `<job>.id` with a fresh attempt;
+//! peers compare plans and acknowledge that attempt with
+//! `<job>.ack.<rank>` (holding the member); rank 0 answers in the same
+//! file, and every file of the attempt is removed once it is answered.
 
 use super::discover::RankEnv;
 use super::handshake::{
