@@ -17,10 +17,15 @@ pub fn bin_path() -> PathBuf {
     }
 }
 
-/// The foldprint binary under test (see [`bin_path`]).
+/// The foldprint binary under test (see [`bin_path`]). This build's goes
+/// through assert_cmd, which also honours a cross-compiling runner
+/// (`CARGO_TARGET_<TRIPLE>_RUNNER`, as ci/cross-arch.sh sets for qemu-user).
 #[allow(dead_code)]
 pub fn fp() -> Command {
-    Command::new(bin_path())
+    match std::env::var_os("FOLDPRINT_TEST_BIN") {
+        Some(p) if !p.is_empty() => Command::new(p),
+        _ => Command::cargo_bin("foldprint").unwrap(),
+    }
 }
 
 /// Write `text` to `dir/name` and return the path.
