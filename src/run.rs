@@ -378,3 +378,71 @@ impl Executed {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What an observer was told, in order.
+    #[derive(Default)]
+    struct Told(Vec<String>);
+
+    impl runner::Progress for Told {
+        fn start(&mut self, case: &experiment::Case, _: usize, _: usize) {
+            self.0.push(format!("start {}", case.id()));
+        }
+        fn done(&mut self, case: &experiment::Case, _: Option<&crate::report::CaseReport>) {
+            self.0.push(format!("done {}", case.id()));
+        }
+    }
+
+    impl Observer for Told {
+        fn started(&mut self, run: &Started<'_>) {
+            let cases: usize = run.experiments.iter().map(|e| e.cases.len()).sum();
+            self.0.push(format!(
+                "started {} reporting={} cases={cases}",
+                run.backend(),
+                run.reporting
+            ));
+        }
+        fn finished(&mut self) {
+            self.0.push("finished".into());
+        }
+    }
+
+    #[test]
+    fn a_run_tells_its_observer_each_step_and_returns_the_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("r.json");
+        let mut opts = Options::new(
+            vec![PathBuf::from("experiments/smoke.toml")],
+            BackendChoice::Cpu,
+        );
+        opts.out = Some(out.clone());
+        let loaded = load(opts).unwrap();
+        let ids: Vec<String> = loaded.experiments[0]
+            .cases
+            .iter()
+            .map(|c| c.id().to_string())
+            .collect();
+        let mut told = Told::default();
+        let mut run = loaded
+            .execute(&mut told)
+            .unwrap()
+            .expect("one process reports");
+        let mut want = vec![format!("started cpu reporting=true cases={}", ids.len())];
+        for id in &ids {
+            want.push(format!("start {id}"));
+            want.push(format!("done {id}"));
+        }
+        want.push("finished".into());
+        assert_eq!(told.0, want);
+        assert_eq!(run.report.cases.len(), ids.len());
+        // Nothing is written until the commit, and then the report is.
+        assert!(!out.exists());
+        run.commit(None).unwrap();
+        let written: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+        assert_eq!(written["cases"].as_array().unwrap().len(), ids.len());
+    }
+}
