@@ -130,6 +130,24 @@ impl HasExitCode for RunError {
     }
 }
 
+impl HasExitCode for crate::run::Error {
+    fn exit_code(&self) -> ExitCode {
+        use crate::run::Error as E;
+        match self {
+            E::Input(e) => e.exit_code(),
+            E::Rank(e) => e.exit_code(),
+            E::Backend(e) => e.exit_code(),
+            E::Run(e) => e.exit_code(),
+            E::Emulation(_) => ExitCode::BadInput,
+            E::Presented(e) => e.exit_code(),
+            E::HashingThread => ExitCode::Unavailable,
+            E::Locking(e) => e.exit_code(),
+            E::Interrupted { signal, .. } => ExitCode::Interrupted(*signal),
+            E::RankChecks(_) => ExitCode::CheckFailed,
+        }
+    }
+}
+
 impl HasExitCode for InputError {
     fn exit_code(&self) -> ExitCode {
         match self {
@@ -229,6 +247,9 @@ impl HasExitCode for DumpMismatch {
 pub enum Failure {
     #[error(transparent)]
     Run(Box<RunError>),
+    /// A whole run's ([`crate::run`]).
+    #[error(transparent)]
+    Lifecycle(Box<crate::run::Error>),
     #[error(transparent)]
     Backend(Box<BackendError>),
     #[error(transparent)]
@@ -289,6 +310,7 @@ macro_rules! boxed_from {
 }
 boxed_from!(
     Run(RunError),
+    Lifecycle(crate::run::Error),
     Backend(BackendError),
     Gpu(GpuError),
     Golden(GoldenError),
@@ -299,6 +321,7 @@ impl HasExitCode for Failure {
     fn exit_code(&self) -> ExitCode {
         match self {
             Failure::Run(e) => e.exit_code(),
+            Failure::Lifecycle(e) => e.exit_code(),
             Failure::Backend(e) => e.exit_code(),
             Failure::Addends(e) => e.exit_code(),
             Failure::Gpu(e) => e.exit_code(),

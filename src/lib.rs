@@ -2,7 +2,8 @@
 //! SHA-256 digests of the reduced arenas.
 //!
 //! Dataflow: [`experiment`] (TOML -> cases) -> [`backend`] (reduce) ->
-//! [`digest`] (bytes -> SHA-256) -> [`report`] (JSON, compare, goldens).
+//! [`digest`] (bytes -> SHA-256) -> [`report`] (JSON, compare, goldens);
+//! [`run`] walks it once for a whole run, outputs included.
 
 pub mod addends;
 pub mod atomic;
@@ -26,5 +27,6 @@ pub mod memory;
 pub mod outputs;
 pub mod ranks;
 pub mod report;
+pub mod run;
 pub mod runner;
 pub mod sensitivity;

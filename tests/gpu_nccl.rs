@@ -18,18 +18,23 @@ use foldprint::data::ALL_DISTRIBUTIONS;
 use foldprint::experiment::{Case, DeliveryOrder};
 use foldprint::fold::Contract;
 use foldprint::ranks::rendezvous::Plan;
+use foldprint::ranks::world::{self, World};
 use std::time::Duration;
 
 fn nccl() -> NcclBackend {
-    NcclBackend::new(NcclConfig {
-        cuda: Default::default(),
-        gpus: 1,
-        init_timeout: Duration::from_secs(60),
-        timeout: Duration::from_secs(60),
-        plan: Plan::new(&["gpu-tests".into()], "gpu tests"),
-        emulate_hosts: false,
-        own_inputs: Vec::new(),
-    })
+    let launch = world::discover(1).unwrap_or_else(|e| panic!("launcher variables: {e}"));
+    let mut world = World::new(
+        launch,
+        Plan::new(&["gpu-tests".into()], "gpu tests"),
+        Duration::from_secs(60),
+    );
+    NcclBackend::new(
+        NcclConfig {
+            cuda: Default::default(),
+            timeout: Duration::from_secs(60),
+        },
+        &mut world,
+    )
     .unwrap_or_else(|e| panic!("the NCCL tests need a GPU and NCCL: {e}"))
 }
 
@@ -58,7 +63,7 @@ fn digests(be: &mut dyn Backend, c: &Case) -> Vec<Vec<foldprint::digest::Sha256>
 #[test]
 fn world_of_one_equals_the_cpu_oracle_for_every_distribution() {
     let mut be = nccl();
-    assert_eq!(be.world(), 1);
+    assert_eq!(be.world().size(), 1);
     let mut cpu = CpuBackend::new();
     for dist in 0..ALL_DISTRIBUTIONS.len() {
         for mean in [false, true] {

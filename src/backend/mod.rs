@@ -8,6 +8,7 @@ pub mod nccl;
 
 use crate::digest::NanPolicy;
 use crate::experiment::Case;
+use crate::ranks::world::World;
 use serde::Serialize;
 use std::fmt;
 
@@ -165,15 +166,6 @@ pub trait Backend {
     fn skip_reason(&self, _case: &Case) -> Option<String> {
         None
     }
-    /// The ranks as they met in a rendezvous (rank 0 of NCCL under a
-    /// launcher), each with what it hashed of its own rank files.
-    fn members(&self) -> &[crate::ranks::rendezvous::Member] {
-        &[]
-    }
-    /// Whether this process writes reports (false on NCCL ranks other than 0).
-    fn is_reporting_rank(&self) -> bool {
-        true
-    }
     /// Entries of the report's environment from the platform under the
     /// backend (the GPU backends' `host_driver`), so that the runner never
     /// asks the GPU platform itself and a CPU run never touches it.
@@ -232,43 +224,35 @@ pub(crate) fn nccl_only(case: &Case) -> Option<String> {
         .then(|| format!("{} runs only on the NCCL backend", case.contract()))
 }
 
-/// Backend settings chosen on the command line.
+/// NCCL: the default bound on each collective window, in seconds.
+pub const DEFAULT_TIMEOUT_S: u64 = 300;
+
+/// Backend settings chosen on the command line. Where the ranks are and
+/// whom they meet is the run's [`World`], not a backend's setting.
 #[derive(Debug, Clone)]
 pub struct BackendOptions {
     pub cuda: cuda::CudaConfig,
-    /// NCCL: GPUs of a one-process job (ignored under a launcher).
-    pub gpus: usize,
-    pub init_timeout: std::time::Duration,
+    /// NCCL: bound on each collective window.
     pub timeout: std::time::Duration,
-    /// The lines all NCCL ranks must agree on (one per case).
-    pub plan: Vec<String>,
-    pub plan_summary: String,
-    /// NCCL under a launcher: emulated hosts (`ranks::placement`).
-    pub emulate_hosts: bool,
-    /// NCCL under a launcher: this rank's own file of each set of rank
-    /// files (`experiment::rank_file_sets`), presented in the rendezvous.
-    pub own_inputs: Vec<Option<crate::addends::FileFacts>>,
 }
 
 impl Default for BackendOptions {
     fn default() -> Self {
         BackendOptions {
             cuda: cuda::CudaConfig::default(),
-            gpus: 1,
-            init_timeout: std::time::Duration::from_secs(120),
-            timeout: std::time::Duration::from_secs(300),
-            plan: Vec::new(),
-            plan_summary: String::new(),
-            emulate_hosts: false,
-            own_inputs: Vec::new(),
+            timeout: std::time::Duration::from_secs(DEFAULT_TIMEOUT_S),
         }
     }
 }
 
 /// Pick a backend for `choice`; the note says why when `auto` fell back.
+/// The NCCL backend places and meets `world` (its device count and unique
+/// id are needed between the steps); the others emulate every rank in
+/// this process and leave it as it is.
 pub fn select(
     choice: BackendChoice,
     opts: &BackendOptions,
+    world: &mut World,
 ) -> Result<(Box<dyn Backend>, Option<String>), BackendError> {
     match choice {
         BackendChoice::Cpu => Ok((Box::new(cpu::CpuBackend::new()), None)),
@@ -276,14 +260,9 @@ pub fn select(
         BackendChoice::Nccl => {
             let cfg = nccl::NcclConfig {
                 cuda: opts.cuda.clone(),
-                gpus: opts.gpus,
-                init_timeout: opts.init_timeout,
                 timeout: opts.timeout,
-                plan: crate::ranks::rendezvous::Plan::new(&opts.plan, opts.plan_summary.clone()),
-                emulate_hosts: opts.emulate_hosts,
-                own_inputs: opts.own_inputs.clone(),
             };
-            Ok((Box::new(nccl::NcclBackend::new(cfg)?), None))
+            Ok((Box::new(nccl::NcclBackend::new(cfg, world)?), None))
         }
         BackendChoice::Auto => {
             let probe = crate::gpu::probe();

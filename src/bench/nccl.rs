@@ -2,7 +2,8 @@
 //! 1 GiB, through [`NcclBackend::bench`].
 
 use crate::backend::nccl::{NcclBackend, NcclConfig};
-use crate::backend::{Backend, BackendError};
+use crate::backend::BackendError;
+use crate::ranks::world::{self, World};
 use std::time::Duration;
 
 pub use crate::backend::nccl::bench::NcclBenchRow;
@@ -27,21 +28,25 @@ pub struct NcclBench {
 
 /// Run the sweep on `gpus` GPUs (under a launcher, the launcher decides).
 pub fn run(gpus: usize) -> Result<NcclBench, BackendError> {
-    let mut be = NcclBackend::new(NcclConfig {
-        cuda: Default::default(),
-        gpus,
-        init_timeout: Duration::from_secs(120),
-        timeout: Duration::from_secs(300),
-        plan: crate::ranks::rendezvous::Plan::new(&["bench".into()], "nccl bench"),
-        // A bandwidth benchmark on emulated hosts would measure loopback.
-        emulate_hosts: false,
-        own_inputs: Vec::new(),
-    })?;
+    let mut world = World::new(
+        world::discover(gpus)?,
+        crate::ranks::rendezvous::Plan::new(&["bench".into()], "nccl bench"),
+        Duration::from_secs(world::DEFAULT_INIT_TIMEOUT_S),
+    )
+    // A bandwidth benchmark on emulated hosts would measure loopback.
+    .with_emulated_hosts(false);
+    let mut be = NcclBackend::new(
+        NcclConfig {
+            cuda: Default::default(),
+            timeout: Duration::from_secs(crate::backend::DEFAULT_TIMEOUT_S),
+        },
+        &mut world,
+    )?;
     let sizes: Vec<usize> = (18..=28).map(|k| 1usize << k).collect(); // 1 MiB .. 1 GiB of f32
     let rows = be.bench(&sizes, ITERS)?;
-    let reporting = be.is_reporting_rank();
+    let reporting = world.reports();
     Ok(NcclBench {
-        world: be.world(),
+        world: world.size(),
         reporting,
         emulated_hosts: if reporting {
             crate::backend::nccl::facts::emulated_hosts()

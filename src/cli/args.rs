@@ -4,7 +4,6 @@ use clap::{Args, Parser, Subcommand};
 use foldprint::backend::cuda::world::RankCheck;
 use foldprint::backend::{self, BackendChoice};
 use foldprint::digest::NanPolicy;
-use foldprint::experiment::Experiment;
 use foldprint::gpu::KernelVariant;
 use std::path::PathBuf;
 
@@ -186,10 +185,10 @@ pub(super) struct NcclArgs {
     #[arg(long, default_value_t = 1)]
     pub(super) gpus: usize,
     /// NCCL backend: seconds allowed for rendezvous + communicator init.
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, default_value_t = foldprint::ranks::world::DEFAULT_INIT_TIMEOUT_S)]
     pub(super) init_timeout: u64,
     /// NCCL backend: seconds allowed for each collective window.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = backend::DEFAULT_TIMEOUT_S)]
     pub(super) timeout: u64,
     /// NCCL backend under torchrun, srun or mpirun: ranks share the visible
     /// GPUs by local rank, each its own NCCL host (its NCCL_HOSTID from its
@@ -200,36 +199,10 @@ pub(super) struct NcclArgs {
     pub(super) emulate_hosts: bool,
 }
 
-impl Default for CudaArgs {
-    fn default() -> Self {
-        CudaArgs {
-            kernel: KernelVariant::Fast,
-            target: foldprint::gpu::Target::Auto,
-            block: None,
-            copy_streams: 0,
-            ftz: false,
-            rank_check: RankCheck::Device,
-            no_kernel_cache: false,
-        }
-    }
-}
-
-impl Default for NcclArgs {
-    fn default() -> Self {
-        NcclArgs {
-            gpus: 1,
-            init_timeout: 120,
-            timeout: 300,
-            emulate_hosts: false,
-        }
-    }
-}
-
 impl Common {
-    pub(super) fn options(
-        &self,
-        experiments: &[Experiment],
-    ) -> Result<backend::BackendOptions, foldprint::exit::Failure> {
+    /// The run these flags ask for, writing the report, JUnit file and
+    /// `dump` where they say.
+    pub(super) fn run_options(&self, dump: Option<PathBuf>) -> foldprint::run::Options {
         let (c, n) = (&self.cuda, &self.nccl);
         use foldprint::backend::cuda::CudaConfig;
         let mut cuda = CudaConfig {
@@ -245,25 +218,19 @@ impl Common {
             cuda.tuning.fast_block = b;
             cuda.tuning.seed_block = b;
         }
-        let (plan, plan_summary) = foldprint::ranks::rendezvous::experiment_plan(experiments);
-        let emulate_hosts =
-            foldprint::ranks::placement::emulation_requested(n.emulate_hosts, |k| {
-                std::env::var(k).ok()
-            })
-            .map_err(foldprint::exit::Failure::Refused)?;
-        Ok(backend::BackendOptions {
-            cuda,
+        foldprint::run::Options {
+            paths: self.paths.clone(),
+            backend: self.backend,
+            nan_policy: self.nan_policy,
+            device: cuda,
             gpus: n.gpus,
             init_timeout: std::time::Duration::from_secs(n.init_timeout),
             timeout: std::time::Duration::from_secs(n.timeout),
-            plan,
-            plan_summary,
-            emulate_hosts,
-            own_inputs: foldprint::experiment::rank_file_sets(experiments)
-                .iter()
-                .map(|s| s.own_facts())
-                .collect(),
-        })
+            emulate_hosts: n.emulate_hosts,
+            out: self.out.clone(),
+            junit: self.junit.clone(),
+            dump,
+        }
     }
 }
 

@@ -317,7 +317,8 @@ fn run_inputs(a: &BenchArgs) -> Result<i32> {
         }
         other => other,
     };
-    let (mut be, note) = backend::select(choice, &backend::BackendOptions::default())?;
+    let (mut be, note) =
+        foldprint::run::start_backend(choice, &backend::BackendOptions::default())?;
     if let Some(n) = note {
         eprintln!("note: {n}");
     }

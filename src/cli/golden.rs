@@ -1,8 +1,9 @@
 //! `foldprint golden`: regenerate goldens from the CPU oracle.
 
-use super::args::{Common, CudaArgs, GoldenArgs, NcclArgs};
+use super::args::GoldenArgs;
 use super::checks::{check_output, refuse_inputs};
-use super::run_common::{execute, load, start_threads};
+use super::progress::Live;
+use super::run_common::start_threads;
 use super::table;
 use foldprint::backend::BackendChoice;
 use foldprint::exit::{Context, Failure};
@@ -12,9 +13,12 @@ type Result<T, E = Failure> = std::result::Result<T, E>;
 pub(super) fn run(a: GoldenArgs) -> Result<i32> {
     super::verify::golden_dir(&a.golden)?;
     start_threads()?;
-    let exps = load(&a.paths, BackendChoice::Cpu)?;
-    let inputs = foldprint::experiment::input_files(&exps);
-    for e in &exps {
+    let mut opts = foldprint::run::Options::new(a.paths.clone(), BackendChoice::Cpu);
+    opts.nan_policy = a.nan_policy;
+    let loaded = foldprint::run::load(opts)?;
+    let exps = &loaded.experiments;
+    let inputs = foldprint::experiment::input_files(exps);
+    for e in exps {
         refuse_inputs("--golden", &Golden::path_in(&a.golden, &e.name), &inputs)?;
         check_output("--golden", &Golden::path_in(&a.golden, &e.name)).or_else(|err| {
             // A golden directory that does not exist yet is made below.
@@ -28,7 +32,7 @@ pub(super) fn run(a: GoldenArgs) -> Result<i32> {
     // A golden that does not parse may be a conflicted merge or another
     // tool's file: refuse, before running, rather than overwrite it unseen.
     let mut old = Vec::with_capacity(exps.len());
-    for e in &exps {
+    for e in exps {
         let path = Golden::path_in(&a.golden, &e.name);
         old.push(if path.exists() {
             Some(Golden::read(&path).map_err(|err| {
@@ -43,17 +47,9 @@ pub(super) fn run(a: GoldenArgs) -> Result<i32> {
         });
     }
     foldprint::interrupt::install();
-    let common = Common {
-        paths: a.paths.clone(),
-        backend: BackendChoice::Cpu,
-        nan_policy: a.nan_policy,
-        json: false,
-        out: None,
-        junit: None,
-        cuda: CudaArgs::default(),
-        nccl: NcclArgs::default(),
-    };
-    let report = execute(&common, &exps, None, false)?
+    let mut quiet = Live::new(false, a.nan_policy, &|_| Vec::new());
+    let report = loaded
+        .execute(&mut quiet)?
         .context("goldens come from the CPU oracle")?
         .report;
     if !report.summary.ok {

@@ -2,22 +2,23 @@
 
 use super::args::RunArgs;
 use super::checks::check_outputs;
-use super::run_common::{execute, junit_of, load, start_threads};
+use super::progress::Live;
+use super::run_common::{junit_of, start_threads};
 use super::table;
 use foldprint::exit::{ExitCode, Failure};
 type Result<T, E = Failure> = std::result::Result<T, E>;
 
 pub(super) fn run(a: RunArgs) -> Result<i32> {
     start_threads()?;
-    let exps = load(&a.common.paths, a.common.backend)?;
-    check_outputs(&a.common, &exps, a.dump.as_deref(), &[])?;
+    let loaded = foldprint::run::load(a.common.run_options(a.dump.clone()))?;
+    check_outputs(&a.common, &loaded.experiments, a.dump.as_deref(), &[])?;
     foldprint::interrupt::install();
-    let stream = !a.common.json;
-    let Some(mut run) = execute(&a.common, &exps, a.dump.as_deref(), stream)? else {
+    let mut live = Live::new(!a.common.json, a.common.nan_policy, &|_| Vec::new());
+    let Some(mut run) = loaded.execute(&mut live)? else {
         return Ok(0);
     };
     let junit = junit_of(&a.common, &run.report, &[]);
-    run.commit(&a.common, junit)?;
+    run.commit(junit)?;
     let report = run.report;
     if a.common.json {
         out!("{}", report.to_json());

@@ -2,7 +2,8 @@
 
 use super::args::VerifyArgs;
 use super::checks::check_outputs;
-use super::run_common::{execute_judged, load, start_threads};
+use super::progress::Live;
+use super::run_common::start_threads;
 use super::table;
 use foldprint::exit::{ExitCode, Failure};
 use foldprint::report::{golden, Golden};
@@ -26,7 +27,8 @@ pub(super) fn golden_dir(dir: &Path) -> Result<()> {
 pub(super) fn run(a: VerifyArgs) -> Result<i32> {
     golden_dir(&a.golden)?;
     start_threads()?;
-    let exps = load(&a.common.paths, a.common.backend)?;
+    let loaded = foldprint::run::load(a.common.run_options(None))?;
+    let exps = &loaded.experiments;
     let golden_files: Vec<PathBuf> = exps
         .iter()
         .map(|e| Golden::path_in(&a.golden, &e.name))
@@ -35,9 +37,9 @@ pub(super) fn run(a: VerifyArgs) -> Result<i32> {
         .iter()
         .map(|g| ("the golden".to_string(), g.clone()))
         .collect();
-    check_outputs(&a.common, &exps, None, &golden_inputs)?;
+    check_outputs(&a.common, exps, None, &golden_inputs)?;
     // Read every golden before running anything: a missing one is known early.
-    let goldens = golden::load(&exps, &a.golden, a.common.nan_policy)?;
+    let goldens = golden::load(exps, &a.golden, a.common.nan_policy)?;
     foldprint::interrupt::install();
     // Rows stream as cases finish, as for `run`, so a piped verify is not
     // silent until the end; each case is compared with its golden as it
@@ -48,7 +50,8 @@ pub(super) fn run(a: VerifyArgs) -> Result<i32> {
             .map(|p| p.in_case())
             .collect()
     };
-    let Some(mut run) = execute_judged(&a.common, &exps, None, !a.common.json, &judge)? else {
+    let mut live = Live::new(!a.common.json, a.common.nan_policy, &judge);
+    let Some(mut run) = loaded.execute(&mut live)? else {
         return Ok(0);
     };
     let against_golden: Vec<String> = golden::check(&goldens, &run.experiments, &run.report)
@@ -71,7 +74,7 @@ pub(super) fn run(a: VerifyArgs) -> Result<i32> {
             .collect();
         foldprint::report::junit(&run.report, &of_case, &rest)
     });
-    run.commit(&a.common, junit)?;
+    run.commit(junit)?;
     let report = run.report;
     if a.common.json {
         let v = serde_json::json!({ "ok": problems.is_empty(), "problems": problems, "report": report });

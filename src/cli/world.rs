@@ -5,13 +5,14 @@
 
 use super::args::WorldArgs;
 use foldprint::exit::Failure;
-use foldprint::ranks::rendezvous::{self, Member, Plan};
-use foldprint::ranks::{discover, job, placement};
+use foldprint::ranks::rendezvous::{Member, Plan};
+use foldprint::ranks::world::{self, Launch, World};
+use foldprint::ranks::{job, placement};
 type Result<T, E = Failure> = std::result::Result<T, E>;
 
 pub(super) fn run(a: WorldArgs) -> Result<i32> {
     foldprint::interrupt::install();
-    let Some(e) = discover::from_process_env()? else {
+    let Launch::PerRank(e) = world::discover(1)? else {
         return Err(Failure::Refused(
             "world: no launcher's rank variables are set; run it under torchrun, srun, mpirun \
              or `foldprint launch -n N -- world`"
@@ -23,51 +24,40 @@ pub(super) fn run(a: WorldArgs) -> Result<i32> {
     let (_, job_id, token_source) = job::identity();
     let emulate = placement::emulation_requested(a.emulate_hosts, |k| std::env::var(k).ok())
         .map_err(Failure::Refused)?;
-    let mut me = Member::this(&e);
-    // Where a driver answers, the device this rank would use (or why it
-    // has none); elsewhere devices are not checked, and the table says so.
-    if let Some(n) = devices {
-        let hostid_set = me.nccl_hostid.is_some();
-        match placement::place(&e, n, emulate, &job_id, hostid_set) {
-            Ok(p) => {
-                me.device = Some(p.device);
-                if p.nccl_hostid.is_some() {
-                    me.nccl_hostid = p.nccl_hostid;
-                }
-            }
-            Err(err) => me.problem = Some(err.to_string()),
-        }
-    }
     // Ranks of another foldprint version disagree here, not mid-run.
     let plan = Plan::new(
         &[format!("foldprint world {}", env!("CARGO_PKG_VERSION"))],
         format!("foldprint {} world check", env!("CARGO_PKG_VERSION")),
     );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(a.init_timeout);
-    let agreed = rendezvous::exchange(&e, &me, &plan, &[], deadline)?;
+    let init_timeout = std::time::Duration::from_secs(a.init_timeout);
+    let mut w =
+        World::new(Launch::PerRank(e.clone()), plan, init_timeout).with_emulated_hosts(emulate);
+    // Where a driver answers, the device this rank would use; a rank with
+    // none says why when the ranks meet, instead of failing, so rank 0
+    // lists it. Elsewhere devices are not checked, and the table says so.
+    if let Some(n) = devices {
+        let _ = w.place(n);
+    }
+    w.meet(&[], std::time::Instant::now() + init_timeout)?;
     if e.rank != 0 {
-        return Ok(if me.problem.is_some() { 3 } else { 0 });
+        return Ok(if w.problem().is_some() { 3 } else { 0 });
     }
     let hosts: std::collections::BTreeSet<&str> =
-        agreed.members.iter().map(|m| m.host.as_str()).collect();
-    let problems: Vec<&Member> = agreed
-        .members
-        .iter()
-        .filter(|m| m.problem.is_some())
-        .collect();
+        w.members().iter().map(|m| m.host.as_str()).collect();
+    let problems: Vec<&Member> = w.members().iter().filter(|m| m.problem.is_some()).collect();
     if a.json {
         let v = serde_json::json!({
             "world": e.world,
             "launcher": e.source,
             "variables": e.variables.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
             "other_launchers": e.others_json(),
-            "rendezvous": agreed.how,
+            "rendezvous": w.how(),
             "job": job_id,
             "token_source": token_source,
             "hosts": hosts.len(),
             "devices_checked": devices.is_some(),
             "emulated_hosts": emulate,
-            "members": agreed.members,
+            "members": w.members(),
         });
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -79,10 +69,10 @@ pub(super) fn run(a: WorldArgs) -> Result<i32> {
             e.world,
             e.source,
             hosts.len(),
-            agreed.how
+            w.how()
         );
-        let rows: Vec<Vec<String>> = agreed
-            .members
+        let rows: Vec<Vec<String>> = w
+            .members()
             .iter()
             .map(|m| {
                 vec![

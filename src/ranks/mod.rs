@@ -4,8 +4,9 @@
 //! (`placement`), the job's identity and rank 0's address (`job`), how the
 //! NCCL unique id and the case agreement travel (`rendezvous`; its wire and
 //! the proofs of the job token in `handshake`), how a stuck
-//! collective is bounded (`watchdog`), and the local launcher that starts
-//! one process per rank (`launch`).
+//! collective is bounded (`watchdog`), the local launcher that starts
+//! one process per rank (`launch`), and the world of one run as a value,
+//! built from these in steps (`world`).
 
 pub mod discover;
 mod handshake;
@@ -14,6 +15,7 @@ pub mod launch;
 pub mod placement;
 pub mod rendezvous;
 pub mod watchdog;
+pub mod world;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RankError {

@@ -2,6 +2,11 @@
 //! `crate::` and `super::` paths (outside comments and its test module)
 //! name the modules it uses; a use of one's own ancestor or descendant is
 //! not an edge (a parent declares its children).
+//!
+//! The same scan holds where one run lives: nothing in the library but
+//! `exit` imports `run` (the walk of a run never climbs back up), the
+//! command line calls none of a run's steps itself, and the launcher's
+//! variables are read only into `ranks::world`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -44,6 +49,19 @@ fn is_related(a: &str, b: &str) -> bool {
     a == b || a.starts_with(&format!("{b}::")) || b.starts_with(&format!("{a}::"))
 }
 
+/// A source file's code: its lines outside `//` comments, before its test
+/// module.
+fn code_of(file: &Path) -> String {
+    let text = std::fs::read_to_string(file).unwrap();
+    text.split("#[cfg(test)]")
+        .next()
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn library_graph() -> Graph {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut all = Vec::new();
@@ -55,16 +73,7 @@ fn library_graph() -> Graph {
         if rel.starts_with("cli") || rel == Path::new("main.rs") {
             continue;
         }
-        let text = std::fs::read_to_string(f).unwrap();
-        let code: String = text
-            .split("#[cfg(test)]")
-            .next()
-            .unwrap()
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("//"))
-            .collect::<Vec<_>>()
-            .join("\n");
-        modules.insert(module_of(rel), code);
+        modules.insert(module_of(rel), code_of(f));
     }
     let names: BTreeSet<String> = modules.keys().cloned().collect();
     let resolve = |parts: &[&str]| -> Option<String> {
@@ -172,4 +181,90 @@ fn the_library_has_no_import_cycle() {
             .any(|c| c.contains(&"runner".to_string()) && c.contains(&"outputs".to_string())),
         "{found:?}"
     );
+}
+
+#[test]
+fn nothing_in_the_library_climbs_back_up_to_run() {
+    let g = library_graph();
+    // `run` walks a whole run down through the library; only `exit`, which
+    // maps every error to its code, names it.
+    let above = |g: &Graph| -> Vec<String> {
+        g.iter()
+            .filter(|(m, to)| to.contains("run") && m.as_str() != "exit")
+            .map(|(m, _)| m.clone())
+            .collect()
+    };
+    assert_eq!(above(&g), Vec::<String>::new());
+    for below in ["experiment", "ranks::world", "backend", "runner", "outputs"] {
+        assert!(g["run"].contains(below), "run -> {below}: {:?}", g["run"]);
+    }
+    // Negative control: a backend that called back into the run is found.
+    let mut with = g.clone();
+    with.get_mut("backend").unwrap().insert("run".into());
+    assert_eq!(above(&with), ["backend"]);
+}
+
+/// What one run does, from the launcher's variables to its outputs in
+/// place: `foldprint::run`'s and `ranks::world`'s to call, never the
+/// command line's.
+const RUN_LIFECYCLE: [&str; 12] = [
+    "from_process_env(",
+    "placement::place(",
+    "rendezvous::exchange(",
+    "experiment_plan(",
+    "rank_file_sets(",
+    "hash_rank_files(",
+    "backend::select(",
+    "complete_rank_files(",
+    "lock_all(",
+    "run_staged(",
+    "outputs::stage(",
+    "outputs::commit(",
+];
+
+/// `(file, call)` for each of `calls` in the code of the files under `dir`.
+fn calls_in(dir: &Path, calls: &[&str]) -> Vec<(String, String)> {
+    let mut all = Vec::new();
+    if dir.is_dir() {
+        files(dir, &mut all);
+    } else {
+        all.push(dir.to_path_buf());
+    }
+    all.sort();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    for f in &all {
+        let code = code_of(f);
+        for c in calls {
+            if code.contains(c) {
+                let rel = f.strip_prefix(&src).unwrap_or(f);
+                found.push((rel.display().to_string(), c.to_string()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_command_line_leaves_the_run_to_the_library() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    assert_eq!(calls_in(&src.join("cli"), &RUN_LIFECYCLE), []);
+    // Negative control: the scan finds the calls where they are.
+    let in_run = calls_in(&src.join("run.rs"), &RUN_LIFECYCLE);
+    assert!(in_run.len() >= 7, "{in_run:?}");
+}
+
+#[test]
+fn the_launchers_variables_are_read_once_into_the_world() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let readers: Vec<String> = calls_in(&src, &["from_process_env("])
+        .into_iter()
+        .map(|(f, _)| f)
+        .filter(|f| f != "ranks/discover.rs")
+        .collect();
+    assert_eq!(readers, ["ranks/world.rs"]);
+    // No backend finds its rank, places it or meets the others itself: it
+    // is handed the world.
+    let own = ["discover::", "placement::place(", "rendezvous::exchange("];
+    assert_eq!(calls_in(&src.join("backend"), &own), []);
 }

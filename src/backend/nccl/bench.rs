@@ -35,7 +35,7 @@ impl NcclBackend {
         let mut rows = Vec::new();
         for &n in sizes {
             let id = format!("bench-{n}");
-            let case = Case::builder(self.world, [n])
+            let case = Case::builder(self.world.size(), [n])
                 .experiment("bench")
                 .id(&id)
                 .seed(1)
@@ -51,7 +51,7 @@ impl NcclBackend {
                             case,
                             arena: 0,
                             n,
-                            world: self.world,
+                            world: self.world.size(),
                             mode: FoldMode::Fixed,
                             variant: self.cfg.cuda.variant,
                             cuda: &self.cfg.cuda,
@@ -78,12 +78,12 @@ impl NcclBackend {
             median(&case, true, 2)?;
             let allreduce_ms = median(&case, true, iters)?;
             let bytes = n as u64 * 4;
-            let w = self.world as f64;
+            let w = self.world.size() as f64;
             let factor = 2.0 * (w - 1.0) / w;
             let bw = |ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
             rows.push(NcclBenchRow {
                 bytes,
-                world: self.world,
+                world: self.world.size(),
                 fixed_ms,
                 allreduce_ms,
                 fixed_algbw: bw(fixed_ms),

@@ -378,7 +378,7 @@ impl NcclBackend {
         &mut self,
         mine: &[crate::digest::Sha256],
     ) -> Result<Vec<crate::digest::Sha256>, Fault> {
-        if self.env.is_none() {
+        if self.world.env().is_none() {
             return Ok(mine.to_vec());
         }
         let words: Vec<u32> = mine[0]
@@ -407,9 +407,10 @@ impl NcclBackend {
         phase: &'static str,
         mine: &[u32],
     ) -> Result<Vec<Vec<u32>>, Fault> {
-        let world = self.world;
+        let world = self.world.size();
         let (dog, timeout) = (&self.watchdog, self.cfg.timeout);
-        let Some(ctx) = self.ranks.first_mut().filter(|_| self.env.is_some()) else {
+        let per_rank = self.world.env().is_some();
+        let Some(ctx) = self.ranks.first_mut().filter(|_| per_rank) else {
             return Err(infra(phase, "an all-gather needs one process per rank"));
         };
         let k = mine.len();

@@ -13,10 +13,10 @@
 //! an infrastructure failure, naming the phase, as soon as NCCL reports
 //! it, instead of sitting out the watchdog.
 //!
-//! Two launch modes: one process per rank (rank, world and local device
-//! from the launcher's environment, the unique id and the case agreement
-//! over `ranks::rendezvous`), or one process with one thread and context per
-//! GPU (`--gpus N`). Every blocking window runs under `ranks::watchdog`.
+//! Two launch modes, as the run's `ranks::world::World` says: one process
+//! per rank (the world places this rank on its device and meets the others,
+//! carrying rank 0's unique id), or one process with one thread and context
+//! per GPU (`--gpus N`). Every blocking window runs under `ranks::watchdog`.
 
 pub mod bench;
 mod comm;
@@ -32,10 +32,9 @@ use crate::gpu::kernels::FoldMode;
 use crate::gpu::mem::DeviceBuffer;
 use crate::gpu::readback::Reader;
 use crate::gpu::{mapped, Device};
-use crate::ranks::discover::RankEnv;
 use crate::ranks::placement;
-use crate::ranks::rendezvous::{self, Plan};
 use crate::ranks::watchdog::Watchdog;
+use crate::ranks::world::World;
 use comm::{AbortHandle, Comm};
 use dataflow::{on_every_rank, rank_arena, ArenaJob};
 use loader::{Nccl, UniqueId};
@@ -45,24 +44,13 @@ use std::time::{Duration, Instant};
 
 const NAME: &str = "nccl";
 
-/// How the NCCL backend starts.
+/// How the NCCL backend starts; where its ranks are, and the bound on
+/// their start, are its [`World`]'s.
 #[derive(Debug, Clone)]
 pub struct NcclConfig {
     pub cuda: CudaConfig,
-    /// One process, this many GPUs (one thread each); ignored when a
-    /// launcher's rank variables are set.
-    pub gpus: usize,
-    /// Bound on rendezvous + communicator init.
-    pub init_timeout: Duration,
     /// Bound on every collective window (enqueue + stream sync).
     pub timeout: Duration,
-    /// What all ranks must agree on before any collective.
-    pub plan: Plan,
-    /// Under a launcher: share devices by local rank, each rank its own
-    /// NCCL host (see `ranks::placement`).
-    pub emulate_hosts: bool,
-    /// What this rank hashed of its own rank files, for the rendezvous.
-    pub own_inputs: Vec<Option<crate::addends::FileFacts>>,
 }
 
 struct RankBufs {
@@ -105,17 +93,14 @@ impl RankCtx {
 
 pub struct NcclBackend {
     nccl: Arc<Nccl>,
-    world: usize,
+    /// The world as it was placed and met (its launch mode, the members as
+    /// they presented themselves on rank 0).
+    world: World,
     ranks: Vec<RankCtx>,
-    /// Set in one-process-per-rank mode.
-    env: Option<RankEnv>,
     cfg: NcclConfig,
     version: (i32, i32, i32),
     watchdog: Watchdog,
     comms: Arc<Mutex<Vec<AbortHandle>>>,
-    rendezvous: String,
-    /// Every rank as it presented itself in the rendezvous (rank 0 only).
-    members: Vec<rendezvous::Member>,
     /// NCCL's log, when this process routed it (see `facts::OwnLog`).
     log: Option<facts::OwnLog>,
 }
@@ -146,7 +131,9 @@ fn id_from(bytes: &[u8]) -> Result<UniqueId, BackendError> {
 }
 
 impl NcclBackend {
-    pub fn new(cfg: NcclConfig) -> Result<NcclBackend, BackendError> {
+    /// Start on `world`: a world of one process per rank is placed and
+    /// met here, between the GPU steps that need it.
+    pub fn new(cfg: NcclConfig, world: &mut World) -> Result<NcclBackend, BackendError> {
         let probe = crate::gpu::probe();
         if !probe.usable {
             return Err(unavailable(probe.short_reason()));
@@ -155,13 +142,10 @@ impl NcclBackend {
         let log = facts::OwnLog::start();
         let nccl = Arc::new(Nccl::load().map_err(unavailable)?);
         let version = nccl.version().map_err(unavailable)?;
-        let env = crate::ranks::discover::from_process_env()?;
         let comms: Arc<Mutex<Vec<AbortHandle>>> = Arc::new(Mutex::new(Vec::new()));
         let watchdog = {
             let comms = comms.clone();
-            let me = env
-                .as_ref()
-                .map_or("rank 0".to_string(), |e| format!("rank {}", e.rank));
+            let me = format!("rank {}", world.rank().unwrap_or(0));
             Watchdog::new(move |phase| {
                 eprintln!("error: {me}: watchdog: `{phase}` did not finish in time; aborting the communicator");
                 // If the blocked call still does not return, or an abort
@@ -178,20 +162,18 @@ impl NcclBackend {
         };
         let mut backend = NcclBackend {
             nccl,
-            world: 0,
+            world: world.clone(),
             ranks: Vec::new(),
-            env: env.clone(),
-            cfg: cfg.clone(),
+            cfg,
             version,
             watchdog,
             comms,
-            rendezvous: String::new(),
-            members: Vec::new(),
             log,
         };
-        let started = match env {
-            Some(e) => backend.init_process(&e),
-            None => backend.init_threads(cfg.gpus.max(1)),
+        let started = if world.env().is_some() {
+            backend.init_process(world)
+        } else {
+            backend.init_threads(world.size())
         };
         if started.is_err() {
             // NCCL's own account of the failure went to its routed log.
@@ -232,7 +214,7 @@ impl NcclBackend {
         let nccl = &self.nccl;
         let _g = self
             .watchdog
-            .guard("communicator init", self.cfg.init_timeout);
+            .guard("communicator init", self.world.init_timeout());
         let results = on_every_rank(&mut opened, |o| {
             Comm::init(nccl, &o.dev.ctx, gpus, o.rank, id)
         });
@@ -249,46 +231,38 @@ impl NcclBackend {
             .zip(comms)
             .map(|(o, c)| RankCtx::new(o, c))
             .collect();
-        self.world = gpus;
         self.ranks = ranks;
-        self.rendezvous = "in-process".into();
         Ok(())
     }
 
     /// One process per rank: placement, rendezvous, agreement, init.
-    fn init_process(&mut self, e: &RankEnv) -> Result<(), BackendError> {
+    fn init_process(&mut self, world: &mut World) -> Result<(), BackendError> {
+        let (rank, size) = (world.rank().unwrap_or(0), world.size());
         let devices = crate::gpu::probe().device_count;
-        let (_, job, _) = crate::ranks::job::identity();
-        let hostid_set = std::env::var_os("NCCL_HOSTID").is_some_and(|v| !v.is_empty());
-        let place = placement::place(e, devices, self.cfg.emulate_hosts, &job, hostid_set)?;
+        let place = world.place(devices)?;
         // Before NCCL's first call (it reads NCCL_HOSTID once) and before
         // any device is opened.
         placement::export(&place);
-        let opened = self.open_rank(e.rank, place.device)?;
-        let deadline = Instant::now() + self.cfg.init_timeout;
-        let payload = if e.rank == 0 {
+        let opened = self.open_rank(rank, place.device)?;
+        let deadline = Instant::now() + world.init_timeout();
+        let payload = if rank == 0 {
             id_bytes(&self.unique_id()?)
         } else {
             Vec::new()
         };
-        let mut me = rendezvous::Member::this(e);
-        me.device = Some(place.device);
-        me.inputs = self.cfg.own_inputs.clone();
-        let agreed = rendezvous::exchange(e, &me, &self.cfg.plan, &payload, deadline)?;
-        self.rendezvous = agreed.how;
-        self.members = agreed.members;
-        let id = id_from(&agreed.payload)?;
+        world.meet(&payload, deadline)?;
+        self.world = world.clone();
+        let id = id_from(world.payload())?;
         let comm = {
             let _g = self
                 .watchdog
-                .guard("communicator init", self.cfg.init_timeout);
-            Comm::init(&self.nccl, &opened.dev.ctx, e.world, e.rank, id).map_err(unavailable)?
+                .guard("communicator init", world.init_timeout());
+            Comm::init(&self.nccl, &opened.dev.ctx, size, rank, id).map_err(unavailable)?
         };
         self.comms
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(comm.abort_handle());
-        self.world = e.world;
         self.ranks = vec![RankCtx::new(opened, comm)];
         Ok(())
     }
@@ -297,13 +271,13 @@ impl NcclBackend {
         self.nccl.unique_id().map_err(unavailable)
     }
 
-    /// The communicator's world size.
-    pub fn world(&self) -> usize {
-        self.world
+    /// The world this backend started on, as it was placed and met.
+    pub fn world(&self) -> &World {
+        &self.world
     }
 
     fn process_rank(&self) -> Option<usize> {
-        self.env.as_ref().map(|e| e.rank)
+        self.world.rank()
     }
 }
 
@@ -318,8 +292,8 @@ impl Backend for NcclBackend {
             (src, job)
         };
         let own = serde_json::json!({
-            "world": self.world,
-            "launch": match &self.env {
+            "world": self.world.size(),
+            "launch": match self.world.env() {
                 Some(e) => serde_json::json!({
                     "mode": "process-per-rank",
                     "launcher": e.source,
@@ -328,10 +302,10 @@ impl Backend for NcclBackend {
                     "variables": e.variables.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
                     "other_launchers": e.others_json(),
                 }),
-                None => serde_json::json!({"mode": "thread-per-gpu", "gpus": self.world}),
+                None => serde_json::json!({"mode": "thread-per-gpu", "gpus": self.world.size()}),
             },
-            "rendezvous": self.rendezvous,
-            "members": (!self.members.is_empty()).then_some(&self.members),
+            "rendezvous": self.world.how(),
+            "members": (!self.world.members().is_empty()).then_some(self.world.members()),
             "job": job,
             "token_source": token_source,
             "nccl": {
@@ -342,7 +316,7 @@ impl Backend for NcclBackend {
             "rank_check": "every rank reads back and hashes its own copy on its host; the 32-byte digests are gathered to rank 0",
             "emulated_hosts": facts::emulated_hosts(),
             "transport": facts::transport_from_log(),
-            "timeouts_s": {"init": self.cfg.init_timeout.as_secs_f64(), "collective": self.cfg.timeout.as_secs_f64()},
+            "timeouts_s": {"init": self.world.init_timeout().as_secs_f64(), "collective": self.cfg.timeout.as_secs_f64()},
             "devices": self.ranks.iter().map(|r| r.dev.environment()).collect::<Vec<_>>(),
         });
         let own = match own {
@@ -356,25 +330,17 @@ impl Backend for NcclBackend {
     }
 
     fn skip_reason(&self, case: &Case) -> Option<String> {
-        if case.world() != self.world {
+        if case.world() != self.world.size() {
             return Some(format!(
                 "W = {} but the NCCL world has {} rank(s)",
                 case.world(),
-                self.world
+                self.world.size()
             ));
         }
         if case.contract() == Contract::NcclAllreduce && case.mean() {
             return Some("nccl-allreduce has no mean variant".into());
         }
         None
-    }
-
-    fn members(&self) -> &[rendezvous::Member] {
-        &self.members
-    }
-
-    fn is_reporting_rank(&self) -> bool {
-        self.process_rank().unwrap_or(0) == 0
     }
 
     fn platform_facts(&self) -> serde_json::Map<String, serde_json::Value> {
@@ -400,7 +366,7 @@ impl Backend for NcclBackend {
                     case,
                     arena: a as u32,
                     n,
-                    world: self.world,
+                    world: self.world.size(),
                     mode,
                     variant: self.cfg.cuda.variant,
                     cuda: &self.cfg.cuda,
@@ -464,7 +430,7 @@ impl Backend for NcclBackend {
         })?;
         // Each rank holds only its own file: the sensitivity sample is
         // gathered from every rank (rank 0 cannot read the others' files).
-        if let (Some(files), Some(_)) = (case.files(), &self.env) {
+        if let (Some(files), Some(_)) = (case.files(), self.world.env()) {
             run.sensitivity = Some(self.gathered_sensitivity(case, files)?);
         }
         Ok(run)
