@@ -113,6 +113,7 @@ EXCLUDED=(
     "cli::launchers_setup::rank_zero_refuses_an_address_it_cannot_listen_on  $reason_exec"
     "cli::verdicts::a_signal_ends_the_wait_for_another_runs_output_lock  $reason_exec"
     "cli::verdicts::a_second_signal_leaves_no_lock_file  $reason_exec"
+    "cli::inputs::a_grid_cell_of_any_width_prints  $reason_exec"
     "platform::host_driver::the_loader_cache_leads_to_a_driver_directory_nothing_else_names  $reason_host_libs"
     "platform::host_driver::the_running_kernel_module_picks_its_own_libcuda_over_a_stale_one  $reason_host_libs"
     "platform::host_driver::the_confidential_computing_libraries_are_loaded_beside_libcuda  $reason_host_libs"
