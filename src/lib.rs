@@ -28,3 +28,4 @@ pub mod ranks;
 pub mod report;
 pub mod runner;
 pub mod sensitivity;
+pub mod world_size;
