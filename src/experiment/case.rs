@@ -1,6 +1,7 @@
 //! A validated case: everything a backend needs, nothing about the machine.
 
 use super::order::DeliveryOrder;
+use super::schema::{RawOrder, RawParams};
 use super::MAX_CASE_BYTES;
 use crate::addends::{AddendFiles, AddendParams, ExpectFile};
 use crate::data::Distribution;
@@ -8,6 +9,7 @@ use crate::fold::Contract;
 use crate::world_size::WorldSize;
 use serde::Serialize;
 use std::sync::Arc;
+use toml::Spanned;
 
 /// Where a case's addends come from.
 #[derive(Debug, Clone, PartialEq)]
@@ -242,8 +244,9 @@ impl Case {
     }
     /// The same case with every rank file's digest known
     /// (`AddendFiles::hashed`, `AddendFiles::complete`: the same files,
-    /// hence the same W and arenas).
-    pub(super) fn with_files(mut self, files: Arc<AddendFiles>) -> Case {
+    /// hence the same W and arenas). Only the library swaps them, so a
+    /// `Case` outside it is one `CaseBuilder::build` made.
+    pub(crate) fn with_files(mut self, files: Arc<AddendFiles>) -> Case {
         debug_assert_eq!(files.world(), self.world());
         self.fields.addends = Addends::Files(files);
         self
@@ -324,6 +327,80 @@ impl Case {
     /// Bytes of addends across all ranks and arenas.
     pub fn addend_bytes(&self) -> u64 {
         self.world() as u64 * self.total_len() * 4
+    }
+
+    /// This case's parameters as an experiment file writes them: the
+    /// experiment loader's `build_case` run backwards, so they read back
+    /// as the same case (its key and params). `expect` is left out: it
+    /// judges a result, it is not a parameter of the sum.
+    pub(super) fn to_raw(&self) -> Result<RawParams, CaseError> {
+        fn given<T>(value: T) -> Option<Spanned<T>> {
+            Some(Spanned::new(0..0, value))
+        }
+        let int = |field: &'static str, v: u64| {
+            i64::try_from(v).map_err(|_| CaseError {
+                field,
+                message: format!("{v} is past the largest TOML integer"),
+            })
+        };
+        // Every field named, so a new parameter is a compile error here.
+        let CaseParams {
+            world,
+            arenas,
+            order: _,          // written from the order itself, below
+            order_sequence: _, // follows from order and world
+            seed: _,           // from the case's addends, below
+            distribution: _,   // likewise
+            contract,
+            mean,
+            rounds,
+            addends: _, // likewise
+        } = self.params();
+        let order = match self.order() {
+            DeliveryOrder::Explicit(p) => RawOrder::Permutation(
+                p.iter()
+                    .map(|&r| int("order", r as u64))
+                    .collect::<Result<_, _>>()?,
+            ),
+            named => RawOrder::Named(named.canonical()),
+        };
+        let (arenas, seed, distribution, addends, tensors) = match self.addends() {
+            Addends::Generated { seed, distribution } => (
+                given(
+                    arenas
+                        .iter()
+                        .map(|&n| int("arenas", n as u64))
+                        .collect::<Result<_, _>>()?,
+                ),
+                given(int("seed", *seed)?),
+                given(distribution.name().to_string()),
+                None,
+                None,
+            ),
+            // The same files, wherever the experiment is written.
+            Addends::Files(f) => {
+                let tensors = match f.format() {
+                    crate::addends::Format::Safetensors => {
+                        given(f.arenas().iter().map(|a| a.name.clone()).collect())
+                    }
+                    crate::addends::Format::Npy => None,
+                };
+                (None, None, None, given(f.resolved_template()), tensors)
+            }
+        };
+        Ok(RawParams {
+            world: given(int("world", world as u64)?),
+            arenas,
+            order: given(order),
+            seed,
+            distribution,
+            contract: given(contract.name().to_string()),
+            mean: given(mean),
+            rounds: given(rounds.into()),
+            addends,
+            tensors,
+            expect: None,
+        })
     }
 
     pub fn params(&self) -> CaseParams {
@@ -490,5 +567,15 @@ mod tests {
             .with_order(DeliveryOrder::Explicit(vec![0, 1]))
             .is_err());
         assert!(ok.to_builder().world(2).build().is_ok());
+    }
+
+    #[test]
+    fn a_case_written_as_toml_names_what_toml_cannot_hold() {
+        let big = Case::builder(2, [1]).seed(u64::MAX).build().unwrap();
+        let e = big.to_raw().unwrap_err();
+        assert_eq!(e.field, "seed", "{e}");
+        // Control: the largest seed a TOML integer holds is written.
+        let fits = big.with_data(i64::MAX as u64, Distribution::default());
+        assert_eq!(*fits.to_raw().unwrap().seed.unwrap().get_ref(), i64::MAX);
     }
 }

@@ -13,7 +13,7 @@ use crate::addends::{AddendFiles, ExpectFile, Scope};
 use crate::data::Distribution;
 use crate::fold::Contract;
 use crate::world_size::WorldSize;
-use schema::{RawCase, RawExperiment, RawOrder, RawParams, RawSweep};
+use schema::{RawCase, RawExperiment, RawParams, RawSweep};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -789,80 +789,6 @@ fn build_case(
         .map_err(|e| src.at(span_of(e.field), format!("case `{ctx_id}`: {e}")))
 }
 
-/// `case`'s parameters as an experiment file writes them: [`build_case`]
-/// run backwards, so they read back as the same case (its key and
-/// params). `expect` is left out: it judges a result, it is not a
-/// parameter of the sum.
-fn raw_params(case: &Case) -> Result<RawParams, CaseError> {
-    fn given<T>(value: T) -> Option<Spanned<T>> {
-        Some(Spanned::new(0..0, value))
-    }
-    let int = |field: &'static str, v: u64| {
-        i64::try_from(v).map_err(|_| CaseError {
-            field,
-            message: format!("{v} is past the largest TOML integer"),
-        })
-    };
-    // Every field named, so a new parameter is a compile error here.
-    let CaseParams {
-        world,
-        arenas,
-        order: _,          // written from the order itself, below
-        order_sequence: _, // follows from order and world
-        seed: _,           // from the case's addends, below
-        distribution: _,   // likewise
-        contract,
-        mean,
-        rounds,
-        addends: _, // likewise
-    } = case.params();
-    let order = match case.order() {
-        DeliveryOrder::Explicit(p) => RawOrder::Permutation(
-            p.iter()
-                .map(|&r| int("order", r as u64))
-                .collect::<Result<_, _>>()?,
-        ),
-        named => RawOrder::Named(named.canonical()),
-    };
-    let (arenas, seed, distribution, addends, tensors) = match case.addends() {
-        Addends::Generated { seed, distribution } => (
-            given(
-                arenas
-                    .iter()
-                    .map(|&n| int("arenas", n as u64))
-                    .collect::<Result<_, _>>()?,
-            ),
-            given(int("seed", *seed)?),
-            given(distribution.name().to_string()),
-            None,
-            None,
-        ),
-        // The same files, wherever the experiment is written.
-        Addends::Files(f) => {
-            let tensors = match f.format() {
-                crate::addends::Format::Safetensors => {
-                    given(f.arenas().iter().map(|a| a.name.clone()).collect())
-                }
-                crate::addends::Format::Npy => None,
-            };
-            (None, None, None, given(f.resolved_template()), tensors)
-        }
-    };
-    Ok(RawParams {
-        world: given(int("world", world as u64)?),
-        arenas,
-        order: given(order),
-        seed,
-        distribution,
-        contract: given(contract.name().to_string()),
-        mean: given(mean),
-        rounds: given(rounds.into()),
-        addends,
-        tensors,
-        expect: None,
-    })
-}
-
 /// Why [`to_toml`] could not write a case.
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
@@ -882,7 +808,7 @@ pub fn to_toml(name: &str, cases: &[(String, &Case)]) -> Result<String, WriteErr
         .map(|(id, case)| {
             Ok(RawCase {
                 id: Spanned::new(0..0, id.clone()),
-                params: raw_params(case).map_err(|error| WriteError::Case {
+                params: case.to_raw().map_err(|error| WriteError::Case {
                     id: id.clone(),
                     error,
                 })?,
