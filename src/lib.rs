@@ -30,3 +30,4 @@ pub mod report;
 pub mod run;
 pub mod runner;
 pub mod sensitivity;
+pub mod world_size;

@@ -17,6 +17,7 @@ mod read;
 pub use format::{Dtype, Format, Tensor};
 
 use crate::digest::Sha256;
+use crate::world_size::WorldSize;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -246,9 +247,10 @@ impl AddendFiles {
         template: &str,
         base: &Path,
         tensors: Option<&[String]>,
-        world: Option<usize>,
+        world: Option<WorldSize>,
         scope: Scope,
     ) -> Result<AddendFiles, AddendError> {
+        let world = world.map(WorldSize::get);
         if !template.contains("{rank}") {
             return Err(bad(
                 template,
@@ -1017,12 +1019,12 @@ mod tests {
     fn a_rank_with_its_own_file_sees_files_past_the_world() {
         let dir = tempfile::tempdir().unwrap();
         three(dir.path());
-        let own = |rank, world, declared| {
+        let own = |rank, world, declared: Option<usize>| {
             AddendFiles::open(
                 "r{rank}.npy",
                 dir.path(),
                 None,
-                declared,
+                declared.map(|w| WorldSize::new(w).unwrap()),
                 Scope::OwnRank { rank, world },
             )
         };
@@ -1072,7 +1074,7 @@ mod tests {
                 "r{rank}.npy",
                 Path::new("/"),
                 None,
-                Some(1),
+                Some(WorldSize::ONE),
                 Scope::OwnRank { rank: 5, world: 1 },
             )
             .unwrap_or_else(|e| panic!("{e}"));

@@ -11,7 +11,7 @@ use super::result::ControlCell;
 use super::workdir::WorkArea;
 use super::{AuditError, Options};
 use crate::digest::NanPolicy;
-use crate::experiment::{Addends, Case, CaseParams, DeliveryOrder, MAX_CASES};
+use crate::experiment::{self, Case, DeliveryOrder, MAX_CASES};
 use crate::fold::Contract;
 use crate::input::MAX_EXPERIMENT_BYTES;
 use crate::report::Report;
@@ -106,94 +106,42 @@ fn run_id(i: usize) -> String {
     format!("r{i}")
 }
 
-/// One `[[case]]` table holding every parameter of `c`.
-fn case_toml(id: &str, c: &Case) -> String {
-    let list = |v: &[usize]| {
-        v.iter()
-            .map(usize::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    // Every field named, so a new parameter is a compile error here.
-    let CaseParams {
-        world,
-        arenas,
-        order: _, // written from the order itself, below
-        order_sequence: _,
-        seed: _,
-        distribution: _,
-        contract,
-        mean,
-        rounds,
-        addends: _, // from the case's own files, below
-    } = c.params();
-    let order = match c.order() {
-        DeliveryOrder::Explicit(p) => format!("[{}]", list(p)),
-        named => format!("\"{}\"", named.canonical()),
-    };
-    let inputs = match c.addends() {
-        Addends::Generated { seed, distribution } => format!(
-            "arenas = [{}]\nseed = {seed}\ndistribution = \"{}\"\n",
-            list(&arenas),
-            distribution.name()
-        ),
-        // The same files, wherever the oracle's experiment is written.
-        Addends::Files(f) => {
-            let names: Vec<toml::Value> = f
-                .arenas()
-                .iter()
-                .map(|a| toml::Value::String(a.name.clone()))
-                .collect();
-            let tensors = match f.format() {
-                crate::addends::Format::Safetensors => {
-                    format!("tensors = {}\n", toml::Value::Array(names))
-                }
-                crate::addends::Format::Npy => String::new(),
-            };
-            format!(
-                "addends = {}\n{tensors}",
-                toml::Value::String(f.resolved_template())
-            )
-        }
-    };
-    format!(
-        "[[case]]\nid = \"{id}\"\nworld = {world}\n{inputs}order = {order}\ncontract = \"{}\"\nmean = {mean}\nrounds = {rounds}\n\n",
-        contract.name(),
-    )
-}
-
 /// The experiment files holding `runs`: as few as the per-file caps on
-/// cases and bytes allow. Each is `(name, text)`.
-fn experiment_files(runs: &[Case]) -> Vec<(String, String)> {
+/// cases and bytes allow, each file the longest run of cases that fits.
+/// Each is `(name, text)`.
+fn experiment_files(runs: &[Case]) -> Result<Vec<(String, String)>, AuditError> {
     let budget = (MAX_EXPERIMENT_BYTES / 4 * 3) as usize;
-    let mut files: Vec<(String, String)> = Vec::new();
-    let mut text = String::new();
-    let mut count = 0usize;
-    let start = |files: &mut Vec<(String, String)>, text: &mut String| {
-        let name = format!("oracle-{}", files.len() + 1);
-        *text = format!(
-            "# Written by `foldprint audit`: the CPU oracle's runs and the contract's controls, one round each.\nname = \"{name}\"\n\n"
-        );
-        files.push((name, String::new()));
+    let cases: Vec<(String, &Case)> = runs
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (run_id(i), c))
+        .collect();
+    let text = |name: &str, cases: &[(String, &Case)]| {
+        experiment::to_toml(name, cases)
+            .map(|t| format!("# Written by `foldprint audit`: the CPU oracle's runs and the contract's controls, one round each.\n{t}"))
+            .map_err(|e| AuditError::Oracle(format!("cannot write its experiments: {e}")))
     };
-    for (i, c) in runs.iter().enumerate() {
-        let table = case_toml(&run_id(i), c);
-        if count == 0 || count == MAX_CASES || text.len() + table.len() > budget {
-            if count > 0 {
-                if let Some(last) = files.last_mut() {
-                    last.1 = std::mem::take(&mut text);
-                }
+    let mut files = Vec::new();
+    let mut rest = &cases[..];
+    while !rest.is_empty() {
+        let name = format!("oracle-{}", files.len() + 1);
+        // The most cases that fit (a file grows with each case): one at
+        // least, however long.
+        let (mut fits, mut over) = (1, rest.len().min(MAX_CASES) + 1);
+        let mut best = text(&name, &rest[..1])?;
+        while over - fits > 1 {
+            let mid = (fits + over) / 2;
+            let t = text(&name, &rest[..mid])?;
+            if t.len() <= budget {
+                (fits, best) = (mid, t);
+            } else {
+                over = mid;
             }
-            start(&mut files, &mut text);
-            count = 0;
         }
-        text.push_str(&table);
-        count += 1;
+        files.push((name, best));
+        rest = &rest[fits..];
     }
-    if let Some(last) = files.last_mut() {
-        last.1 = text;
-    }
-    files
+    Ok(files)
 }
 
 fn control_cell(
@@ -276,7 +224,7 @@ fn run_child(
     let exp_dir = dir.join("experiments");
     std::fs::create_dir_all(&exp_dir).map_err(io)?;
     let mut paths: Vec<PathBuf> = Vec::new();
-    for (name, text) in experiment_files(runs) {
+    for (name, text) in experiment_files(runs)? {
         let path = exp_dir.join(format!("{name}.toml"));
         std::fs::write(&path, text).map_err(io)?;
         paths.push(path);
@@ -409,7 +357,7 @@ mod tests {
         ));
         assert!(p.cases[4].is_none());
 
-        let files = experiment_files(&p.runs);
+        let files = experiment_files(&p.runs).unwrap();
         assert_eq!(files.len(), 1);
         let e = crate::experiment::parse(Path::new("o.toml"), &files[0].1).unwrap();
         assert_eq!(e.name, "oracle-1");
@@ -430,7 +378,7 @@ mod tests {
                 c.with_data(s as u64, crate::data::Distribution::default())
             })
             .collect();
-        let files = experiment_files(&runs);
+        let files = experiment_files(&runs).unwrap();
         assert_eq!(files.len(), 2);
         let a = crate::experiment::parse(Path::new("a.toml"), &files[0].1).unwrap();
         let b = crate::experiment::parse(Path::new("b.toml"), &files[1].1).unwrap();

@@ -93,8 +93,16 @@ pub fn compare(
         .build()?;
     // A first open reads the files into the page cache; the timed one
     // finds them there.
-    let open =
-        || AddendFiles::open("rank{rank}.npy", dir, None, Some(world), Scope::AllRanks)?.hashed();
+    let open = || {
+        AddendFiles::open(
+            "rank{rank}.npy",
+            dir,
+            None,
+            Some(generated.world_size()),
+            Scope::AllRanks,
+        )?
+        .hashed()
+    };
     open().map_err(BenchError::Addends)?;
     let t = Instant::now();
     let files = open().map_err(BenchError::Addends)?;

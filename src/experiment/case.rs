@@ -1,13 +1,15 @@
 //! A validated case: everything a backend needs, nothing about the machine.
 
 use super::order::DeliveryOrder;
-use super::{MAX_CASE_BYTES, MAX_WORLD};
+use super::schema::{RawOrder, RawParams};
+use super::MAX_CASE_BYTES;
 use crate::addends::{AddendFiles, AddendParams, ExpectFile};
 use crate::data::Distribution;
 use crate::fold::Contract;
+use crate::world_size::WorldSize;
 use serde::Serialize;
-use std::num::NonZeroUsize;
 use std::sync::Arc;
+use toml::Spanned;
 
 /// Where a case's addends come from.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,16 +25,24 @@ pub enum Addends {
 
 /// A case that is valid by construction: its fields are private and the
 /// only way to make one is [`CaseBuilder::build`], which holds it to the
-/// limits an experiment file is (W in 1..=[`MAX_WORLD`], at least one
+/// limits an experiment file is (W a [`WorldSize`], at least one
 /// arena, at most [`MAX_CASE_BYTES`] of addends, an order valid at W,
 /// 1..=1000 rounds). Backends never re-check them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Case {
+    world: WorldSize,
+    fields: Fields,
+}
+
+/// A case's fields but W, as [`CaseBuilder`] collects them and [`Case`]
+/// holds them once checked (W is a plain number in the one, a
+/// [`WorldSize`] in the other).
+#[derive(Debug, Clone, PartialEq)]
+struct Fields {
     /// Name of the experiment that declared it.
     experiment: String,
     /// Human id, unique within the experiment.
     id: String,
-    world: NonZeroUsize,
     /// One length per arena (e.g. a gradient lane and a small head lane).
     arenas: Vec<usize>,
     order: DeliveryOrder,
@@ -63,25 +73,17 @@ pub struct CaseError {
 /// distribution and contract, a sum, one round.
 #[derive(Debug, Clone)]
 pub struct CaseBuilder {
-    experiment: String,
-    id: String,
     world: usize,
-    arenas: Vec<usize>,
-    order: DeliveryOrder,
-    addends: Addends,
-    contract: Contract,
-    mean: bool,
-    rounds: u32,
-    expect: Option<Arc<ExpectFile>>,
+    fields: Fields,
 }
 
 impl CaseBuilder {
     pub fn experiment(mut self, name: impl Into<String>) -> Self {
-        self.experiment = name.into();
+        self.fields.experiment = name.into();
         self
     }
     pub fn id(mut self, id: impl Into<String>) -> Self {
-        self.id = id.into();
+        self.fields.id = id.into();
         self
     }
     pub fn world(mut self, world: usize) -> Self {
@@ -89,74 +91,71 @@ impl CaseBuilder {
         self
     }
     pub fn arenas(mut self, arenas: impl Into<Vec<usize>>) -> Self {
-        self.arenas = arenas.into();
+        self.fields.arenas = arenas.into();
         self
     }
     pub fn order(mut self, order: DeliveryOrder) -> Self {
-        self.order = order;
+        self.fields.order = order;
         self
     }
     /// Generated addends of this seed (and the distribution set or kept).
     pub fn seed(mut self, seed: u64) -> Self {
-        let distribution = match self.addends {
+        let distribution = match self.fields.addends {
             Addends::Generated { distribution, .. } => distribution,
             Addends::Files(_) => Distribution::default(),
         };
-        self.addends = Addends::Generated { seed, distribution };
+        self.fields.addends = Addends::Generated { seed, distribution };
         self
     }
     /// Generated addends of this distribution (and the seed set or kept).
     pub fn distribution(mut self, distribution: Distribution) -> Self {
-        let seed = match self.addends {
+        let seed = match self.fields.addends {
             Addends::Generated { seed, .. } => seed,
             Addends::Files(_) => 0,
         };
-        self.addends = Addends::Generated { seed, distribution };
+        self.fields.addends = Addends::Generated { seed, distribution };
         self
     }
     /// Addends read from these rank files; they set W and the arenas.
     pub fn files(mut self, files: Arc<AddendFiles>) -> Self {
         self.world = files.world();
-        self.arenas = files.arenas().iter().map(|a| a.len).collect();
-        self.addends = Addends::Files(files);
+        self.fields.arenas = files.arenas().iter().map(|a| a.len).collect();
+        self.fields.addends = Addends::Files(files);
         self
     }
     pub fn expect(mut self, expect: Option<Arc<ExpectFile>>) -> Self {
-        self.expect = expect;
+        self.fields.expect = expect;
         self
     }
     pub fn contract(mut self, contract: Contract) -> Self {
-        self.contract = contract;
+        self.fields.contract = contract;
         self
     }
     pub fn mean(mut self, mean: bool) -> Self {
-        self.mean = mean;
+        self.fields.mean = mean;
         self
     }
     pub fn rounds(mut self, rounds: u32) -> Self {
-        self.rounds = rounds;
+        self.fields.rounds = rounds;
         self
     }
 
     /// The case, or the first limit it breaks.
     pub fn build(self) -> Result<Case, CaseError> {
-        let CaseBuilder {
-            experiment,
-            id,
-            world,
+        let CaseBuilder { world, fields } = self;
+        let bad = |field, message: String| Err(CaseError { field, message });
+        let world = match WorldSize::new(world) {
+            Ok(w) => w,
+            Err(e) => return bad("world", e.to_string()),
+        };
+        let Fields {
             arenas,
             order,
             addends,
-            contract,
-            mean,
             rounds,
             expect,
-        } = self;
-        let bad = |field, message: String| Err(CaseError { field, message });
-        let world = match NonZeroUsize::new(world) {
-            Some(w) if w.get() <= MAX_WORLD => w,
-            _ => return bad("world", format!("must be 1 ..= {MAX_WORLD}, got {world}")),
-        };
+            ..
+        } = &fields;
         if arenas.is_empty() {
             return bad("arenas", "needs at least one arena length".into());
         }
@@ -174,15 +173,17 @@ impl CaseBuilder {
         if let Err(m) = order.validate(world.get()) {
             return bad("order", m);
         }
-        if !(1..=MAX_ROUNDS).contains(&rounds) {
+        if !(1..=MAX_ROUNDS).contains(rounds) {
             return bad(
                 "rounds",
                 format!("must be 1 ..= {MAX_ROUNDS}, got {rounds}"),
             );
         }
-        if let Addends::Files(f) = &addends {
+        // The one place a case's W meets its rank files' (the files were
+        // held to a declared W against the disk when they were opened).
+        if let Addends::Files(f) = addends {
             let lens: Vec<usize> = f.arenas().iter().map(|a| a.len).collect();
-            if f.world() != world.get() || lens != arenas {
+            if f.world() != world.get() || lens != *arenas {
                 return bad(
                     "addends",
                     format!(
@@ -192,23 +193,12 @@ impl CaseBuilder {
                 );
             }
         }
-        if let Some(e) = &expect {
-            if let Err(m) = e.matches(&arenas) {
+        if let Some(e) = expect {
+            if let Err(m) = e.matches(arenas) {
                 return bad("expect", m);
             }
         }
-        Ok(Case {
-            experiment,
-            id,
-            world,
-            arenas,
-            order,
-            addends,
-            contract,
-            mean,
-            rounds,
-            expect,
-        })
+        Ok(Case { world, fields })
     }
 }
 
@@ -216,69 +206,54 @@ impl Case {
     /// A case of `world` ranks and these arena lengths, the rest defaults.
     pub fn builder(world: usize, arenas: impl Into<Vec<usize>>) -> CaseBuilder {
         CaseBuilder {
-            experiment: String::new(),
-            id: String::new(),
             world,
-            arenas: arenas.into(),
-            order: DeliveryOrder::Ascending,
-            addends: Addends::Generated {
-                seed: 0,
-                distribution: Distribution::default(),
+            fields: Fields {
+                experiment: String::new(),
+                id: String::new(),
+                arenas: arenas.into(),
+                order: DeliveryOrder::Ascending,
+                addends: Addends::Generated {
+                    seed: 0,
+                    distribution: Distribution::default(),
+                },
+                contract: Contract::default(),
+                mean: false,
+                rounds: 1,
+                expect: None,
             },
-            contract: Contract::default(),
-            mean: false,
-            rounds: 1,
-            expect: None,
         }
     }
 
     /// This case's parameters as a builder, to make a variant of it.
     pub fn to_builder(&self) -> CaseBuilder {
-        let Case {
-            experiment,
-            id,
-            world,
-            arenas,
-            order,
-            addends,
-            contract,
-            mean,
-            rounds,
-            expect,
-        } = self;
         CaseBuilder {
-            experiment: experiment.clone(),
-            id: id.clone(),
-            world: world.get(),
-            arenas: arenas.clone(),
-            order: order.clone(),
-            addends: addends.clone(),
-            contract: *contract,
-            mean: *mean,
-            rounds: *rounds,
-            expect: expect.clone(),
+            world: self.world.get(),
+            fields: self.fields.clone(),
         }
     }
 
     /// The same case under another contract (no limit depends on it).
     pub fn with_contract(mut self, contract: Contract) -> Case {
-        self.contract = contract;
+        self.fields.contract = contract;
         self
     }
     /// The same case with other addends (no limit depends on them).
     pub fn with_data(mut self, seed: u64, distribution: Distribution) -> Case {
-        self.addends = Addends::Generated { seed, distribution };
+        self.fields.addends = Addends::Generated { seed, distribution };
         self
     }
-    /// The same case with every rank file's digest known (`AddendFiles::complete`).
-    pub fn with_files(mut self, files: Arc<AddendFiles>) -> Case {
+    /// The same case with every rank file's digest known
+    /// (`AddendFiles::hashed`, `AddendFiles::complete`: the same files,
+    /// hence the same W and arenas). Only the library swaps them, so a
+    /// `Case` outside it is one `CaseBuilder::build` made.
+    pub(crate) fn with_files(mut self, files: Arc<AddendFiles>) -> Case {
         debug_assert_eq!(files.world(), self.world());
-        self.addends = Addends::Files(files);
+        self.fields.addends = Addends::Files(files);
         self
     }
     /// The same case run once.
     pub fn single_round(mut self) -> Case {
-        self.rounds = 1;
+        self.fields.rounds = 1;
         self
     }
     /// The same case in another delivery order, if it is one at this W.
@@ -287,46 +262,49 @@ impl Case {
             field: "order",
             message,
         })?;
-        self.order = order;
+        self.fields.order = order;
         Ok(self)
     }
 
     pub fn experiment(&self) -> &str {
-        &self.experiment
+        &self.fields.experiment
     }
     pub fn id(&self) -> &str {
-        &self.id
+        &self.fields.id
     }
     pub fn world(&self) -> usize {
         self.world.get()
     }
+    pub fn world_size(&self) -> WorldSize {
+        self.world
+    }
     pub fn arenas(&self) -> &[usize] {
-        &self.arenas
+        &self.fields.arenas
     }
     pub fn order(&self) -> &DeliveryOrder {
-        &self.order
+        &self.fields.order
     }
     pub fn addends(&self) -> &Addends {
-        &self.addends
+        &self.fields.addends
     }
     /// The rank files, when the addends come from files.
     pub fn files(&self) -> Option<&Arc<AddendFiles>> {
-        match &self.addends {
+        match &self.fields.addends {
             Addends::Files(f) => Some(f),
             Addends::Generated { .. } => None,
         }
     }
     pub fn expect(&self) -> Option<&Arc<ExpectFile>> {
-        self.expect.as_ref()
+        self.fields.expect.as_ref()
     }
     pub fn contract(&self) -> Contract {
-        self.contract
+        self.fields.contract
     }
     pub fn mean(&self) -> bool {
-        self.mean
+        self.fields.mean
     }
     pub fn rounds(&self) -> u32 {
-        self.rounds
+        self.fields.rounds
     }
 
     /// Stable identifier derived from the numeric parameters only (never the
@@ -343,7 +321,7 @@ impl Case {
     }
 
     pub fn total_len(&self) -> u64 {
-        self.arenas.iter().map(|&n| n as u64).sum()
+        self.fields.arenas.iter().map(|&n| n as u64).sum()
     }
 
     /// Bytes of addends across all ranks and arenas.
@@ -351,11 +329,85 @@ impl Case {
         self.world() as u64 * self.total_len() * 4
     }
 
+    /// This case's parameters as an experiment file writes them: the
+    /// experiment loader's `build_case` run backwards, so they read back
+    /// as the same case (its key and params). `expect` is left out: it
+    /// judges a result, it is not a parameter of the sum.
+    pub(super) fn to_raw(&self) -> Result<RawParams, CaseError> {
+        fn given<T>(value: T) -> Option<Spanned<T>> {
+            Some(Spanned::new(0..0, value))
+        }
+        let int = |field: &'static str, v: u64| {
+            i64::try_from(v).map_err(|_| CaseError {
+                field,
+                message: format!("{v} is past the largest TOML integer"),
+            })
+        };
+        // Every field named, so a new parameter is a compile error here.
+        let CaseParams {
+            world,
+            arenas,
+            order: _,          // written from the order itself, below
+            order_sequence: _, // follows from order and world
+            seed: _,           // from the case's addends, below
+            distribution: _,   // likewise
+            contract,
+            mean,
+            rounds,
+            addends: _, // likewise
+        } = self.params();
+        let order = match self.order() {
+            DeliveryOrder::Explicit(p) => RawOrder::Permutation(
+                p.iter()
+                    .map(|&r| int("order", r as u64))
+                    .collect::<Result<_, _>>()?,
+            ),
+            named => RawOrder::Named(named.canonical()),
+        };
+        let (arenas, seed, distribution, addends, tensors) = match self.addends() {
+            Addends::Generated { seed, distribution } => (
+                given(
+                    arenas
+                        .iter()
+                        .map(|&n| int("arenas", n as u64))
+                        .collect::<Result<_, _>>()?,
+                ),
+                given(int("seed", *seed)?),
+                given(distribution.name().to_string()),
+                None,
+                None,
+            ),
+            // The same files, wherever the experiment is written.
+            Addends::Files(f) => {
+                let tensors = match f.format() {
+                    crate::addends::Format::Safetensors => {
+                        given(f.arenas().iter().map(|a| a.name.clone()).collect())
+                    }
+                    crate::addends::Format::Npy => None,
+                };
+                (None, None, None, given(f.resolved_template()), tensors)
+            }
+        };
+        Ok(RawParams {
+            world: given(int("world", world as u64)?),
+            arenas,
+            order: given(order),
+            seed,
+            distribution,
+            contract: given(contract.name().to_string()),
+            mean: given(mean),
+            rounds: given(rounds.into()),
+            addends,
+            tensors,
+            expect: None,
+        })
+    }
+
     pub fn params(&self) -> CaseParams {
-        let Case {
+        let Case { world, fields } = self;
+        let Fields {
             experiment: _,
             id: _,
-            world,
             arenas,
             order,
             addends,
@@ -363,7 +415,7 @@ impl Case {
             mean,
             rounds,
             expect: _, // judged in the report, not a parameter of the sum
-        } = self;
+        } = fields;
         let (seed, distribution, files) = match addends {
             Addends::Generated { seed, distribution } => (Some(*seed), Some(*distribution), None),
             Addends::Files(f) => (None, None, Some(f.params())),
@@ -456,11 +508,40 @@ impl CaseParams {
     pub fn key(&self) -> String {
         format!("{}/{}", self.group_key(), self.order)
     }
+
+    /// A builder of the case these parameters describe, delivered in
+    /// `order` (what `self.order` names, parsed by the caller). Rank files
+    /// are not at hand where a report is read: their case is a generated
+    /// one of the same W and arenas, which is all its limits and its
+    /// sensitivity sample depend on.
+    pub fn builder(&self, order: DeliveryOrder) -> CaseBuilder {
+        // Every field named: a new parameter must be read back here too.
+        let CaseParams {
+            world,
+            arenas,
+            order: _,          // parsed by the caller
+            order_sequence: _, // follows from order and world
+            seed,
+            distribution,
+            contract,
+            mean,
+            rounds,
+            addends: _, // a generated case of the same shape, above
+        } = self;
+        Case::builder(*world, arenas.clone())
+            .order(order)
+            .seed(seed.unwrap_or_default())
+            .distribution(distribution.unwrap_or_default())
+            .contract(*contract)
+            .mean(*mean)
+            .rounds(*rounds)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::world_size::MAX_WORLD;
 
     #[test]
     fn the_builder_holds_every_case_to_the_limits() {
@@ -486,5 +567,15 @@ mod tests {
             .with_order(DeliveryOrder::Explicit(vec![0, 1]))
             .is_err());
         assert!(ok.to_builder().world(2).build().is_ok());
+    }
+
+    #[test]
+    fn a_case_written_as_toml_names_what_toml_cannot_hold() {
+        let big = Case::builder(2, [1]).seed(u64::MAX).build().unwrap();
+        let e = big.to_raw().unwrap_err();
+        assert_eq!(e.field, "seed", "{e}");
+        // Control: the largest seed a TOML integer holds is written.
+        let fits = big.with_data(i64::MAX as u64, Distribution::default());
+        assert_eq!(*fits.to_raw().unwrap().seed.unwrap().get_ref(), i64::MAX);
     }
 }

@@ -12,7 +12,8 @@ pub use order::DeliveryOrder;
 use crate::addends::{AddendFiles, ExpectFile, Scope};
 use crate::data::Distribution;
 use crate::fold::Contract;
-use schema::{RawExperiment, RawOrder, RawParams, RawSweep};
+use crate::world_size::WorldSize;
+use schema::{RawCase, RawExperiment, RawParams, RawSweep};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,8 +21,7 @@ use toml::Spanned;
 
 /// Most cases one file may expand to.
 pub const MAX_CASES: usize = 4096;
-/// Largest W accepted.
-pub const MAX_WORLD: usize = 65_536;
+pub use crate::world_size::MAX_WORLD;
 /// Largest addend volume of one case (W x total length x 4 bytes): 1 TiB.
 pub const MAX_CASE_BYTES: u64 = 1 << 40;
 
@@ -60,7 +60,7 @@ impl InputError {
 }
 
 /// `addends`, `tensors` and `world` as a case gives them.
-type RankFilesKey = (String, Option<Vec<String>>, Option<usize>);
+type RankFilesKey = (String, Option<Vec<String>>, Option<WorldSize>);
 
 /// The rank files and expected results one experiment file names, each
 /// opened (and hashed) once however many cases name it.
@@ -97,7 +97,7 @@ impl FileCache {
         &mut self,
         template: &str,
         tensors: Option<&[String]>,
-        world: Option<usize>,
+        world: Option<WorldSize>,
     ) -> Result<Arc<AddendFiles>, crate::addends::AddendError> {
         let key = (template.to_string(), tensors.map(<[String]>::to_vec), world);
         if let Some(f) = self.rank_files.get(&key) {
@@ -563,36 +563,11 @@ fn unique_keys(path: &Path, cases: &[Case]) -> Result<(), InputError> {
 /// An empty sweep list would silently sweep nothing and make one case of
 /// the defaults: name the key instead.
 fn check_sweep_lists(src: &Source<'_>, sw: &RawSweep) -> Result<(), InputError> {
-    fn span<T>(l: &Option<Spanned<Vec<T>>>) -> Option<std::ops::Range<usize>> {
-        l.as_ref()
-            .filter(|l| l.get_ref().is_empty())
-            .map(|l| l.span())
-    }
-    // Every field named, so a new parameter is a compile error here.
-    let RawSweep {
-        id: _,
-        world,
-        arenas,
-        order,
-        seed,
-        distribution,
-        contract,
-        mean,
-        rounds: _,  // one value, not a list
-        addends: _, // likewise
-        tensors: _,
-        expect: _,
-    } = sw;
-    let empty = [
-        ("world", span(world)),
-        ("arenas", span(arenas)),
-        ("order", span(order)),
-        ("seed", span(seed)),
-        ("distribution", span(distribution)),
-        ("contract", span(contract)),
-        ("mean", span(mean)),
-    ];
-    match empty.into_iter().find_map(|(k, s)| s.map(|s| (k, s))) {
+    let empty = sw
+        .lists()
+        .into_iter()
+        .find_map(|(key, list)| list.filter(|(len, _)| *len == 0).map(|(_, at)| (key, at)));
+    match empty {
         Some((key, at)) => Err(src.at(
             at,
             format!(
@@ -605,119 +580,17 @@ fn check_sweep_lists(src: &Source<'_>, sw: &RawSweep) -> Result<(), InputError> 
 }
 
 fn sweep_size(sw: &RawSweep) -> usize {
-    fn len<T>(list: &Option<Spanned<Vec<T>>>) -> usize {
-        list.as_ref().map_or(1, |v| v.get_ref().len().max(1))
-    }
-    let RawSweep {
-        id: _,
-        world,
-        arenas,
-        order,
-        seed,
-        distribution,
-        contract,
-        mean,
-        rounds: _,  // one value, not a list
-        addends: _, // likewise
-        tensors: _,
-        expect: _,
-    } = sw;
-    [
-        len(world),
-        len(arenas),
-        len(order),
-        len(seed),
-        len(distribution),
-        len(contract),
-        len(mean),
-    ]
-    .iter()
-    .fold(1usize, |a, &b| a.saturating_mul(b))
+    sw.lists()
+        .into_iter()
+        .map(|(_, list)| list.map_or(1, |(len, _)| len.max(1)))
+        .fold(1usize, |a, b| a.saturating_mul(b))
 }
 
 /// Cartesian product of a sweep's lists, each combination as an overlay
 /// plus an id suffix naming the swept values.
 fn expand_sweep(sw: &RawSweep) -> Vec<(String, RawParams)> {
-    fn axis<T: Clone>(list: &Option<Spanned<Vec<T>>>) -> Vec<Option<Spanned<T>>> {
-        match list {
-            None => vec![None],
-            Some(l) if l.get_ref().is_empty() => vec![None],
-            Some(l) => l
-                .get_ref()
-                .iter()
-                .map(|v| Some(Spanned::new(l.span(), v.clone())))
-                .collect(),
-        }
-    }
-    let RawSweep {
-        id: _,
-        world,
-        arenas,
-        order,
-        seed,
-        distribution,
-        contract,
-        mean,
-        rounds,
-        addends,
-        tensors,
-        expect,
-    } = sw;
-    // The swept fields start unset and are filled by `cross!` below.
-    let mut out = vec![(
-        Vec::<String>::new(),
-        RawParams {
-            world: None,
-            arenas: None,
-            order: None,
-            seed: None,
-            distribution: None,
-            contract: None,
-            mean: None,
-            rounds: rounds.clone(),
-            addends: addends.clone(),
-            tensors: tensors.clone(),
-            expect: expect.clone(),
-        },
-    )];
-    macro_rules! cross {
-        ($field:ident, $label:expr, $show:expr) => {{
-            let values = axis($field);
-            let many = values.len() > 1;
-            let mut next = Vec::with_capacity(out.len() * values.len());
-            for (labels, params) in &out {
-                for v in &values {
-                    let mut labels = labels.clone();
-                    let mut params = params.clone();
-                    if let Some(v) = v {
-                        if many {
-                            let shown = $show(v.get_ref());
-                            labels.push(if $label.is_empty() {
-                                shown
-                            } else {
-                                format!("{}={}", $label, shown)
-                            });
-                        }
-                    }
-                    params.$field = v.clone();
-                    next.push((labels, params));
-                }
-            }
-            out = next;
-        }};
-    }
-    cross!(world, "W", |w: &i64| w.to_string());
-    cross!(arenas, "n", |a: &Vec<i64>| a
-        .iter()
-        .map(|n| n.to_string())
-        .collect::<Vec<_>>()
-        .join("+"));
-    cross!(order, "", |o: &RawOrder| o.show());
-    cross!(seed, "seed", |s: &i64| s.to_string());
-    cross!(distribution, "", |d: &String| d.clone());
-    cross!(contract, "", |c: &String| c.clone());
-    cross!(mean, "mean", |m: &bool| m.to_string());
-    out.into_iter()
+    sw.product()
+        .into_iter()
         .map(|(labels, p)| {
             let suffix = if labels.is_empty() {
                 String::new()
@@ -759,16 +632,10 @@ fn build_case(
                 format!("{}: not set (set it here or in [defaults])", ctx("world")),
             ))
         }
-        Some(w) => {
-            let v = *w.get_ref();
-            if v < 1 || v as u64 > MAX_WORLD as u64 {
-                return Err(src.at(
-                    w.span(),
-                    format!("{}: must be 1 ..= {MAX_WORLD}, got {v}", ctx("world")),
-                ));
-            }
-            Some(v as usize)
-        }
+        Some(w) => Some(
+            WorldSize::try_from(*w.get_ref())
+                .map_err(|e| src.at(w.span(), format!("{}: {e}", ctx("world"))))?,
+        ),
     };
     // Rank files say W and the arenas; the generator's fields have no
     // meaning beside them.
@@ -827,9 +694,8 @@ fn build_case(
                 .map_err(|m| src.at(e.span(), format!("{}: {m}", ctx("expect"))))?,
         ),
     };
-    let world = world
-        .or(rank_files.as_ref().map(|f| f.world()))
-        .unwrap_or(1);
+    // Rank files set W themselves (`CaseBuilder::files`).
+    let world = world.map_or(1, WorldSize::get);
     let arenas = match arenas {
         None if rank_files.is_some() => Vec::new(),
         None => {
@@ -904,18 +770,7 @@ fn build_case(
     };
     // The builder holds every case to the limits (the arenas' size, the
     // order at this W ...); its error points at the field it names.
-    let span_of = |field: &str| {
-        let at = match field {
-            "arenas" => p.arenas.as_ref().map(|a| a.span()),
-            "order" => p.order.as_ref().map(|o| o.span()),
-            "world" => p.world.as_ref().map(|w| w.span()),
-            "addends" => p.addends.as_ref().map(|w| w.span()),
-            "expect" => p.expect.as_ref().map(|w| w.span()),
-            "rounds" => p.rounds.as_ref().map(|r| r.span()),
-            _ => None,
-        };
-        at.unwrap_or_else(|| id_span.clone())
-    };
+    let span_of = |field: &str| p.span(field).unwrap_or_else(|| id_span.clone());
     let ctx_id = id.clone();
     let builder = Case::builder(world, arenas);
     let builder = match rank_files {
@@ -932,4 +787,40 @@ fn build_case(
         .expect(expect)
         .build()
         .map_err(|e| src.at(span_of(e.field), format!("case `{ctx_id}`: {e}")))
+}
+
+/// Why [`to_toml`] could not write a case.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("case `{id}`: {error}")]
+    Case { id: String, error: CaseError },
+    #[error("cannot write TOML: {0}")]
+    Toml(#[from] toml::ser::Error),
+}
+
+/// An experiment file named `name` holding `cases`, each under its id,
+/// every parameter written out (`expect` aside): [`parse`] reads it back
+/// as the same cases, their keys and params equal. Serde writes it, from
+/// the schema's own shapes.
+pub fn to_toml(name: &str, cases: &[(String, &Case)]) -> Result<String, WriteError> {
+    let cases = cases
+        .iter()
+        .map(|(id, case)| {
+            Ok(RawCase {
+                id: Spanned::new(0..0, id.clone()),
+                params: case.to_raw().map_err(|error| WriteError::Case {
+                    id: id.clone(),
+                    error,
+                })?,
+            })
+        })
+        .collect::<Result<Vec<_>, WriteError>>()?;
+    let raw = RawExperiment {
+        name: Spanned::new(0..0, name.to_string()),
+        description: None,
+        defaults: None,
+        cases,
+        sweeps: Vec::new(),
+    };
+    Ok(toml::to_string(&raw)?)
 }

@@ -4,9 +4,10 @@
 //! docs/SPEC.md §7 defines from the generator alone.
 
 use super::CaseReport;
-use crate::experiment::{Case, DeliveryOrder, MAX_CASE_BYTES, MAX_WORLD};
+use crate::experiment::{Case, DeliveryOrder, MAX_CASE_BYTES};
 use crate::fold::OrderRole;
 use crate::sensitivity::{self, Verdict, SAMPLE_CAP};
+use crate::world_size::{WorldSize, MAX_WORLD};
 
 /// The delivery order `text` names, as a report writes it: a named order
 /// or an explicit `[a,b,...]`, valid at `world` and spelled canonically.
@@ -36,26 +37,15 @@ fn order_of(text: &str, world: usize) -> Result<DeliveryOrder, String> {
 /// and the sample size depend on).
 pub(super) fn params(c: &CaseReport, bad: &mut dyn FnMut(String)) -> Option<Case> {
     let p = &c.params;
-    // Every field named: a new parameter must be read back here too.
-    let crate::experiment::CaseParams {
-        world: _,
-        arenas: _,
-        order: _,
-        order_sequence: _,
-        seed,
-        distribution,
-        contract,
-        mean,
-        rounds,
-        addends,
-    } = p;
-    let (seed, distribution) = match (addends, seed, distribution) {
-        (None, Some(s), Some(d)) => (*s, *d),
+    // Where the addends came from: the generator's or the files' fields,
+    // never both (`CaseParams::builder` reads every parameter back).
+    let addends = &p.addends;
+    match (addends, p.seed, p.distribution) {
+        (None, Some(_), Some(_)) | (Some(_), None, None) => {}
         (None, _, _) => {
             bad("params: neither `seed` and `distribution` nor `addends` says where the addends came from".into());
             return None;
         }
-        (Some(_), None, None) => (0, Default::default()),
         (Some(_), _, _) => {
             bad(
                 "params: `addends` (files) and `seed`/`distribution` (the generator) both given"
@@ -63,7 +53,7 @@ pub(super) fn params(c: &CaseReport, bad: &mut dyn FnMut(String)) -> Option<Case
             );
             return None;
         }
-    };
+    }
     if let Some(f) = addends {
         let lens: Vec<usize> = f.arenas.iter().map(|a| a.len).collect();
         if f.files.len() != p.world {
@@ -86,7 +76,7 @@ pub(super) fn params(c: &CaseReport, bad: &mut dyn FnMut(String)) -> Option<Case
             return None;
         }
     }
-    if !(1..=MAX_WORLD).contains(&p.world) {
+    if WorldSize::new(p.world).is_err() {
         bad(format!(
             "params.world {} is not in 1..={MAX_WORLD}",
             p.world
@@ -131,15 +121,10 @@ pub(super) fn params(c: &CaseReport, bad: &mut dyn FnMut(String)) -> Option<Case
         ));
         return None;
     }
-    match Case::builder(p.world, p.arenas.clone())
+    match p
+        .builder(order)
         .experiment(c.experiment.clone())
         .id(c.id.clone())
-        .order(order)
-        .seed(seed)
-        .distribution(distribution)
-        .contract(*contract)
-        .mean(*mean)
-        .rounds(*rounds)
         .build()
     {
         Ok(case) => Some(case),

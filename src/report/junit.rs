@@ -29,15 +29,14 @@ pub fn junit(
     of_case: &dyn Fn(&CaseReport) -> Vec<String>,
     extra_failures: &[String],
 ) -> String {
+    let failures = report.check_failures();
     let mut cases = Vec::new();
-    for c in &report.cases {
-        let mut problems = Vec::new();
-        if !c.ranks_identical {
-            problems.push("ranks ended with different arenas".to_string());
-        }
-        if !c.rounds_identical {
-            problems.push("rounds gave different digests".to_string());
-        }
+    for (i, c) in report.cases.iter().enumerate() {
+        let mut problems: Vec<String> = failures
+            .iter()
+            .filter(|f| f.case().is_some_and(|at| at.index == i))
+            .filter_map(|f| f.in_case())
+            .collect();
         if let Some(f) = c.expect.as_ref().and_then(|e| e.failure(&c.id)) {
             problems.push(f);
         }
@@ -68,22 +67,13 @@ pub fn junit(
     }
     // Failures of no case or group (nothing checked, a stale golden) get a
     // testcase of their own: a dashboard must never show 0 tests, 0 failures
-    // for a run that checked nothing.
-    // The report's own failures of a case or group are its testcase's.
-    let listed = |f: &str| {
-        report
-            .cases
-            .iter()
-            .any(|c| f.contains(&format!("case `{}`", c.id)))
-            || f.starts_with("group ")
-    };
-    let rest: Vec<String> = report
-        .summary
-        .failures
+    // for a run that checked nothing. The report's own failures of a case
+    // or group are its testcase's.
+    let rest: Vec<String> = failures
         .iter()
-        .filter(|f| !listed(f))
-        .chain(extra_failures)
-        .cloned()
+        .filter(|f| f.of_the_run())
+        .map(ToString::to_string)
+        .chain(extra_failures.iter().cloned())
         .collect();
     if !rest.is_empty() {
         cases.push((
@@ -129,4 +119,76 @@ pub fn junit(
     }
     xml.push_str("  </testsuite>\n</testsuites>\n");
     xml
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::report::RankDiff;
+    use crate::runner::{run_staged, RunConfig};
+    use std::path::Path;
+
+    /// Two experiments with a case `a` each, the second's ranks and rounds
+    /// made to differ: its failures are its testcase's (by its place in
+    /// the report, not by its id, which the first shares), in the words
+    /// `summary.failures` gives them.
+    #[test]
+    fn a_cases_failures_go_to_its_own_testcase() {
+        let exp = |name: &str| {
+            let text =
+                format!("name = \"{name}\"\n[[case]]\nid = \"a\"\nworld = 3\narenas = [5]\n");
+            crate::experiment::parse(Path::new("e.toml"), &text).unwrap()
+        };
+        let cfg = RunConfig {
+            nan_policy: crate::digest::NanPolicy::Canonical,
+            dump: None,
+            notes: vec![],
+            backend_init_ms: 0.0,
+        };
+        let (mut r, _) = run_staged(
+            &[exp("e1"), exp("e2")],
+            &mut CpuBackend::new(),
+            &cfg,
+            &mut (),
+        )
+        .unwrap();
+        assert!(r.summary.ok);
+        let broken = &mut r.cases[1];
+        broken.ranks_identical = false;
+        broken.rounds_identical = false;
+        broken.arenas[0].rank_differing_chunks = vec![RankDiff {
+            rank: 2,
+            chunks: vec![0],
+        }];
+        r.summarize();
+        assert_eq!(
+            r.summary.failures,
+            [
+                "case `a`: ranks ended with different arenas".to_string(),
+                format!(
+                    "case `a` arena 0: rank 2's copy differs from rank 0's in 1 chunk(s) of {} elements: 0",
+                    r.cases[1].arenas[0].chunk_elems
+                ),
+                "case `a`: rounds gave different digests".to_string(),
+            ]
+        );
+        let xml = junit(&r, &|_| Vec::new(), &[]);
+        let testcases: Vec<&str> = xml.split("<testcase ").skip(1).collect();
+        assert!(testcases[0].starts_with("classname=\"e1.a\""), "{xml}");
+        assert!(!testcases[0].contains("<failure"), "{xml}");
+        assert!(testcases[1].starts_with("classname=\"e2.a\""), "{xml}");
+        assert_eq!(
+            testcases[1].matches("<failure").count(),
+            2,
+            "ranks and rounds, the chunks being the ranks' detail: {xml}"
+        );
+        assert!(
+            testcases[1].contains("<failure message=\"ranks ended with different arenas\"/>"),
+            "{xml}"
+        );
+        // No failure is left over for a `run` testcase.
+        assert!(!xml.contains("classname=\"run\""), "{xml}");
+        assert!(xml.contains("tests=\"2\" failures=\"1\""), "{xml}");
+    }
 }

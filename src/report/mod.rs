@@ -287,57 +287,164 @@ pub struct Summary {
 /// The words every "nothing was checked" verdict starts with.
 pub const NOTHING_CHECKED: &str = "nothing was checked";
 
-/// Why a run with no case run checked nothing.
-fn nothing_checked(skipped: &[SkippedCase]) -> String {
-    match skipped.first() {
-        None => format!("{NOTHING_CHECKED}: the run holds no case"),
-        Some(first) => format!(
-            "{NOTHING_CHECKED}: the backend skipped all {} case(s) (e.g. `{}`: {})",
-            skipped.len(),
-            first.id,
-            first.reason
-        ),
+/// A check a run failed, typed: whose it is (a case, by its place in
+/// `Report::cases`, a group, or the run) and what failed. Its `Display` is
+/// its line in `summary.failures`; JUnit files each under its testcase.
+#[derive(Debug, Clone, Copy)]
+pub enum CheckFailure<'r> {
+    /// The ranks of case `case` ended with different arenas.
+    RanksDiffer { case: CaseAt<'r> },
+    /// Where one rank's copy of an arena differs from rank 0's: the
+    /// detail of [`CheckFailure::RanksDiffer`].
+    RankChunks {
+        case: CaseAt<'r>,
+        arena: usize,
+        chunk_elems: usize,
+        diff: &'r RankDiff,
+    },
+    /// The rounds of case `case` gave different digests.
+    RoundsDiffer { case: CaseAt<'r> },
+    /// An invariance group's verdict failed.
+    Group { key: &'r str, note: &'r str },
+    /// The run holds no case: every one skipped, or none declared.
+    NothingChecked { skipped: &'r [SkippedCase] },
+}
+
+/// A case of a report: its place in `Report::cases` and its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaseAt<'r> {
+    pub index: usize,
+    pub id: &'r str,
+}
+
+impl CheckFailure<'_> {
+    /// The case it is a failure of, if it is one case's.
+    pub fn case(&self) -> Option<CaseAt<'_>> {
+        match *self {
+            CheckFailure::RanksDiffer { case }
+            | CheckFailure::RankChunks { case, .. }
+            | CheckFailure::RoundsDiffer { case } => Some(case),
+            CheckFailure::Group { .. } | CheckFailure::NothingChecked { .. } => None,
+        }
+    }
+
+    /// Whether it is the run's, no one case's or group's.
+    pub fn of_the_run(&self) -> bool {
+        match self {
+            CheckFailure::NothingChecked { .. } => true,
+            CheckFailure::RanksDiffer { .. }
+            | CheckFailure::RankChunks { .. }
+            | CheckFailure::RoundsDiffer { .. }
+            | CheckFailure::Group { .. } => false,
+        }
+    }
+
+    /// The failure as a line of its case's testcase (the case named by
+    /// the testcase itself); `None` where it adds nothing to another line
+    /// there, or is no case's.
+    pub fn in_case(&self) -> Option<String> {
+        match self {
+            CheckFailure::RanksDiffer { .. } => Some("ranks ended with different arenas".into()),
+            CheckFailure::RoundsDiffer { .. } => Some("rounds gave different digests".into()),
+            // The chunks say where the ranks differ, which fails the
+            // testcase already.
+            CheckFailure::RankChunks { .. }
+            | CheckFailure::Group { .. }
+            | CheckFailure::NothingChecked { .. } => None,
+        }
+    }
+}
+
+impl std::fmt::Display for CheckFailure<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            CheckFailure::RanksDiffer { case } => {
+                write!(f, "case `{}`: ranks ended with different arenas", case.id)
+            }
+            CheckFailure::RankChunks {
+                case,
+                arena,
+                chunk_elems,
+                diff,
+            } => {
+                let shown: Vec<String> =
+                    diff.chunks.iter().take(8).map(|k| k.to_string()).collect();
+                write!(
+                    f,
+                    "case `{}` arena {arena}: rank {}'s copy differs from rank 0's in {} chunk(s) of {chunk_elems} elements: {}{}",
+                    case.id,
+                    diff.rank,
+                    diff.chunks.len(),
+                    shown.join(", "),
+                    if diff.chunks.len() > 8 { ", ..." } else { "" }
+                )
+            }
+            CheckFailure::RoundsDiffer { case } => {
+                write!(f, "case `{}`: rounds gave different digests", case.id)
+            }
+            CheckFailure::Group { key, note } => write!(f, "group {key}: {note}"),
+            CheckFailure::NothingChecked { skipped } => match skipped.first() {
+                None => write!(f, "{NOTHING_CHECKED}: the run holds no case"),
+                Some(first) => write!(
+                    f,
+                    "{NOTHING_CHECKED}: the backend skipped all {} case(s) (e.g. `{}`: {})",
+                    skipped.len(),
+                    first.id,
+                    first.reason
+                ),
+            },
+        }
     }
 }
 
 impl Report {
-    pub fn summarize(&mut self) {
+    /// Every check this run failed, in the order `summary.failures` lists
+    /// them: the cases' (ranks, the chunks where they differ, rounds),
+    /// then the groups', then the run's.
+    pub fn check_failures(&self) -> Vec<CheckFailure<'_>> {
         let mut failures = Vec::new();
-        for c in &self.cases {
+        for (index, c) in self.cases.iter().enumerate() {
+            let case = CaseAt { index, id: &c.id };
             if !c.ranks_identical {
-                failures.push(format!(
-                    "case `{}`: ranks ended with different arenas",
-                    c.id
-                ));
+                failures.push(CheckFailure::RanksDiffer { case });
             }
-            for (i, a) in c.arenas.iter().enumerate() {
-                for d in &a.rank_differing_chunks {
-                    let shown: Vec<String> =
-                        d.chunks.iter().take(8).map(|k| k.to_string()).collect();
-                    failures.push(format!(
-                        "case `{}` arena {i}: rank {}'s copy differs from rank 0's in {} chunk(s) of {} elements: {}{}",
-                        c.id,
-                        d.rank,
-                        d.chunks.len(),
-                        a.chunk_elems,
-                        shown.join(", "),
-                        if d.chunks.len() > 8 { ", ..." } else { "" }
-                    ));
+            for (arena, a) in c.arenas.iter().enumerate() {
+                for diff in &a.rank_differing_chunks {
+                    failures.push(CheckFailure::RankChunks {
+                        case,
+                        arena,
+                        chunk_elems: a.chunk_elems,
+                        diff,
+                    });
                 }
             }
             if !c.rounds_identical {
-                failures.push(format!("case `{}`: rounds gave different digests", c.id));
+                failures.push(CheckFailure::RoundsDiffer { case });
             }
         }
         for g in &self.groups {
             if !g.ok {
-                failures.push(format!("group {}: {}", g.key, g.note));
+                failures.push(CheckFailure::Group {
+                    key: &g.key,
+                    note: &g.note,
+                });
             }
         }
         // A run that compared nothing must never read as a pass.
         if self.cases.is_empty() {
-            failures.push(nothing_checked(&self.skipped));
+            failures.push(CheckFailure::NothingChecked {
+                skipped: &self.skipped,
+            });
         }
+        failures
+    }
+
+    pub fn summarize(&mut self) {
+        let failures: Vec<String> = self
+            .check_failures()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         let differs_from_expect = self
             .cases
             .iter()

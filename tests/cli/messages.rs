@@ -242,3 +242,102 @@ fn invalid_utf8_says_where() {
         "{err}"
     );
 }
+
+/// The parameter table makes the `[defaults]`, `[[case]]` and `[[sweep]]`
+/// shapes: each refuses an unknown key with the whole list of the keys it
+/// takes, in the table's order, and a limit the case builder holds points
+/// at the value that broke it, wherever it was written.
+#[test]
+fn each_shape_of_the_parameter_table_names_its_keys_and_where_a_value_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = "`world`, `arenas`, `order`, `seed`, `distribution`, `contract`, `mean`, \
+                `rounds`, `addends`, `tensors`, `expect`";
+    let cases = [
+        (
+            "name = \"t\"\n[defaults]\nid = \"a\"\n".to_string(),
+            format!("t.toml:3:1: unknown field `id`, expected one of {keys}"),
+        ),
+        (
+            "name = \"t\"\n[[case]]\nid = \"c\"\nwold = 2\n".to_string(),
+            format!("t.toml:4:1: unknown field `wold`, expected one of `id`, {keys}"),
+        ),
+        (
+            "name = \"t\"\n[[sweep]]\nid = \"s\"\nsed = [1]\n".to_string(),
+            format!("t.toml:4:1: unknown field `sed`, expected one of `id`, {keys}"),
+        ),
+        (
+            "name = \"t\"\n[defaults]\norder = [1, 0]\n[[case]]\nid = \"c\"\nworld = 3\narenas = [3]\n"
+                .to_string(),
+            "t.toml:3:9: case `c`: field `order`: permutation [1, 0] has 2 entries but world = 3"
+                .to_string(),
+        ),
+        (
+            "name = \"t\"\n[defaults]\nworld = 0\n[[case]]\nid = \"c\"\narenas = [3]\n".to_string(),
+            "t.toml:3:9: case `c`: field `world`: must be 1 ..= 65536, got 0".to_string(),
+        ),
+        (
+            "name = \"t\"\n[[case]]\nid = \"c\"\nworld = 2\narenas = [3]\nrounds = 0\n".to_string(),
+            "t.toml:6:10: case `c`: field `rounds`: must be 1 ..= 1000, got 0".to_string(),
+        ),
+        (
+            "name = \"t\"\n[[sweep]]\nid = \"s\"\nworld = [2]\narenas = [[3]]\nmean = []\n"
+                .to_string(),
+            "t.toml:6:8: sweep `s`: field `mean`: empty list; list at least one value, \
+             or leave `mean` out to use the default"
+                .to_string(),
+        ),
+    ];
+    for (text, want) in cases {
+        let p = write(dir.path(), "t.toml", &text);
+        let err = stderr_of(
+            &fp()
+                .args(["run", "--backend", "cpu"])
+                .arg(&p)
+                .assert()
+                .code(2),
+        );
+        let want = format!("error: {}/{want}", dir.path().display());
+        assert_eq!(err.trim_end(), want, "{text}");
+    }
+}
+
+/// A sweep's cases are the product of its lists in the table's order (the
+/// last varies fastest), each id naming the values of the lists of more
+/// than one; a fixed parameter (`rounds`) is every case's.
+#[test]
+fn a_sweep_is_the_product_of_its_lists_in_the_tables_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "s.toml",
+        "name = \"t\"\n[defaults]\ndistribution = \"uniform\"\n[[sweep]]\nid = \"s\"\n\
+         world = [3, 4]\narenas = [[3], [2, 2]]\norder = [\"ascending\", \"descending\"]\n\
+         seed = [1, 2]\ncontract = [\"fixed-order\", \"pairwise-tree\"]\nmean = [true]\nrounds = 2\n",
+    );
+    let out = fp()
+        .args(["run", "--backend", "cpu", "--json"])
+        .arg(&p)
+        .assert()
+        .success();
+    let report: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    let cases = report["cases"].as_array().unwrap();
+    let mut want = Vec::new();
+    for w in ["W=3", "W=4"] {
+        for n in ["n=3", "n=2+2"] {
+            for o in ["ascending", "descending"] {
+                for s in ["seed=1", "seed=2"] {
+                    for c in ["fixed-order", "pairwise-tree"] {
+                        want.push(format!("s[{w},{n},{o},{s},{c}]"));
+                    }
+                }
+            }
+        }
+    }
+    let ids: Vec<&str> = cases.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, want);
+    for c in cases {
+        assert_eq!(c["params"]["rounds"], 2, "{c}");
+        assert_eq!(c["params"]["mean"], true, "{c}");
+        assert_eq!(c["params"]["distribution"], "uniform", "{c}");
+    }
+}

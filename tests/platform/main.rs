@@ -8,3 +8,4 @@
 mod cpu_oracle;
 mod host_driver;
 mod imports;
+mod world_limit;

@@ -607,3 +607,69 @@ fn signal_stops_the_audit(signal: i32, name: &str) {
     let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().flatten().collect();
     assert!(left.is_empty(), "left in TMPDIR: {left:?}");
 }
+
+/// The oracle writes a case of rank files as the same files, picked tensors
+/// and their order included, wherever its experiment is written and
+/// whatever characters the files' directory holds: its digests are the
+/// baseline's and both of its controls run.
+#[test]
+fn the_oracle_reads_the_same_rank_files_and_tensors() {
+    use crate::common::rank_files::{mixed, write_safetensors, T};
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("we\"ird\\ dir");
+    std::fs::create_dir(&files).unwrap();
+    for r in 0..5 {
+        write_safetensors(
+            &files.join(format!("rank{r}.safetensors")),
+            &[
+                T::f32("a", &[3], &mixed(1, r, 0, 3)),
+                T::f32("b", &[70], &mixed(1, r, 1, 70)),
+                T::f32("c", &[2], &mixed(1, r, 2, 2)),
+            ],
+        );
+    }
+    let exp = dir.path().join("exp");
+    std::fs::create_dir(&exp).unwrap();
+    write(
+        &exp,
+        "rf.toml",
+        "name = \"rf\"\n[[case]]\nid = \"files\"\n\
+         addends = '../we\"ird\\ dir/rank{rank}.safetensors'\ntensors = [\"b\", \"a\"]\n\
+         order = \"shuffle:3\"\nmean = true\n",
+    );
+    let m = write(
+        dir.path(),
+        "m.toml",
+        "experiments = [\"exp/rf.toml\"]\n[defaults]\nbackend = \"cpu\"\n[[config]]\nname = \"baseline\"\n",
+    );
+    let out = dir.path().join("audit.json");
+    let keep = dir.path().join("keep");
+    fp().arg("audit")
+        .arg(&m)
+        .arg("--out")
+        .arg(&out)
+        .arg("--keep")
+        .arg(&keep)
+        .assert()
+        .code(0);
+    let v = json(&out);
+    let row = &v["cases"][0];
+    assert_eq!(row["world"], 5, "{row}");
+    assert_eq!(row["oracle"]["vs_baseline"]["state"], "equal", "{row}");
+    assert_eq!(
+        row["oracle"]["arrival_reversed"]["state"], "changed",
+        "{row}"
+    );
+    assert_eq!(row["oracle"]["pairwise_tree"]["state"], "changed", "{row}");
+    // The oracle's own report names the same tensors, in the case's order.
+    let oracle = json(&keep.join(".oracle/report.json"));
+    for c in oracle["cases"].as_array().unwrap() {
+        let names: Vec<&str> = c["params"]["addends"]["arenas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["b", "a"], "{c}");
+    }
+}
