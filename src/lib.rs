@@ -26,5 +26,6 @@ pub mod memory;
 pub mod outputs;
 pub mod ranks;
 pub mod report;
+pub mod result;
 pub mod runner;
 pub mod sensitivity;

@@ -10,6 +10,7 @@
 
 pub mod bench;
 pub mod cache_dir;
+pub mod config;
 pub mod device;
 pub mod error;
 pub mod host_driver;
@@ -20,6 +21,7 @@ pub mod overlap;
 pub mod probe;
 pub mod readback;
 
+pub use config::{DeviceConfig, RankCheck};
 pub use device::{Device, LaunchTuning, Startup};
 pub use error::{GpuError, GpuFault};
 pub use kernels::{CompileOptions, KernelVariant, Target};

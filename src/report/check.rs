@@ -7,8 +7,8 @@
 //! can write. A report that fails is corrupt input, never "agree".
 
 use super::{build_groups, check_params, printable, ArenaReport, CaseReport, Group, Report};
-use crate::backend::BackendChoice;
 use crate::digest::{NanPolicy, CHUNK_ELEMS};
+use crate::result::BackendChoice;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 
