@@ -21,6 +21,19 @@ pub enum BackendChoice {
     Nccl,
 }
 
+impl BackendChoice {
+    /// The `environment.backend.kind` its reports carry (`auto` runs one of
+    /// the others), checked on every read.
+    pub const fn environment_kind(self) -> Option<&'static str> {
+        match self {
+            BackendChoice::Auto => None,
+            BackendChoice::Cpu => Some("cpu"),
+            BackendChoice::Cuda => Some("cuda-loopback"),
+            BackendChoice::Nccl => Some("nccl"),
+        }
+    }
+}
+
 impl fmt::Display for BackendChoice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

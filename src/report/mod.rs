@@ -490,7 +490,7 @@ mod tests {
             "nccl"
         }
         fn environment(&self) -> crate::environment::BackendEnvironment {
-            // The kind a `nccl` report must carry (check.rs holds them together).
+            // The kind a `nccl` report must carry (`BackendChoice::environment_kind`).
             let mut env = self.0.environment();
             env.kind = "nccl".into();
             env
