@@ -22,7 +22,6 @@ use foldprint::backend::cuda::CudaBackend;
 use foldprint::data::Distribution;
 use foldprint::experiment::{Case, DeliveryOrder};
 use foldprint::fold::Contract;
-use foldprint::gpu::DeviceConfig;
 use foldprint::gpu::{self, bench, kernels, DeviceConfig, LaunchTuning};
 use std::path::PathBuf;
 use std::process::ExitCode;
