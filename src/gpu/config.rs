@@ -65,3 +65,35 @@ impl RankCheck {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CUDA backend writes this config into every report
+    /// (`environment.backend.config`): its keys and words are the format's.
+    #[test]
+    fn the_config_reports_write_keeps_its_shape() {
+        let v = serde_json::to_value(DeviceConfig::default()).unwrap();
+        let keys: std::collections::BTreeSet<&str> =
+            v.as_object().unwrap().keys().map(String::as_str).collect();
+        let want = [
+            "chunk",
+            "compile",
+            "copy_streams",
+            "ordinal",
+            "rank_check",
+            "readers",
+            "tuning",
+            "variant",
+        ];
+        assert_eq!(keys, want.into_iter().collect());
+        assert_eq!(v["rank_check"], "device");
+        assert_eq!(v["chunk"], 1 << 18);
+        let host = DeviceConfig {
+            rank_check: RankCheck::Host,
+            ..DeviceConfig::default()
+        };
+        assert_eq!(serde_json::to_value(host).unwrap()["rank_check"], "host");
+    }
+}
