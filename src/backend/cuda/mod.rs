@@ -506,7 +506,6 @@ pub struct PeerFiles {
     pub digest: crate::digest::Sha256,
 }
 
-/// The fold mode and device program (order or postfix tree) of a case's contract.
 fn upload_prog(dev: &Device, prog: &[u32]) -> Result<Option<DeviceBuffer<u32>>, GpuError> {
     if prog.is_empty() {
         return Ok(None);
