@@ -18,11 +18,11 @@
 //!   and on, as PTX and CUBIN, plus a variant with plain `+` adds, for
 //!   `cuobjdump`; prints how many adds of each rounding each image holds.
 
-use foldprint::backend::cuda::{CudaBackend, CudaConfig};
+use foldprint::backend::cuda::CudaBackend;
 use foldprint::data::Distribution;
 use foldprint::experiment::{Case, DeliveryOrder};
 use foldprint::fold::Contract;
-use foldprint::gpu::{self, bench, kernels, LaunchTuning};
+use foldprint::gpu::{self, bench, kernels, DeviceConfig, LaunchTuning};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -104,7 +104,7 @@ fn tuning_sweep() -> Result<ExitCode> {
 }
 
 fn torch_peer_files(dir: PathBuf) -> Result<ExitCode> {
-    let mut be = CudaBackend::new(CudaConfig::default()).context("CUDA backend")?;
+    let mut be = CudaBackend::new(DeviceConfig::default()).context("CUDA backend")?;
     let case = Case::builder(8, [1 << 25])
         .experiment("torch-peer")
         .id("w8-2^25")

@@ -27,6 +27,7 @@ pub mod memory;
 pub mod outputs;
 pub mod ranks;
 pub mod report;
+pub mod result;
 pub mod run;
 pub mod runner;
 pub mod sensitivity;

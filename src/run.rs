@@ -39,7 +39,7 @@ pub struct Options {
     pub backend: BackendChoice,
     pub nan_policy: NanPolicy,
     /// The GPU backends' device settings.
-    pub device: backend::cuda::CudaConfig,
+    pub device: crate::gpu::DeviceConfig,
     /// NCCL without a launcher: ranks of the one process, one GPU each.
     pub gpus: usize,
     /// NCCL: bound on the rendezvous and the communicator's start.

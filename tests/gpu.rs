@@ -3,26 +3,28 @@
 //! usable CUDA GPU and FAILS (never skips) without one. See docs/GPU-TESTING.md.
 
 use foldprint::backend::cpu::CpuBackend;
-use foldprint::backend::cuda::{CudaBackend, CudaConfig};
+use foldprint::backend::cuda::CudaBackend;
 use foldprint::backend::{Backend, BackendError, CaseRun, RunOptions};
 use foldprint::data::{Distribution, Lane, ALL_DISTRIBUTIONS};
 use foldprint::digest::NanPolicy;
 use foldprint::experiment::{Case, DeliveryOrder};
 use foldprint::fold::{mean_scale, reference_fixed, Contract, ALL_CONTRACTS};
-use foldprint::gpu::{self as cuda, kernels, CompileOptions, KernelVariant, LaunchTuning, Target};
+use foldprint::gpu::{
+    self as cuda, kernels, CompileOptions, DeviceConfig, KernelVariant, LaunchTuning, Target,
+};
 use std::sync::Mutex;
 
 /// Serializes the heavy tests so they do not fight over host memory.
 static HEAVY: Mutex<()> = Mutex::new(());
 
-fn gpu(cfg: CudaConfig) -> CudaBackend {
+fn gpu(cfg: DeviceConfig) -> CudaBackend {
     CudaBackend::new(cfg).unwrap_or_else(|e| panic!("the GPU tests need a usable CUDA GPU: {e}"))
 }
 
 fn gpu_variant(variant: KernelVariant) -> CudaBackend {
-    gpu(CudaConfig {
+    gpu(DeviceConfig {
         variant,
-        ..CudaConfig::default()
+        ..DeviceConfig::default()
     })
 }
 
@@ -115,7 +117,7 @@ fn probe_reports_a_usable_gpu() {
 
 #[test]
 fn generator_matches_host_bits_for_every_distribution() {
-    let mut be = gpu(CudaConfig::default());
+    let mut be = gpu(DeviceConfig::default());
     let n = 100_003usize;
     for dist in ALL_DISTRIBUTIONS {
         for (seed, rank, arena) in [(0u64, 0u32, 0u32), (42, 1, 0), (7, 4, 2), (u64::MAX, 5, 1)] {
@@ -277,9 +279,9 @@ fn delivery_orders_and_racing_copies_keep_fixed_order_bits() {
     }
     // Negative control: arrival order must see the order, and match the
     // CPU's arrival-order fold for the same order.
-    let mut be = gpu(CudaConfig {
+    let mut be = gpu(DeviceConfig {
         copy_streams: 4,
-        ..CudaConfig::default()
+        ..DeviceConfig::default()
     });
     let mut seen = Vec::new();
     for o in &orders {
@@ -313,7 +315,7 @@ fn launch_configuration_does_not_change_bits() {
         false,
     );
     let want = digests(&mut CpuBackend::new(), &c);
-    let mut be = gpu(CudaConfig::default());
+    let mut be = gpu(DeviceConfig::default());
     for variant in KernelVariant::ALL {
         be.set_variant(variant);
         for (seed_block, fast_block, per_sm) in
@@ -352,13 +354,13 @@ fn ptx_for_compute_75_and_cubin_for_the_device_agree() {
     let mut targets = Vec::new();
     for target in [Target::Ptx(75), Target::Cubin(arch), Target::Auto] {
         for variant in KernelVariant::ALL {
-            let mut be = gpu(CudaConfig {
+            let mut be = gpu(DeviceConfig {
                 variant,
                 compile: CompileOptions {
                     target,
                     ..CompileOptions::default()
                 },
-                ..CudaConfig::default()
+                ..DeviceConfig::default()
             });
             let img = &be.device().fold.program.image;
             targets.push(format!("{} {}", img.target.kind, img.target.arch_option()));
@@ -386,14 +388,14 @@ fn ftz_changes_subnormal_digests_and_the_pinned_defaults_do_not() {
     );
     let want = digests(&mut CpuBackend::new(), &c);
     let with = |fmad: bool, ftz: bool| {
-        let mut be = gpu(CudaConfig {
+        let mut be = gpu(DeviceConfig {
             compile: CompileOptions {
                 fmad,
                 ftz,
                 target: Target::Auto,
                 ..CompileOptions::default()
             },
-            ..CudaConfig::default()
+            ..DeviceConfig::default()
         });
         let d = digests(&mut be, &c);
         let img = be.device().fold.program.image.clone();
@@ -453,14 +455,14 @@ fn explicit_targets_never_drop_ftz_silently() {
     );
     let want = digests(&mut CpuBackend::new(), &c);
     for target in [Target::Ptx(arch), Target::Ptx(75), Target::Cubin(arch)] {
-        let cfg = CudaConfig {
+        let cfg = DeviceConfig {
             compile: CompileOptions {
                 fmad: false,
                 ftz: true,
                 target,
                 ..CompileOptions::default()
             },
-            ..CudaConfig::default()
+            ..DeviceConfig::default()
         };
         match CudaBackend::new(cfg) {
             Ok(mut be) => {
@@ -484,8 +486,8 @@ fn explicit_targets_never_drop_ftz_silently() {
 
 #[test]
 fn modules_are_compiled_once_per_device_and_options() {
-    let a = gpu(CudaConfig::default());
-    let b = gpu(CudaConfig::default());
+    let a = gpu(DeviceConfig::default());
+    let b = gpu(DeviceConfig::default());
     let c = gpu_variant(KernelVariant::PerElement);
     let prog = |x: &CudaBackend| x.device().fold.program.clone();
     assert!(
@@ -580,7 +582,7 @@ fn kernel_alone_matches_host_sum_and_mean() {
 
 #[test]
 fn out_of_memory_is_reported_before_allocating() {
-    let mut be = gpu(CudaConfig::default());
+    let mut be = gpu(DeviceConfig::default());
     let c = case(
         64,
         vec![1 << 30],
@@ -624,9 +626,9 @@ fn rounds_repeat_bit_for_bit() {
     .rounds(3)
     .build()
     .unwrap();
-    let mut be = gpu(CudaConfig {
+    let mut be = gpu(DeviceConfig {
         copy_streams: 3,
-        ..CudaConfig::default()
+        ..DeviceConfig::default()
     });
     let r = run(&mut be, &c, &RunOptions::default());
     assert_eq!(r.rounds.len(), 3);
@@ -639,7 +641,7 @@ fn rounds_repeat_bit_for_bit() {
 
 #[test]
 fn environment_names_device_libraries_and_options() {
-    let be = gpu(CudaConfig::default());
+    let be = gpu(DeviceConfig::default());
     let env = be.environment().to_value();
     eprintln!("{}", serde_json::to_string_pretty(&env).unwrap());
     assert!(env["gpu"]["name"].as_str().is_some_and(|s| !s.is_empty()));
@@ -710,11 +712,12 @@ fn arena_beyond_2_pow_31_elements() {
 /// partial chunk (n is not a multiple of 4: the kernel's scalar tail).
 #[test]
 fn rank_copies_are_checked_on_the_device_as_the_host_would() {
-    use foldprint::backend::cuda::world::{self, RankCheck, RoundSpec, WorldBuffers};
+    use foldprint::backend::cuda::world::{self, RoundSpec, WorldBuffers};
     use foldprint::digest::CHUNK_ELEMS;
     use foldprint::fold::shard_plan;
     use foldprint::gpu::readback::Reader;
     use foldprint::gpu::Device;
+    use foldprint::gpu::RankCheck;
     let _g = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
     let dev = Device::open(0, CompileOptions::default()).expect("a usable CUDA GPU");
     let main = dev.new_stream().unwrap();
@@ -992,7 +995,7 @@ fn rank_files_upload_to_the_oracles_bits() {
         keep_values: true,
         ..RunOptions::default()
     };
-    let mut dev = gpu(CudaConfig::default());
+    let mut dev = gpu(DeviceConfig::default());
     let mut cpu = CpuBackend::new();
     for c in &exp.cases {
         let (g, o) = (run(&mut dev, c, &opts), run(&mut cpu, c, &opts));

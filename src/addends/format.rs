@@ -98,14 +98,7 @@ fn safetensors(file: &std::fs::File, size: u64) -> Result<Vec<Tensor>, String> {
             "truncated: {size} bytes, shorter than a safetensors header"
         ));
     }
-    // SAFETY: a read-only private mapping of a regular file we opened; only
-    // the header bytes are read through it (the crate checks the sizes it
-    // declares against the file's length without touching the data), and
-    // it is unmapped before this function returns.
-    let map = unsafe { memmap2::Mmap::map(file) }.map_err(|e| format!("cannot map it: {e}"))?;
-    offsets_fit(&map)?;
-    let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map)
-        .map_err(|e| format!("not a valid safetensors file: {}", safetensors_problem(&e)))?;
+    let (header_len, meta) = safetensors_header(file, size)?;
     let data_start = 8 + header_len as u64;
     let mut out = Vec::new();
     let mut data_bytes = 0u64;
@@ -166,6 +159,53 @@ fn safetensors(file: &std::fs::File, size: u64) -> Result<Vec<Tensor>, String> {
     Ok(out)
 }
 
+/// Largest safetensors header read: the crate's own bound, past which
+/// `read_metadata` refuses a header as too large.
+const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
+
+/// The header's length and what it declares, read with positioned reads,
+/// never through a mapping: a file cut short meanwhile by someone else is
+/// then a read error, where a mapping's pages past the new end would kill
+/// the process with SIGBUS. The crate's `read_metadata` judges the header
+/// alone, so its errors are the ones it gives for the whole file.
+fn safetensors_header(
+    file: &std::fs::File,
+    size: u64,
+) -> Result<(usize, safetensors::tensor::Metadata), String> {
+    use safetensors::{SafeTensorError, SafeTensors};
+    let invalid =
+        |e: &SafeTensorError| format!("not a valid safetensors file: {}", safetensors_problem(e));
+    let cannot_read = |e: std::io::Error| format!("cannot read its header: {e}");
+    let mut prefix = [0u8; 8];
+    file.read_exact_at(&mut prefix, 0).map_err(cannot_read)?;
+    let n = u64::from_le_bytes(prefix);
+    let Some(end) = n
+        .checked_add(8)
+        .filter(|&end| n <= MAX_SAFETENSORS_HEADER && end <= size)
+    else {
+        // Too large or past the end: the length alone tells the crate which.
+        let e = SafeTensors::read_metadata(&prefix)
+            .err()
+            .unwrap_or(SafeTensorError::InvalidHeaderLength);
+        return Err(invalid(&e));
+    };
+    let mut head = vec![0u8; end as usize];
+    file.read_exact_at(&mut head, 0).map_err(cannot_read)?;
+    offsets_fit(&head)?;
+    let meta = match SafeTensors::read_metadata(&head) {
+        Ok((_, meta)) => meta,
+        // A valid header whose tensors' bytes follow it, which `head` lacks.
+        Err(SafeTensorError::MetadataIncompleteBuffer) => serde_json::from_slice(&head[8..])
+            .map_err(|e| format!("not a valid safetensors file: {e}"))?,
+        Err(e) => return Err(invalid(&e)),
+    };
+    // What the crate checks of the whole file: the tensors end at its end.
+    if end.checked_add(meta.data_len() as u64) != Some(size) {
+        return Err(invalid(&SafeTensorError::MetadataIncompleteBuffer));
+    }
+    Ok((n as usize, meta))
+}
+
 fn too_many(name: &str, shape: &[usize]) -> String {
     format!("tensor `{name}` has shape {shape:?}: more bytes than a file can hold")
 }
@@ -174,14 +214,17 @@ fn too_many(name: &str, shape: &[usize]) -> String {
 /// header and data sizes would pass 2^64 (a panic under overflow checks,
 /// a wrapped sum without); any other offset is left to the crate. A
 /// header the crate cannot read is left to it too.
-fn offsets_fit(map: &[u8]) -> Result<(), String> {
-    let Some(n) = map
+fn offsets_fit(head: &[u8]) -> Result<(), String> {
+    let Some(n) = head
         .get(..8)
         .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
     else {
         return Ok(());
     };
-    let Some(header) = usize::try_from(n).ok().and_then(|n| map.get(8..)?.get(..n)) else {
+    let Some(header) = usize::try_from(n)
+        .ok()
+        .and_then(|n| head.get(8..)?.get(..n))
+    else {
         return Ok(());
     };
     let Ok(serde_json::Value::Object(tensors)) = serde_json::from_slice(header) else {
@@ -335,4 +378,73 @@ fn npy(file: &std::fs::File, size: u64) -> Result<Vec<Tensor>, String> {
         offset,
         big_endian,
     }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    /// A safetensors file of one float32 tensor of `n` elements.
+    fn safetensors_bytes(n: usize) -> Vec<u8> {
+        let mut header = format!(
+            "{{\"g\":{{\"dtype\":\"F32\",\"shape\":[{n}],\"data_offsets\":[0,{}]}}}}",
+            4 * n
+        );
+        while header.len() % 8 != 0 {
+            header.push(' ');
+        }
+        let mut b = (header.len() as u64).to_le_bytes().to_vec();
+        b.extend_from_slice(header.as_bytes());
+        b.extend((0..n).flat_map(|i| (i as f32).to_le_bytes()));
+        b
+    }
+
+    /// A file cut short by another process while its header is read is an
+    /// error (or, read before the cut, the tensors), never SIGBUS: the
+    /// header is read with positioned reads, not through a mapping, whose
+    /// pages past the new end kill the reader.
+    #[test]
+    fn a_file_truncated_while_its_header_is_read_is_an_error_not_a_signal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r0.safetensors");
+        let bytes = safetensors_bytes(4096);
+        std::fs::write(&path, &bytes).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let size = bytes.len() as u64;
+        let stop = AtomicBool::new(false);
+        let (mut read, mut refused, mut tries) = (0u32, 0u32, 0u32);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let w = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    w.set_len(0).unwrap();
+                    w.write_all_at(&bytes, 0).unwrap();
+                }
+            });
+            // Until the cut has been seen both ways (or a generous bound
+            // on a loaded machine), so the race is known to be exercised.
+            let started = Instant::now();
+            while tries < 20_000 || (read == 0 || refused == 0) {
+                if started.elapsed() > Duration::from_secs(60) {
+                    break;
+                }
+                tries += 1;
+                match tensors(&file, size, Format::Safetensors) {
+                    Ok(t) => {
+                        assert_eq!(t.len(), 1);
+                        assert_eq!(t[0].len, 4096);
+                        read += 1;
+                    }
+                    Err(_) => refused += 1,
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert!(
+            read > 0 && refused > 0,
+            "{read} read, {refused} refused of {tries}"
+        );
+    }
 }

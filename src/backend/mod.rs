@@ -9,33 +9,7 @@ pub mod nccl;
 use crate::digest::NanPolicy;
 use crate::experiment::Case;
 use crate::ranks::world::World;
-use serde::Serialize;
-use std::fmt;
-
-/// Which backend a run asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum BackendChoice {
-    /// CUDA when a driver and device are usable, else the CPU oracle.
-    Auto,
-    /// The CPU oracle: all W ranks emulated on the host.
-    Cpu,
-    /// All W ranks emulated on one GPU (CUDA loopback).
-    Cuda,
-    /// One rank per GPU over a live NCCL communicator.
-    Nccl,
-}
-
-impl fmt::Display for BackendChoice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            BackendChoice::Auto => "auto",
-            BackendChoice::Cpu => "cpu",
-            BackendChoice::Cuda => "cuda",
-            BackendChoice::Nccl => "nccl",
-        })
-    }
-}
+pub use crate::result::{BackendChoice, ReducedArena, RoundTimings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -98,43 +72,6 @@ pub struct RunOptions {
     pub nan_policy: NanPolicy,
     /// Return rank 0's reduced values (for `--dump`).
     pub keep_values: bool,
-}
-
-/// One reduced arena as every rank ended up holding it.
-#[derive(Debug, Clone)]
-pub struct ReducedArena {
-    pub len: usize,
-    /// SHA-256 of each rank's copy, rank order.
-    pub rank_digests: Vec<crate::digest::Sha256>,
-    /// Rank 0's per-chunk digests (`digest::CHUNK_ELEMS` elements each).
-    pub chunks: Vec<crate::digest::Sha256>,
-    /// Rank 0's values when `keep_values` was asked for.
-    pub values: Option<Vec<f32>>,
-    /// Ranks whose copy differs from rank 0's, with the differing chunks
-    /// (`digest::CHUNK_ELEMS` elements each); empty when all agree.
-    pub differing: Vec<(usize, Vec<usize>)>,
-}
-
-impl ReducedArena {
-    pub fn ranks_identical(&self) -> bool {
-        self.rank_digests.windows(2).all(|w| w[0] == w[1])
-    }
-
-    /// The arena's digest: rank 0's (every rank's, when they agree).
-    pub fn digest(&self) -> crate::digest::Sha256 {
-        // A world has at least one rank; an arena without digests is a
-        // backend's bug, and the all-zero value never matches a real one.
-        self.rank_digests.first().copied().unwrap_or_default()
-    }
-}
-
-/// Wall-clock milliseconds of one round's phases.
-#[derive(Debug, Clone, Default, Serialize, serde::Deserialize, PartialEq)]
-pub struct RoundTimings {
-    pub generate_ms: f64,
-    pub reduce_ms: f64,
-    pub digest_ms: f64,
-    pub total_ms: f64,
 }
 
 /// The result of running one case.
@@ -224,6 +161,17 @@ pub(crate) fn nccl_only(case: &Case) -> Option<String> {
         .then(|| format!("{} runs only on the NCCL backend", case.contract()))
 }
 
+/// The device fold mode and program of `case`, as both GPU backends run
+/// it (`gpu::kernels::fold_program` chooses them); a contract the device
+/// cannot fold is unsupported.
+pub(crate) fn fold_program(
+    case: &Case,
+) -> Result<(crate::gpu::kernels::FoldMode, Vec<u32>), BackendError> {
+    let order = case.order().sequence(case.world());
+    crate::gpu::kernels::fold_program(case.contract(), case.world(), &order)
+        .map_err(|m| unsupported(case.id(), m))
+}
+
 /// NCCL: the default bound on each collective window, in seconds.
 pub const DEFAULT_TIMEOUT_S: u64 = 300;
 
@@ -231,7 +179,7 @@ pub const DEFAULT_TIMEOUT_S: u64 = 300;
 /// whom they meet is the run's [`World`], not a backend's setting.
 #[derive(Debug, Clone)]
 pub struct BackendOptions {
-    pub cuda: cuda::CudaConfig,
+    pub cuda: crate::gpu::DeviceConfig,
     /// NCCL: bound on each collective window.
     pub timeout: std::time::Duration,
 }
@@ -239,7 +187,7 @@ pub struct BackendOptions {
 impl Default for BackendOptions {
     fn default() -> Self {
         BackendOptions {
-            cuda: cuda::CudaConfig::default(),
+            cuda: crate::gpu::DeviceConfig::default(),
             timeout: std::time::Duration::from_secs(DEFAULT_TIMEOUT_S),
         }
     }

@@ -2,13 +2,13 @@
 //! an end-to-end case's time goes on the CUDA backend.
 
 use super::median;
-use crate::backend::cuda::world::{DigestProfile, RankCheck};
-use crate::backend::cuda::{CudaBackend, CudaConfig};
+use crate::backend::cuda::world::DigestProfile;
+use crate::backend::cuda::CudaBackend;
 use crate::backend::{Backend, BackendError, RoundTimings, RunOptions};
 use crate::data::Distribution;
 use crate::experiment::{Case, DeliveryOrder};
 use crate::fold::Contract;
-use crate::gpu::GpuError;
+use crate::gpu::{DeviceConfig, GpuError, RankCheck};
 use std::time::Instant;
 
 pub use crate::gpu::bench::{bench_fold, BenchConfig, BenchReport, BenchRow};
@@ -73,7 +73,7 @@ pub fn end_to_end(
         .build()
         .map_err(|e| crate::backend::unsupported("end-to-end", e.to_string()))?;
     let mut out = Vec::new();
-    let default_chunk = CudaConfig::default().chunk;
+    let default_chunk = DeviceConfig::default().chunk;
     let shapes = [
         (RankCheck::Device, default_chunk),
         // The 8 MiB chunk earlier builds used, for comparison.
@@ -82,10 +82,10 @@ pub fn end_to_end(
     ];
     for (check, chunk) in shapes {
         let t = Instant::now();
-        let mut cfg = CudaConfig {
+        let mut cfg = DeviceConfig {
             rank_check: check,
             chunk,
-            ..CudaConfig::default()
+            ..DeviceConfig::default()
         };
         cfg.compile.disk_cache = kernel_cache;
         let mut be = CudaBackend::new(cfg)?;

@@ -1,10 +1,10 @@
 //! The command line's shape: every flag, its default and its help text.
 
 use clap::{Args, Parser, Subcommand};
-use foldprint::backend::cuda::world::RankCheck;
 use foldprint::backend::{self, BackendChoice};
 use foldprint::digest::NanPolicy;
 use foldprint::gpu::KernelVariant;
+use foldprint::gpu::RankCheck;
 use std::path::PathBuf;
 
 use super::{audit, bench};
@@ -204,12 +204,12 @@ impl Common {
     /// `dump` where they say.
     pub(super) fn run_options(&self, dump: Option<PathBuf>) -> foldprint::run::Options {
         let (c, n) = (&self.cuda, &self.nccl);
-        use foldprint::backend::cuda::CudaConfig;
-        let mut cuda = CudaConfig {
+        use foldprint::gpu::DeviceConfig;
+        let mut cuda = DeviceConfig {
             variant: c.kernel,
             copy_streams: c.copy_streams,
             rank_check: c.rank_check,
-            ..CudaConfig::default()
+            ..DeviceConfig::default()
         };
         cuda.compile.target = c.target;
         cuda.compile.ftz = c.ftz;

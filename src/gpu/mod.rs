@@ -1,6 +1,7 @@
 //! The GPU platform both GPU backends stand on: finding the driver and
 //! NVRTC ([`probe`], [`host_driver`], [`mapped`] for what was loaded), one
-//! opened device with its compiled programs ([`device`], [`kernels`]),
+//! opened device with its compiled programs ([`device`], [`kernels`]) and
+//! the options a backend opens it with ([`config`]),
 //! typed device and pinned memory ([`mem`]), reading an arena back and
 //! hashing it ([`readback`]), and one error type ([`error`]) that keeps
 //! every library's own code. It knows nothing of ranks, cases or reports.
@@ -10,6 +11,7 @@
 
 pub mod bench;
 pub mod cache_dir;
+pub mod config;
 pub mod device;
 pub mod error;
 pub mod host_driver;
@@ -20,6 +22,7 @@ pub mod overlap;
 pub mod probe;
 pub mod readback;
 
+pub use config::{DeviceConfig, RankCheck};
 pub use device::{Device, LaunchTuning, Startup};
 pub use error::{GpuError, GpuFault};
 pub use kernels::{CompileOptions, KernelVariant, Target};

@@ -20,7 +20,7 @@
 //! size, a world size of 1 ..= [`MAX_WORLD`], a port of 1 ..= 65535.
 
 use super::RankError;
-use crate::experiment::MAX_WORLD;
+use crate::world_size::MAX_WORLD;
 use serde::Serialize;
 
 /// The variable that names the launcher to believe when several have set
@@ -258,7 +258,7 @@ fn read(s: &Scheme, get: &impl Fn(&str) -> Option<String>) -> Result<RankEnv, Ra
         )));
     };
     let world = whole(s, s.world, &world_text)?;
-    if !(1..=MAX_WORLD).contains(&world) {
+    if crate::world_size::WorldSize::new(world).is_err() {
         return Err(RankError::Env(format!(
             "{} is not a world size foldprint runs (1 ..= {MAX_WORLD})",
             named(s, s.world, &world_text)

@@ -7,8 +7,8 @@
 //! can write. A report that fails is corrupt input, never "agree".
 
 use super::{build_groups, check_params, printable, ArenaReport, CaseReport, Group, Report};
-use crate::backend::BackendChoice;
 use crate::digest::{NanPolicy, CHUNK_ELEMS};
+use crate::result::BackendChoice;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 
@@ -147,21 +147,11 @@ fn check_chunks(a: &ArenaReport, bad: &mut dyn FnMut(String)) {
     }
 }
 
-/// The environment kind each backend writes (`environment.backend.kind`).
-fn environment_kind(b: BackendChoice) -> Option<&'static str> {
-    match b {
-        BackendChoice::Auto => None,
-        BackendChoice::Cpu => Some("cpu"),
-        BackendChoice::Cuda => Some("cuda-loopback"),
-        BackendChoice::Nccl => Some("nccl"),
-    }
-}
-
 /// `nan_policy`, `backend` and its environment.
 fn check_run(r: &Report, out: &mut Vec<String>) {
     let want = <BackendChoice as clap::ValueEnum>::from_str(&r.backend, false)
         .ok()
-        .and_then(environment_kind);
+        .and_then(BackendChoice::environment_kind);
     match (want, r.backend_environment()) {
         (None, _) => out.push(format!(
             "backend `{}` is not a backend foldprint has",

@@ -224,9 +224,9 @@ pub fn build_groups(cases: &[CaseReport]) -> Vec<Group> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::ReducedArena;
     use crate::data::Distribution;
     use crate::experiment::{Case, DeliveryOrder};
+    use crate::result::ReducedArena;
     use crate::sensitivity;
 
     fn report(

@@ -18,8 +18,8 @@ pub use golden::{Golden, GoldenCase, GoldenError, GoldenFile, GoldenProblem, GOL
 pub use groups::{build_groups, Expect, Group, GroupVerdict};
 pub use junit::junit;
 
-use crate::backend::{ReducedArena, RoundTimings};
 use crate::experiment::{Case, CaseParams, Experiment};
+use crate::result::{ReducedArena, RoundTimings};
 use crate::sensitivity::Sensitivity;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -597,7 +597,7 @@ mod tests {
             "nccl"
         }
         fn environment(&self) -> crate::environment::BackendEnvironment {
-            // The kind a `nccl` report must carry (check.rs holds them together).
+            // The kind a `nccl` report must carry (`BackendChoice::environment_kind`).
             let mut env = self.0.environment();
             env.kind = "nccl".into();
             env

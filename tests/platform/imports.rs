@@ -37,12 +37,44 @@ fn files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-/// `word::word::...` at the start of `s`.
-fn path_at(s: &str) -> Vec<&str> {
+/// The paths at the start of `s`: `a::b` is one, `a::{b, c::{d, e}}` is
+/// three (`a::b`, `a::c::d`, `a::c::e`).
+fn paths_at(s: &str) -> Vec<Vec<&str>> {
     let end = s
         .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
         .unwrap_or(s.len());
-    s[..end].split("::").filter(|p| !p.is_empty()).collect()
+    let head: Vec<&str> = s[..end].split("::").filter(|p| !p.is_empty()).collect();
+    let rest = &s[end..];
+    if !rest.starts_with('{') {
+        return vec![head];
+    }
+    let mut depth = 0;
+    let mut items = Vec::new();
+    let mut start = 1;
+    for (i, c) in rest.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' | ',' if depth == 1 => {
+                items.push(rest[start..i].trim_start());
+                start = i + 1;
+                if c == '}' {
+                    break;
+                }
+            }
+            '}' => depth -= 1,
+            _ => {}
+        }
+    }
+    let mut out: Vec<Vec<&str>> = items
+        .into_iter()
+        .filter(|item| !item.is_empty())
+        .flat_map(paths_at)
+        .map(|tail| head.iter().copied().chain(tail).collect())
+        .collect();
+    if out.is_empty() {
+        out.push(head);
+    }
+    out
 }
 
 fn is_related(a: &str, b: &str) -> bool {
@@ -62,7 +94,9 @@ fn code_of(file: &Path) -> String {
         .join("\n")
 }
 
-fn library_graph() -> Graph {
+/// Each library module's code, by module path, outside comments and test
+/// modules.
+fn library_sources() -> BTreeMap<String, String> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut all = Vec::new();
     files(&src, &mut all);
@@ -75,6 +109,15 @@ fn library_graph() -> Graph {
         }
         modules.insert(module_of(rel), code_of(f));
     }
+    modules
+}
+
+fn library_graph() -> Graph {
+    graph_of(&library_sources())
+}
+
+/// Which modules each module's `crate::` and `super::` paths name.
+fn graph_of(modules: &BTreeMap<String, String>) -> Graph {
     let names: BTreeSet<String> = modules.keys().cloned().collect();
     let resolve = |parts: &[&str]| -> Option<String> {
         (1..=parts.len())
@@ -83,20 +126,23 @@ fn library_graph() -> Graph {
             .find(|m| names.contains(m))
     };
     let mut g = Graph::new();
-    for (m, code) in &modules {
+    for (m, code) in modules {
         let parent: Vec<&str> = m.split("::").filter(|p| !p.is_empty()).collect();
         let parent = &parent[..parent.len().saturating_sub(1)];
         let mut edges = BTreeSet::new();
         for (i, _) in code.match_indices("crate::") {
-            if let Some(t) = resolve(&path_at(&code[i + 7..])) {
-                edges.insert(t);
+            for path in paths_at(&code[i + 7..]) {
+                if let Some(t) = resolve(&path) {
+                    edges.insert(t);
+                }
             }
         }
         for (i, _) in code.match_indices("super::") {
-            let mut parts: Vec<&str> = parent.to_vec();
-            parts.extend(path_at(&code[i + 7..]));
-            if let Some(t) = resolve(&parts) {
-                edges.insert(t);
+            for path in paths_at(&code[i + 7..]) {
+                let parts: Vec<&str> = parent.iter().copied().chain(path).collect();
+                if let Some(t) = resolve(&parts) {
+                    edges.insert(t);
+                }
             }
         }
         edges.retain(|t| !is_related(m, t));
@@ -267,4 +313,116 @@ fn the_launchers_variables_are_read_once_into_the_world() {
     // is handed the world.
     let own = ["discover::", "placement::place(", "rendezvous::exchange("];
     assert_eq!(calls_in(&src.join("backend"), &own), []);
+}
+
+/// The edges from `from` (or a module inside it) to any of `to` (or a
+/// module inside one of them).
+fn uses(g: &Graph, from: &str, to: &[&str]) -> Vec<(String, String)> {
+    let within = |m: &str, root: &str| m == root || m.starts_with(&format!("{root}::"));
+    g.iter()
+        .filter(|(m, _)| within(m, from))
+        .flat_map(|(m, targets)| {
+            targets
+                .iter()
+                .filter(|t| to.iter().any(|root| within(t, root)))
+                .map(move |t| (m.clone(), t.clone()))
+        })
+        .collect()
+}
+
+/// The library's sources with `line` added to `module`'s code.
+fn sources_with(module: &str, line: &str) -> BTreeMap<String, String> {
+    let mut sources = library_sources();
+    let code = sources
+        .get_mut(module)
+        .unwrap_or_else(|| panic!("no module {module}"));
+    code.push('\n');
+    code.push_str(line);
+    sources
+}
+
+/// The layering rules of ARCHITECTURE.md, each: who, may not use what.
+const RULES: [(&str, &[&str]); 3] = [
+    // The NCCL backend stands on `gpu`, as the CUDA backend does, not on it.
+    ("backend::nccl", &["backend::cuda"]),
+    // The report format that `compare` reads stands on no backend.
+    ("report", &["backend"]),
+    // The GPU platform knows nothing of ranks, cases, reports or backends.
+    (
+        "gpu",
+        &[
+            "audit",
+            "backend",
+            "bench",
+            "experiment",
+            "ranks",
+            "report",
+            "runner",
+        ],
+    ),
+];
+
+#[test]
+fn every_layer_uses_only_what_lies_below_it() {
+    let g = library_graph();
+    for (from, to) in RULES {
+        assert!(g.contains_key(from), "no module {from}");
+        assert_eq!(uses(&g, from, to), Vec::<(String, String)>::new(), "{from}");
+    }
+    // The scan sees what these modules do use (so an empty result means
+    // something): the NCCL backend the GPU platform, the report the
+    // results, the platform the folds.
+    assert!(uses(&g, "backend::nccl", &["gpu"]).len() > 3);
+    assert!(uses(&g, "report", &["result"]).len() >= 2);
+    assert!(uses(&g, "gpu", &["fold"]).len() >= 2);
+}
+
+#[test]
+fn the_layering_rules_catch_the_imports_they_forbid() {
+    // Negative controls: the real sources with one import added back, as
+    // each module had it before the layers were separated (one of them
+    // inside a `{...}` group, which the scan expands).
+    let controls = [
+        (
+            "backend::nccl",
+            "use super::cuda::CudaConfig;",
+            "backend::cuda",
+        ),
+        (
+            "backend::nccl::dataflow",
+            "use crate::backend::{cuda::CudaConfig, infrastructure};",
+            "backend::cuda",
+        ),
+        (
+            "report",
+            "use crate::backend::{ReducedArena, RoundTimings};",
+            "backend",
+        ),
+        (
+            "report::check",
+            "use crate::backend::BackendChoice;",
+            "backend",
+        ),
+        (
+            "gpu::kernels::tree",
+            "pub fn of(case: &crate::experiment::Case) {}",
+            "experiment",
+        ),
+        (
+            "gpu::device",
+            "use crate::ranks::rendezvous::Member;",
+            "ranks::rendezvous",
+        ),
+    ];
+    for (module, line, target) in controls {
+        let g = graph_of(&sources_with(module, line));
+        let broken: Vec<(String, String)> = RULES
+            .iter()
+            .flat_map(|(from, to)| uses(&g, from, to))
+            .collect();
+        assert!(
+            broken.contains(&(module.to_string(), target.to_string())),
+            "`{line}` in {module}: {broken:?}"
+        );
+    }
 }

@@ -12,10 +12,10 @@ use super::{
 };
 use crate::experiment::{Addends, Case};
 use crate::fold::{mean_scale, shard_plan, Contract};
-use crate::gpu::kernels::{self, CompileOptions, FoldMode, KernelVariant};
+use crate::gpu::kernels::{self, FoldMode, KernelVariant};
 use crate::gpu::mem::{DeviceBuffer, PinnedBuffer};
 use crate::gpu::readback::Reader;
-use crate::gpu::{device, mapped, probe, Device, GpuError, LaunchTuning};
+use crate::gpu::{device, mapped, probe, Device, DeviceConfig, GpuError, LaunchTuning, RankCheck};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -25,44 +25,8 @@ use world::{RoundSpec, WorldBuffers};
 
 const NAME: &str = "cuda";
 
-/// How the backend runs.
-#[derive(Debug, Clone, Serialize)]
-pub struct CudaConfig {
-    pub ordinal: usize,
-    pub variant: KernelVariant,
-    pub compile: CompileOptions,
-    /// Streams the exchange copies are spread over; below 2 they are issued
-    /// in delivery order on one stream.
-    pub copy_streams: usize,
-    pub tuning: LaunchTuning,
-    /// Host threads reading back and hashing ranks; 0 = one per core (max 16).
-    pub readers: usize,
-    /// Elements per pinned staging chunk.
-    pub chunk: usize,
-    /// How ranks 1..W-1's copies are checked against rank 0's.
-    pub rank_check: world::RankCheck,
-}
-
-impl Default for CudaConfig {
-    fn default() -> Self {
-        CudaConfig {
-            ordinal: 0,
-            variant: KernelVariant::Fast,
-            compile: CompileOptions::default(),
-            copy_streams: 0,
-            tuning: LaunchTuning::default(),
-            readers: 0,
-            // 1 MiB: the span being hashed stays in the hashing core's L2.
-            // On the H200 host the SHA-256 of a 128 MiB arena took a few ms
-            // less than with 8 MiB chunks (docs/BENCHMARKS.md).
-            chunk: 1 << 18,
-            rank_check: world::RankCheck::Device,
-        }
-    }
-}
-
 pub struct CudaBackend {
-    cfg: CudaConfig,
+    cfg: DeviceConfig,
     dev: Device,
     main: Arc<cudarc::driver::CudaStream>,
     copy: Vec<Arc<cudarc::driver::CudaStream>>,
@@ -86,7 +50,7 @@ fn unavailable(reason: impl std::fmt::Display) -> BackendError {
 
 impl CudaBackend {
     /// Open the device and build the kernels; `Unavailable` says what is missing.
-    pub fn new(cfg: CudaConfig) -> Result<Self, BackendError> {
+    pub fn new(cfg: DeviceConfig) -> Result<Self, BackendError> {
         let started = Instant::now();
         let p = probe();
         let probe_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -124,7 +88,7 @@ impl CudaBackend {
         &self.profiles
     }
 
-    pub fn config(&self) -> &CudaConfig {
+    pub fn config(&self) -> &DeviceConfig {
         &self.cfg
     }
 
@@ -161,8 +125,8 @@ impl CudaBackend {
         // Under the device check only rank 0 (and a rank that differs, on
         // the failure path) is read back: one reader, not one per rank.
         let world = match self.cfg.rank_check {
-            world::RankCheck::Device => 1,
-            world::RankCheck::Host => world,
+            RankCheck::Device => 1,
+            RankCheck::Host => world,
         };
         let want = want.min(world).max(1);
         while self.readers.len() < want {
@@ -542,13 +506,6 @@ pub struct PeerFiles {
     pub digest: crate::digest::Sha256,
 }
 
-/// The fold mode and device program (order or postfix tree) of a case's contract.
-pub(crate) fn contract_program(case: &Case) -> Result<(FoldMode, Vec<u32>), BackendError> {
-    let order = case.order().sequence(case.world());
-    kernels::fold_program(case.contract(), case.world(), &order)
-        .map_err(|m| unsupported(case.id(), m))
-}
-
 fn upload_prog(dev: &Device, prog: &[u32]) -> Result<Option<DeviceBuffer<u32>>, GpuError> {
     if prog.is_empty() {
         return Ok(None);
@@ -628,7 +585,7 @@ impl Backend for CudaBackend {
         self.worlds
             .retain(|&(w, n), _| w == case.world() && case.arenas().contains(&n));
         self.profiles.clear();
-        let (mode, prog) = contract_program(case)?;
+        let (mode, prog) = super::fold_program(case)?;
         let prog_buf = upload_prog(&self.dev, &prog)
             .map_err(|e| gpu_failed(case.id(), "uploading the fold program", e))?;
         super::repeat_rounds(case.rounds(), || {

@@ -15,6 +15,7 @@ use crate::gpu::error::GpuError;
 use crate::gpu::kernels::{FoldMode, KernelVariant};
 use crate::gpu::mem::{copy_d2d, DeviceBuffer, F32};
 use crate::gpu::readback::{ReadTimes, Reader};
+use crate::gpu::RankCheck;
 use cudarc::driver::{sys::CUevent_flags, CudaEvent, CudaStream};
 use serde::Serialize;
 use std::sync::Arc;
@@ -290,27 +291,6 @@ pub struct RankDigests {
     pub values: Option<Vec<f32>>,
     pub differing: Vec<(usize, Vec<usize>)>,
     pub profile: DigestProfile,
-}
-
-/// How the copies of ranks 1..W-1 are checked against rank 0's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum RankCheck {
-    /// Compared bit for bit with rank 0's on the device, per chunk; only a
-    /// rank that differs is read back and hashed.
-    #[default]
-    Device,
-    /// Every rank's copy read back and hashed on the host.
-    Host,
-}
-
-impl RankCheck {
-    pub const fn describe(self) -> &'static str {
-        match self {
-            RankCheck::Device => "ranks 1..W-1 compared bit for bit with rank 0 on the device per 64 Ki-element chunk; rank 0, and any rank that differs, read back and hashed on the host",
-            RankCheck::Host => "every rank's copy read back and hashed on the host",
-        }
-    }
 }
 
 /// For each rank r >= 1, the chunks (of `chunk` elements) of its arena

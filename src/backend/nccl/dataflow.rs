@@ -4,7 +4,6 @@
 //! asynchronous error state.
 
 use super::{NcclBackend, RankBufs, RankCtx, NAME};
-use crate::backend::cuda::CudaConfig;
 use crate::backend::{infrastructure, BackendError, RunOptions};
 use crate::experiment::{Addends, Case};
 use crate::fold::{mean_scale, shard_plan, Contract, Shard};
@@ -12,7 +11,7 @@ use crate::gpu::device::row_stride;
 use crate::gpu::error::GpuError;
 use crate::gpu::kernels::FoldMode;
 use crate::gpu::mem::{DeviceBuffer, F32};
-use crate::gpu::KernelVariant;
+use crate::gpu::{DeviceConfig, KernelVariant};
 use crate::ranks::watchdog::Watchdog;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,7 +33,7 @@ pub(super) struct ArenaJob<'a> {
     pub(super) world: usize,
     pub(super) mode: FoldMode,
     pub(super) variant: KernelVariant,
-    pub(super) cuda: &'a CudaConfig,
+    pub(super) cuda: &'a DeviceConfig,
     pub(super) opts: &'a RunOptions,
     /// Benchmark repetition: the arena already holds data; time the
     /// collectives only (no generation, no digest).

@@ -24,14 +24,13 @@ mod dataflow;
 pub mod facts;
 pub mod loader;
 
-use super::cuda::CudaConfig;
 use super::{unsupported, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
 use crate::experiment::Case;
 use crate::fold::Contract;
 use crate::gpu::kernels::FoldMode;
 use crate::gpu::mem::DeviceBuffer;
 use crate::gpu::readback::Reader;
-use crate::gpu::{mapped, Device};
+use crate::gpu::{mapped, Device, DeviceConfig};
 use crate::ranks::placement;
 use crate::ranks::watchdog::Watchdog;
 use crate::ranks::world::World;
@@ -48,7 +47,7 @@ const NAME: &str = "nccl";
 /// their start, are its [`World`]'s.
 #[derive(Debug, Clone)]
 pub struct NcclConfig {
-    pub cuda: CudaConfig,
+    pub cuda: DeviceConfig,
     /// Bound on every collective window (enqueue + stream sync).
     pub timeout: Duration,
 }
@@ -355,7 +354,7 @@ impl Backend for NcclBackend {
         let (mode, prog) = if case.contract() == Contract::NcclAllreduce {
             (FoldMode::Fixed, Vec::new())
         } else {
-            super::cuda::contract_program(case)?
+            super::fold_program(case)?
         };
         let mut run = super::repeat_rounds(case.rounds(), || {
             let start = Instant::now();
