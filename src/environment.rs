@@ -1,7 +1,7 @@
 //! The typed shape of a report's `environment.backend` block, and the
 //! library files it lists. The GPU backends write it; the audit and the
-//! tables read it. It depends on nothing else in the crate, so readers need
-//! not know any backend.
+//! tables read it. It depends on no backend (only on `digest`, for the
+//! libraries' SHA-256), so readers need not know any backend.
 //!
 //! The JSON is an object whose keys are written in sorted order: `kind`,
 //! and for the GPU backends `libraries` (files mapped, from

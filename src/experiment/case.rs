@@ -23,11 +23,12 @@ pub enum Addends {
     Files(Arc<AddendFiles>),
 }
 
-/// A case that is valid by construction: its fields are private and the
-/// only way to make one is [`CaseBuilder::build`], which holds it to the
-/// limits an experiment file is (W a [`WorldSize`], at least one
-/// arena, at most [`MAX_CASE_BYTES`] of addends, an order valid at W,
-/// 1..=1000 rounds). Backends never re-check them.
+/// A case that is valid by construction: its fields are private, and it is
+/// made by [`CaseBuilder::build`], which holds it to the limits an
+/// experiment file is (W a [`WorldSize`], at least one arena, at most
+/// [`MAX_CASE_BYTES`] of addends, an order valid at W, 1..=1000 rounds), or
+/// derived from a valid case by the `with_*` methods, which keep them.
+/// Backends never re-check them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Case {
     world: WorldSize,
