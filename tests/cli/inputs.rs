@@ -4,7 +4,7 @@
 //! selections of tensors never share an identity.
 
 use crate::common::rank_files::{self, T};
-use crate::common::{fp, write};
+use crate::common::{fp, run_cpu, write};
 use serde_json::Value;
 use std::path::Path;
 
@@ -39,12 +39,7 @@ fn a_case_of_thousands_of_arenas_prints_its_table() {
          [[case]]\nid = \"s\"\naddends = \"small/rank{rank}.safetensors\"\n",
     );
     let out = dir.path().join("r.json");
-    let o = fp()
-        .args(["run", "--backend", "cpu", "--out"])
-        .arg(&out)
-        .arg(&exp)
-        .output()
-        .unwrap();
+    let o = run_cpu(&exp, &out);
     let (stdout, stderr) = (text(&o.stdout), text(&o.stderr));
     assert_eq!(o.status.code(), Some(0), "{stdout}{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
@@ -172,12 +167,7 @@ fn sizes_a_rank_file_declares_never_wrap() {
             &format!("name = \"e\"\n[[case]]\nid = \"c\"\naddends = \"{template}\"\n"),
         );
         let out = dir.path().join("r.json");
-        let o = fp()
-            .args(["run", "--backend", "cpu", "--out"])
-            .arg(&out)
-            .arg(&exp)
-            .output()
-            .unwrap();
+        let o = run_cpu(&exp, &out);
         let err = text(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{what}: {err}{}", text(&o.stdout));
         assert!(err.contains(wanted), "{what}: wanted `{wanted}` in {err}");
@@ -370,12 +360,7 @@ fn a_declared_world_agrees_with_the_rank_files() {
             &format!("name = \"e\"\n[[case]]\nid = \"c\"\naddends = \"rank{{rank}}.safetensors\"\nworld = {world}\n"),
         );
         let out = dir.path().join("r.json");
-        let o = fp()
-            .args(["run", "--backend", "cpu", "--out"])
-            .arg(&out)
-            .arg(&exp)
-            .output()
-            .unwrap();
+        let o = run_cpu(&exp, &out);
         (o.status.code(), text(&o.stderr), out.exists())
     };
     let (code, err, written) = run(&[0, 1, 2], 2);

@@ -4,7 +4,7 @@
 //! inputs identify the case; every bad file is refused by name.
 
 use crate::common::rank_files::{self, T};
-use crate::common::{fp, write};
+use crate::common::{fp, run_cpu, write};
 use serde_json::Value;
 use sha2::Digest;
 use std::path::Path;
@@ -381,12 +381,7 @@ fn bad_rank_files_are_refused_by_name_and_nothing_is_written() {
             &format!("name = \"e\"\n[[case]]\nid = \"c\"\naddends = \"rank{{rank}}.safetensors\"\n{extra}"),
         );
         let out = dir.path().join("r.json");
-        let o = fp()
-            .args(["run", "--backend", "cpu", "--out"])
-            .arg(&out)
-            .arg(&exp)
-            .output()
-            .unwrap();
+        let o = run_cpu(&exp, &out);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{what}: {err}");
         assert!(

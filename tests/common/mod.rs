@@ -87,6 +87,19 @@ pub fn run_outputs(dir: &Path, experiment: &Path, name: &str) -> RunOutputs {
     RunOutputs { report, dump }
 }
 
+/// `foldprint run --backend cpu --out OUT EXPERIMENT`, as it ended.
+#[allow(dead_code)]
+pub fn run_cpu(
+    experiment: impl AsRef<std::ffi::OsStr>,
+    out: impl AsRef<std::ffi::OsStr>,
+) -> std::process::Output {
+    fp().args(["run", "--backend", "cpu", "--out"])
+        .arg(out)
+        .arg(experiment)
+        .output()
+        .unwrap()
+}
+
 /// Run `experiment` twice (`a`, `b`) and check that `compare` finds the
 /// two reports in agreement: the baseline a test then breaks one thing of.
 #[allow(dead_code)]

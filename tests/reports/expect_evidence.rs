@@ -5,7 +5,7 @@
 //! and another predicate for `attest`.
 
 use crate::common::rank_files;
-use crate::common::{fp, write};
+use crate::common::{fp, run_cpu, write};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -20,12 +20,7 @@ fn honest(dir: &Path) -> (PathBuf, Value) {
          expect = \"expected.safetensors\"\ncontract = \"pairwise-tree\"\n",
     );
     let out = dir.join("honest.json");
-    let o = fp()
-        .args(["run", "--backend", "cpu", "--out"])
-        .arg(&out)
-        .arg(&exp)
-        .output()
-        .unwrap();
+    let o = run_cpu(&exp, &out);
     assert_eq!(o.status.code(), Some(1), "DIFF: exit 1");
     let v: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
     assert_eq!(v["cases"][0]["expect"]["equal"], false);
