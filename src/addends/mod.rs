@@ -936,14 +936,19 @@ mod tests {
         }
     }
 
+    /// [`three`], opened and hashed.
+    fn three_hashed(dir: &Path) -> AddendFiles {
+        three(dir);
+        AddendFiles::open("r{rank}.npy", dir, None, None, Scope::AllRanks)
+            .unwrap()
+            .hashed()
+            .unwrap()
+    }
+
     #[test]
     fn a_file_changed_after_it_was_hashed_is_never_read() {
         let dir = tempfile::tempdir().unwrap();
-        three(dir.path());
-        let f = AddendFiles::open("r{rank}.npy", dir.path(), None, None, Scope::AllRanks)
-            .unwrap()
-            .hashed()
-            .unwrap();
+        let f = three_hashed(dir.path());
         let mut v = [0f32; 3];
         f.read(1, 0, &mut v).unwrap();
         assert_eq!(v.map(f32::to_bits), [1.0f32, 0.5, -2.0].map(f32::to_bits));
@@ -972,11 +977,7 @@ mod tests {
     #[test]
     fn bytes_written_while_a_file_is_read_are_never_reported() {
         let dir = tempfile::tempdir().unwrap();
-        three(dir.path());
-        let f = AddendFiles::open("r{rank}.npy", dir.path(), None, None, Scope::AllRanks)
-            .unwrap()
-            .hashed()
-            .unwrap();
+        let f = three_hashed(dir.path());
         let o = f.files[1].opened.as_deref().unwrap();
         let read = |file: &std::fs::File, t: &Tensor| -> std::io::Result<Vec<f32>> {
             let mut v = vec![0f32; t.len];

@@ -880,7 +880,8 @@ mod tests {
         Vec<Result<Vec<u8>, RankError>>,
     );
 
-    fn member(rank: usize) -> Member {
+    /// A described member of `rank` (also for the directory rendezvous's tests).
+    pub(super) fn member(rank: usize) -> Member {
         Member {
             rank,
             local_rank: rank,

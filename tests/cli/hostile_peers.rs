@@ -8,6 +8,7 @@
 //! The client side of the protocol is written here again from its
 //! description (src/ranks/handshake.rs), not taken from the library.
 
+use crate::common::free_port;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
@@ -21,14 +22,6 @@ const MAGIC: &[u8] = b"FPRV3";
 const DOMAIN: &[u8] = b"foldprint rendezvous 3\0";
 /// Rank 0's greeting: magic, nonce, proof.
 const GREETING: usize = 5 + 32 + 32;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A token no other test uses.
 fn secret(tag: &str) -> String {

@@ -4,20 +4,12 @@
 //! one-node Slurm and runs them). Each rank is a real process and the
 //! rendezvous is real TCP on loopback.
 
-use crate::common::fp;
+use crate::common::{fp, free_port};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn bin() -> std::path::PathBuf {
     crate::common::bin_path()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn json_of(out: &[u8]) -> serde_json::Value {

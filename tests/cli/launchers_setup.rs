@@ -4,6 +4,7 @@
 //! next with the same job id. Every rank is a real `foldprint world`
 //! process, started by hand with exactly the variables a launcher sets.
 
+use crate::common::free_port;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -34,14 +35,6 @@ const LAUNCHER_VARS: &[&str] = &[
     "OMPI_COMM_WORLD_SIZE",
     "OMPI_COMM_WORLD_LOCAL_RANK",
 ];
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Launcher variables, as a rank is given them.
 type Vars = Vec<(String, String)>;

@@ -28,6 +28,17 @@ pub fn fp() -> Command {
     }
 }
 
+/// A TCP port on loopback that was free a moment ago, for a rank 0 to
+/// listen on.
+#[allow(dead_code)]
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Write `text` to `dir/name` and return the path.
 #[allow(dead_code)]
 pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {

@@ -439,23 +439,11 @@ pub fn join_dir(
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::member;
     use super::*;
 
     fn plan(s: &str) -> Plan {
         Plan::new(&[s.to_string()], s)
-    }
-
-    fn member(rank: usize) -> Member {
-        Member {
-            rank,
-            local_rank: rank,
-            host: format!("host{rank}"),
-            pid: 100 + rank as u32,
-            device: Some(rank),
-            nccl_hostid: None,
-            problem: None,
-            inputs: Vec::new(),
-        }
     }
 
     fn names(d: &Path) -> Vec<String> {
