@@ -7,6 +7,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::data::{is_nan_bits, CANONICAL_NAN_BITS, INFINITY_BITS};
+use crate::dtype::Dtype;
 
 /// A SHA-256 digest. Written as 64 lowercase hex digits, the only form a
 /// report, golden or SHA256SUMS line may hold: reading any other spelling
@@ -108,6 +109,15 @@ impl NanPolicy {
         }
     }
 
+    /// [`NanPolicy::apply`] to bits of `dtype`: its canonical NaN.
+    #[inline(always)]
+    pub fn apply_in(self, dtype: Dtype, bits: u32) -> u32 {
+        match self {
+            NanPolicy::Canonical if dtype.is_nan(bits) => dtype.canonical_nan(),
+            _ => bits,
+        }
+    }
+
     #[inline(always)]
     pub fn apply(self, bits: u32) -> u32 {
         match self {
@@ -144,10 +154,12 @@ impl<'de> Deserialize<'de> for NanPolicy {
     }
 }
 
-/// Streaming SHA-256 of f32 values under a NaN policy.
+/// Streaming SHA-256 of an arena's values under a NaN policy: float32 as
+/// is, a 16-bit dtype's values (carried as float32) as the dtype's bytes.
 pub struct ArenaHasher {
     sha: Hasher,
     policy: NanPolicy,
+    dtype: Dtype,
     buf: Vec<u8>,
     /// Per-chunk digests (localization), when asked for.
     chunks: Option<ChunkState>,
@@ -157,6 +169,8 @@ pub struct ArenaHasher {
 
 struct ChunkState {
     sha: Hasher,
+    /// Bytes per chunk: `CHUNK_ELEMS` elements of the dtype.
+    leaf: usize,
     /// Bytes already in the current chunk.
     filled: usize,
     done: Vec<Sha256>,
@@ -164,17 +178,14 @@ struct ChunkState {
 
 const STAGE: usize = 16 * 1024;
 
-/// Bytes per localization chunk.
-const LEAF: usize = CHUNK_ELEMS * 4;
-
 impl ChunkState {
     fn feed(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
-            let take = (LEAF - self.filled).min(bytes.len());
+            let take = (self.leaf - self.filled).min(bytes.len());
             self.sha.update(&bytes[..take]);
             self.filled += take;
             bytes = &bytes[take..];
-            if self.filled == LEAF {
+            if self.filled == self.leaf {
                 let full = std::mem::take(&mut self.sha);
                 self.done.push(Sha256::from_hasher(full));
                 self.filled = 0;
@@ -186,20 +197,24 @@ impl ChunkState {
     fn feed_parallel(&mut self, bytes: &[u8]) {
         use rayon::prelude::*;
         let head = if self.filled > 0 {
-            (LEAF - self.filled).min(bytes.len())
+            (self.leaf - self.filled).min(bytes.len())
         } else {
             0
         };
         self.feed(&bytes[..head]);
         let rest = &bytes[head..];
-        let whole = rest.len() / LEAF * LEAF;
-        let digests: Vec<Sha256> = rest[..whole].par_chunks(LEAF).map(Sha256::of).collect();
+        let whole = rest.len() / self.leaf * self.leaf;
+        let digests: Vec<Sha256> = rest[..whole]
+            .par_chunks(self.leaf)
+            .map(Sha256::of)
+            .collect();
         self.done.extend(digests);
         self.feed(&rest[whole..]);
     }
 }
 
-/// Elements per localization chunk (256 KiB of f32).
+/// Elements per localization chunk (256 KiB of f32, 128 KiB of a 16-bit
+/// dtype).
 pub const CHUNK_ELEMS: usize = 1 << 16;
 
 /// An arena's digest plus the digests of its fixed-size chunks.
@@ -223,9 +238,15 @@ pub fn chunk_root(chunks: &[Sha256]) -> Sha256 {
 
 impl ArenaHasher {
     pub fn new(policy: NanPolicy) -> Self {
+        Self::of(Dtype::F32, policy)
+    }
+
+    /// A hasher of `dtype`'s bytes.
+    pub fn of(dtype: Dtype, policy: NanPolicy) -> Self {
         ArenaHasher {
             sha: Hasher::new(),
             policy,
+            dtype,
             buf: Vec::with_capacity(STAGE * 4),
             chunks: None,
             scan: std::time::Duration::ZERO,
@@ -235,9 +256,15 @@ impl ArenaHasher {
     /// Also keep a digest per `CHUNK_ELEMS` elements (costs a second pass
     /// of SHA-256 over the same bytes).
     pub fn with_chunks(policy: NanPolicy) -> Self {
-        let mut h = Self::new(policy);
+        Self::with_chunks_of(Dtype::F32, policy)
+    }
+
+    /// [`ArenaHasher::with_chunks`] of `dtype`'s bytes.
+    pub fn with_chunks_of(dtype: Dtype, policy: NanPolicy) -> Self {
+        let mut h = Self::of(dtype, policy);
         h.chunks = Some(ChunkState {
             sha: Hasher::new(),
+            leaf: CHUNK_ELEMS * dtype.bytes(),
             filled: 0,
             done: Vec::new(),
         });
@@ -249,7 +276,7 @@ impl ArenaHasher {
             None => sha.update(bytes),
             // Large spans: the arena stream on this thread, the whole chunks
             // side by side on the pool. The stream is the sequential floor.
-            Some(c) if bytes.len() >= 2 * LEAF => {
+            Some(c) if bytes.len() >= 2 * c.leaf => {
                 rayon::join(|| sha.update(bytes), || c.feed_parallel(bytes));
             }
             Some(c) => {
@@ -264,7 +291,7 @@ impl ArenaHasher {
     /// do hold one would be hashed with their payloads, so a wrong claim
     /// shows as a digest that differs from the CPU oracle's.
     pub fn update_nan_free(&mut self, values: &[f32]) {
-        if cfg!(target_endian = "little") {
+        if cfg!(target_endian = "little") && self.dtype.is_f32() {
             self.feed_in_place(values);
         } else {
             self.update(values);
@@ -282,6 +309,17 @@ impl ArenaHasher {
     }
 
     pub fn update(&mut self, values: &[f32]) {
+        if !self.dtype.is_f32() {
+            let (dtype, policy) = (self.dtype, self.policy);
+            for stage in values.chunks(STAGE) {
+                self.buf.clear();
+                for v in stage {
+                    dtype.put_le(policy.apply_in(dtype, dtype.narrow(*v)), &mut self.buf);
+                }
+                Self::feed(&mut self.sha, &mut self.chunks, &self.buf);
+            }
+            return;
+        }
         let in_place = cfg!(target_endian = "little")
             && (self.policy == NanPolicy::Preserve || {
                 let t = std::time::Instant::now();
@@ -298,6 +336,20 @@ impl ArenaHasher {
             for v in stage {
                 self.buf
                     .extend_from_slice(&self.policy.apply(v.to_bits()).to_le_bytes());
+            }
+            Self::feed(&mut self.sha, &mut self.chunks, &self.buf);
+        }
+    }
+
+    /// A 16-bit dtype's values as their bits (what a device holds),
+    /// hashed under the policy.
+    pub fn update_bits16(&mut self, bits: &[u16]) {
+        debug_assert!(!self.dtype.is_f32());
+        let (dtype, policy) = (self.dtype, self.policy);
+        for stage in bits.chunks(STAGE) {
+            self.buf.clear();
+            for &b in stage {
+                dtype.put_le(policy.apply_in(dtype, u32::from(b)), &mut self.buf);
             }
             Self::feed(&mut self.sha, &mut self.chunks, &self.buf);
         }
@@ -348,16 +400,26 @@ pub fn digest_chunked(values: &[f32], policy: NanPolicy) -> ChunkedDigest {
 
 /// SHA-256 (hex) of one arena under `policy`.
 pub fn digest_arena(values: &[f32], policy: NanPolicy) -> Sha256 {
-    let mut h = ArenaHasher::new(policy);
+    digest_arena_as(values, Dtype::F32, policy)
+}
+
+/// SHA-256 of one arena of `dtype` (carried as float32) under `policy`.
+pub fn digest_arena_as(values: &[f32], dtype: Dtype, policy: NanPolicy) -> Sha256 {
+    let mut h = ArenaHasher::of(dtype, policy);
     h.update(values);
     h.finish()
 }
 
 /// The exact bytes that are hashed (for dumps).
 pub fn hashed_bytes(values: &[f32], policy: NanPolicy) -> Vec<u8> {
-    let mut out = Vec::with_capacity(values.len() * 4);
+    hashed_bytes_as(values, Dtype::F32, policy)
+}
+
+/// The exact bytes hashed for an arena of `dtype` (carried as float32).
+pub fn hashed_bytes_as(values: &[f32], dtype: Dtype, policy: NanPolicy) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() * dtype.bytes());
     for v in values {
-        out.extend_from_slice(&policy.apply(v.to_bits()).to_le_bytes());
+        dtype.put_le(policy.apply_in(dtype, dtype.narrow(*v)), &mut out);
     }
     out
 }
@@ -365,6 +427,51 @@ pub fn hashed_bytes(values: &[f32], policy: NanPolicy) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_16_bit_arena_hashes_its_own_bytes_and_chunks_by_elements() {
+        let d = Dtype::Bf16;
+        let n = 2 * CHUNK_ELEMS + 5;
+        let values: Vec<f32> = (0..n).map(|i| d.quantize(i as f32 * 0.37)).collect();
+        let bytes = hashed_bytes_as(&values, d, NanPolicy::Canonical);
+        assert_eq!(bytes.len(), 2 * n);
+        assert_eq!(
+            digest_arena_as(&values, d, NanPolicy::Canonical),
+            Sha256::of(&bytes)
+        );
+        let mut h = ArenaHasher::with_chunks_of(d, NanPolicy::Canonical);
+        h.update(&values);
+        let c = h.finish_chunked();
+        assert_eq!(c.chunks.len(), 3);
+        assert_eq!(
+            c.chunks[1],
+            Sha256::of(&bytes[2 * CHUNK_ELEMS..4 * CHUNK_ELEMS])
+        );
+        // The device's bits hash the same as the carried values.
+        let bits: Vec<u16> = values.iter().map(|v| d.narrow(*v) as u16).collect();
+        let mut b = ArenaHasher::with_chunks_of(d, NanPolicy::Canonical);
+        b.update_bits16(&bits);
+        assert_eq!(b.finish_chunked(), c);
+        // NaNs: canonical is bf16's 0x7FC0 whatever the payload or sign.
+        let nan = [f32::from_bits(0xFFC1_0000), f32::from_bits(0x7F81_0000)];
+        assert_eq!(
+            hashed_bytes_as(&nan, d, NanPolicy::Canonical),
+            [0xC0, 0x7F, 0xC0, 0x7F]
+        );
+        assert_eq!(
+            hashed_bytes_as(&nan, d, NanPolicy::Preserve),
+            [0xC1, 0xFF, 0xC1, 0x7F]
+        );
+        assert_eq!(
+            hashed_bytes_as(&nan, Dtype::F16, NanPolicy::Canonical),
+            [0x00, 0x7E, 0x00, 0x7E]
+        );
+        // Control: the f32 bytes of the same values differ.
+        assert_ne!(
+            digest_arena(&values, NanPolicy::Canonical),
+            Sha256::of(&bytes)
+        );
+    }
 
     #[test]
     fn empty_arena_hashes_to_sha256_of_nothing() {
@@ -501,7 +608,7 @@ mod tests {
         v[3 * CHUNK_ELEMS + 1] = f32::from_bits(0x7FC0_1234); // a NaN payload
         for policy in [NanPolicy::Canonical, NanPolicy::Preserve] {
             let bytes = hashed_bytes(&v, policy);
-            let expect: Vec<Sha256> = bytes.chunks(LEAF).map(Sha256::of).collect();
+            let expect: Vec<Sha256> = bytes.chunks(CHUNK_ELEMS * 4).map(Sha256::of).collect();
             // A partial chunk first, then spans long enough to go parallel.
             for cuts in [
                 vec![1000, 4 * CHUNK_ELEMS + 3],

@@ -14,6 +14,7 @@ pub mod backend;
 pub mod bench;
 pub mod data;
 pub mod digest;
+pub mod dtype;
 pub mod dumpdir;
 pub mod environment;
 pub mod exit;

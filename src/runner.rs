@@ -1,7 +1,7 @@
 //! One `run`: experiments -> backend -> digests -> report (+ dumps).
 
 use crate::backend::{Backend, BackendError, RunOptions};
-use crate::digest::{hashed_bytes, NanPolicy};
+use crate::digest::{hashed_bytes_as, NanPolicy};
 pub use crate::dumpdir::{dump_name, dump_names};
 use crate::environment::Environment;
 use crate::experiment::{Case, Experiment};
@@ -160,7 +160,7 @@ pub fn run_staged(
             for (a, arena) in out.arenas.iter_mut().enumerate() {
                 if let Some(values) = arena.values.take() {
                     let name = &names[&(case.experiment(), case.id(), a)];
-                    let bytes = hashed_bytes(&values, cfg.nan_policy);
+                    let bytes = hashed_bytes_as(&values, case.dtype(), cfg.nan_policy);
                     drop(values);
                     dir.write(name, &bytes).map_err(|source| RunError::Dump {
                         path: dir.target().join(name),

@@ -34,37 +34,7 @@ impl Format {
     }
 }
 
-/// Element types read as addends: float32 as is, the 16-bit ones widened
-/// to float32 (exactly: every bfloat16 and float16 value is a float32).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Dtype {
-    F32,
-    Bf16,
-    F16,
-}
-
-impl Dtype {
-    pub const fn name(self) -> &'static str {
-        match self {
-            Dtype::F32 => "f32",
-            Dtype::Bf16 => "bf16",
-            Dtype::F16 => "f16",
-        }
-    }
-    pub const fn bytes(self) -> usize {
-        match self {
-            Dtype::F32 => 4,
-            Dtype::Bf16 | Dtype::F16 => 2,
-        }
-    }
-}
-
-impl std::fmt::Display for Dtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.name())
-    }
-}
+pub use crate::dtype::Dtype;
 
 /// One tensor of a file: where its bytes are and how to read them.
 #[derive(Debug, Clone, PartialEq, Eq)]

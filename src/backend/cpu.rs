@@ -9,7 +9,8 @@
 use super::{Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions};
 use crate::addends::AddendError;
 use crate::data::Lane;
-use crate::digest::{digest_arena, CHUNK_ELEMS};
+use crate::digest::{digest_arena_as, CHUNK_ELEMS};
+use crate::dtype::Dtype;
 use crate::experiment::Addends;
 use crate::experiment::Case;
 use crate::fold::{
@@ -127,7 +128,7 @@ fn run_round(
         t.reduce_ms += ms(r);
 
         let d = Instant::now();
-        let (rank_digests, chunks) = rank_digests(&ranks, opts);
+        let (rank_digests, chunks) = rank_digests(&ranks, case.dtype(), opts);
         // Only differences the digests see (the NaN policy may merge some);
         // when every digest agrees there is nothing to locate, and the
         // arenas need no second pass.
@@ -172,15 +173,16 @@ fn differing_chunks(ranks: &[Vec<f32>]) -> Vec<(usize, Vec<usize>)> {
 /// differs is hashed on its own.
 fn rank_digests(
     ranks: &[Vec<f32>],
+    dtype: Dtype,
     opts: &RunOptions,
 ) -> (Vec<crate::digest::Sha256>, Vec<crate::digest::Sha256>) {
     let policy = opts.nan_policy;
     let (d0, chunks) = rayon::join(
-        || digest_arena(&ranks[0], policy),
+        || digest_arena_as(&ranks[0], dtype, policy),
         || {
             ranks[0]
                 .par_chunks(CHUNK_ELEMS)
-                .map(|c| digest_arena(c, policy))
+                .map(|c| digest_arena_as(c, dtype, policy))
                 .collect::<Vec<_>>()
         },
     );
@@ -191,7 +193,7 @@ fn rank_digests(
             if same_bits(r, &ranks[0]) {
                 d0
             } else {
-                digest_arena(r, policy)
+                digest_arena_as(r, dtype, policy)
             }
         })
         .collect();
@@ -203,7 +205,8 @@ fn ms(since: Instant) -> f64 {
 }
 
 /// Every rank's own copy of arena `a`, filled with its addends: the
-/// generator's, or read from its rank file.
+/// generator's (rounded to the case's dtype), or read from its rank file
+/// (widened exactly).
 fn generate(case: &Case, a: u32, n: usize) -> Result<Vec<Vec<f32>>, AddendError> {
     (0..case.world())
         .map(|r| {
@@ -215,9 +218,11 @@ fn generate(case: &Case, a: u32, n: usize) -> Result<Vec<Vec<f32>>, AddendError>
             match case.addends() {
                 Addends::Generated { seed, distribution } => {
                     let lane = Lane::new(*distribution, *seed, r as u32, a);
-                    v.par_chunks_mut(CHUNK)
-                        .enumerate()
-                        .for_each(|(c, chunk)| lane.fill((c * CHUNK) as u64, chunk));
+                    let dtype = case.dtype();
+                    v.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
+                        lane.fill((c * CHUNK) as u64, chunk);
+                        dtype.quantize_all(chunk);
+                    });
                 }
                 Addends::Files(f) => f.read(r, a as usize, &mut v)?,
             }
@@ -257,6 +262,7 @@ fn reduce(case: &Case, ranks: &mut [Vec<f32>]) {
     let plan = shard_plan(n, world).expect("world >= 1 is validated");
     let order = case.order().sequence(world);
     let scale = case.mean().then(|| mean_scale(world));
+    let dtype = case.dtype();
 
     // Cut every rank's arena at the same chunk boundaries inside each shard.
     let mut columns: Vec<Column<'_>> = Vec::new();
@@ -299,6 +305,8 @@ fn reduce(case: &Case, ranks: &mut [Vec<f32>]) {
             if let Some(s) = scale {
                 scale_rows(mine, s);
             }
+            // The one rounding to a 16-bit dtype, after the float32 chain.
+            dtype.quantize_all(mine);
             // Redistribute: the owner's reduced shard overwrites every peer's.
             let (before, rest) = col.ranks.split_at_mut(col.owner);
             let (mine, after) = rest.split_first_mut().expect("owner is a rank");

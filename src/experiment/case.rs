@@ -5,6 +5,7 @@ use super::schema::{RawOrder, RawParams};
 use super::MAX_CASE_BYTES;
 use crate::addends::{AddendFiles, AddendParams, ExpectFile};
 use crate::data::Distribution;
+use crate::dtype::Dtype;
 use crate::fold::Contract;
 use crate::world_size::WorldSize;
 use serde::Serialize;
@@ -51,6 +52,9 @@ struct Fields {
     contract: Contract,
     /// Multiply the sum by the rounded reciprocal 1/W.
     mean: bool,
+    /// The element type: as declared in a builder (`None`: the rank
+    /// files', else f32), resolved in a built case.
+    dtype: Option<Dtype>,
     /// Independent repetitions; every round must give the same bits.
     rounds: u32,
     /// A framework's reduced result to compare with this case's.
@@ -136,6 +140,12 @@ impl CaseBuilder {
         self.fields.mean = mean;
         self
     }
+    /// The dtype declared, or `None` to follow the rank files (f32 for
+    /// generated addends).
+    pub fn dtype(mut self, dtype: Option<Dtype>) -> Self {
+        self.fields.dtype = dtype;
+        self
+    }
     pub fn rounds(mut self, rounds: u32) -> Self {
         self.fields.rounds = rounds;
         self
@@ -143,7 +153,16 @@ impl CaseBuilder {
 
     /// The case, or the first limit it breaks.
     pub fn build(self) -> Result<Case, CaseError> {
-        let CaseBuilder { world, fields } = self;
+        let CaseBuilder { world, mut fields } = self;
+        fields.dtype = match resolve_dtype(fields.dtype, &fields.addends) {
+            Ok(d) => Some(d),
+            Err(m) => {
+                return Err(CaseError {
+                    field: "dtype",
+                    message: m,
+                })
+            }
+        };
         let bad = |field, message: String| Err(CaseError { field, message });
         let world = match WorldSize::new(world) {
             Ok(w) => w,
@@ -219,6 +238,7 @@ impl Case {
                 },
                 contract: Contract::default(),
                 mean: false,
+                dtype: None,
                 rounds: 1,
                 expect: None,
             },
@@ -304,6 +324,10 @@ impl Case {
     pub fn mean(&self) -> bool {
         self.fields.mean
     }
+    /// The element type the case reduces in (addends, result, digests).
+    pub fn dtype(&self) -> Dtype {
+        self.fields.dtype.unwrap_or_default()
+    }
     pub fn rounds(&self) -> u32 {
         self.fields.rounds
     }
@@ -354,6 +378,7 @@ impl Case {
             distribution: _,   // likewise
             contract,
             mean,
+            dtype: _, // written always, below: f32 too, which rank files need
             rounds,
             addends: _, // likewise
         } = self.params();
@@ -397,6 +422,7 @@ impl Case {
             distribution,
             contract: given(contract.name().to_string()),
             mean: given(mean),
+            dtype: given(self.dtype().name().to_string()),
             rounds: given(rounds.into()),
             addends,
             tensors,
@@ -414,6 +440,7 @@ impl Case {
             addends,
             contract,
             mean,
+            dtype: _, // resolved by `Case::dtype`
             rounds,
             expect: _, // judged in the report, not a parameter of the sum
         } = fields;
@@ -430,6 +457,7 @@ impl Case {
             distribution,
             contract: *contract,
             mean: *mean,
+            dtype: (!self.dtype().is_f32()).then_some(self.dtype()),
             rounds: *rounds,
             addends: files,
         }
@@ -453,6 +481,9 @@ pub struct CaseParams {
     pub distribution: Option<Distribution>,
     pub contract: Contract,
     pub mean: bool,
+    /// The element type; absent for f32, so f32 reports read as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<Dtype>,
     pub rounds: u32,
     /// The rank files, when the addends come from files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -475,6 +506,7 @@ impl CaseParams {
             distribution,
             contract,
             mean,
+            dtype,
             rounds: _, // repetitions, not numeric identity
             addends,
         } = self;
@@ -495,12 +527,18 @@ impl CaseParams {
                 seed.unwrap_or_default()
             ),
         };
+        // f32 is left out, so every f32 key reads as before the dtypes.
+        let dtype = match dtype {
+            Some(d) if !d.is_f32() => format!("/{d}"),
+            _ => String::new(),
+        };
         format!(
-            "{}/{}/W{}/n{}/{}",
+            "{}/{}/W{}/n{}{}/{}",
             contract,
             if *mean { "mean" } else { "sum" },
             world,
             lens.join("+"),
+            dtype,
             inputs
         )
     }
@@ -526,6 +564,7 @@ impl CaseParams {
             distribution,
             contract,
             mean,
+            dtype,
             rounds,
             addends: _, // a generated case of the same shape, above
         } = self;
@@ -535,7 +574,41 @@ impl CaseParams {
             .distribution(distribution.unwrap_or_default())
             .contract(*contract)
             .mean(*mean)
+            .dtype(Some(dtype.unwrap_or_default()))
             .rounds(*rounds)
+    }
+}
+
+/// The dtype a case reduces in: the declared one, held to the rank files
+/// (a file is widened to f32 exactly, never rounded to a narrower type),
+/// or else the files' own, which must agree; f32 for generated addends.
+fn resolve_dtype(declared: Option<Dtype>, addends: &Addends) -> Result<Dtype, String> {
+    let Addends::Files(f) = addends else {
+        return Ok(declared.unwrap_or_default());
+    };
+    let mut stored: Vec<(Dtype, &str)> = Vec::new();
+    for a in f.arenas() {
+        if !stored.iter().any(|(d, _)| *d == a.dtype) {
+            stored.push((a.dtype, &a.name));
+        }
+    }
+    match declared {
+        Some(Dtype::F32) => Ok(Dtype::F32),
+        Some(d) => match stored.iter().find(|(s, _)| *s != d) {
+            None => Ok(d),
+            Some((s, name)) => Err(format!(
+                "{d}, but tensor `{name}` of the rank files is {s}: foldprint never rounds an addend \
+                 (set dtype = \"{s}\", or \"f32\" to widen every tensor exactly)"
+            )),
+        },
+        None => match stored.as_slice() {
+            [] => Ok(Dtype::F32),
+            [(d, _)] => Ok(*d),
+            [(a, an), (b, bn), ..] => Err(format!(
+                "not set, and the rank files mix dtypes (`{an}` is {a}, `{bn}` is {b}); set dtype = \"f32\" \
+                 to widen every tensor exactly, or pick tensors of one dtype with `tensors`"
+            )),
+        },
     }
 }
 

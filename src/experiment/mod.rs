@@ -619,6 +619,7 @@ fn build_case(
         distribution,
         contract,
         mean,
+        dtype,
         rounds,
         addends,
         tensors,
@@ -755,6 +756,14 @@ fn build_case(
             .map_err(|m| src.at(c.span(), format!("{}: {m}", ctx("contract"))))?,
     };
     let mean = mean.as_ref().is_some_and(|m| *m.get_ref());
+    let dtype = match dtype {
+        None => None,
+        Some(d) => Some(
+            d.get_ref()
+                .parse()
+                .map_err(|m| src.at(d.span(), format!("{}: {m}", ctx("dtype"))))?,
+        ),
+    };
     let rounds = match rounds {
         None => 1,
         Some(r) => {
@@ -783,6 +792,7 @@ fn build_case(
         .order(order)
         .contract(contract)
         .mean(mean)
+        .dtype(dtype)
         .rounds(rounds)
         .expect(expect)
         .build()
