@@ -15,6 +15,7 @@ use foldprint::backend::cpu::CpuBackend;
 use foldprint::backend::nccl::{NcclBackend, NcclConfig};
 use foldprint::backend::{Backend, RunOptions};
 use foldprint::data::ALL_DISTRIBUTIONS;
+use foldprint::dtype::Dtype;
 use foldprint::experiment::{Case, DeliveryOrder};
 use foldprint::fold::Contract;
 use foldprint::ranks::rendezvous::Plan;
@@ -823,31 +824,57 @@ fn digest_of_contract(report: &Value, contract: &str) -> String {
     c["arenas"][0]["sha256"].as_str().unwrap().to_string()
 }
 
-/// SHA-256 of a float32 file PyTorch wrote, after checking it holds no
-/// NaN (so its raw bytes are what foldprint hashes under any NaN policy).
-fn digest_of_f32_file(path: &Path, n: usize) -> String {
+/// SHA-256 of a file PyTorch wrote in `dtype` (n elements), after checking
+/// it holds no NaN (so its raw bytes are what foldprint hashes under any
+/// NaN policy).
+fn digest_of_torch_file(path: &Path, dtype: Dtype, n: usize) -> String {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert_eq!(bytes.len(), n * 4, "{}", path.display());
-    assert!(
-        bytes
-            .chunks_exact(4)
-            .all(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_nan()),
-        "{} holds a NaN",
-        path.display()
-    );
+    assert_eq!(bytes.len(), n * dtype.bytes(), "{}", path.display());
+    let nan = bytes.chunks_exact(dtype.bytes()).any(|b| {
+        let bits = match *b {
+            [a, b] => u32::from(u16::from_le_bytes([a, b])),
+            [a, b, c, d] => u32::from_le_bytes([a, b, c, d]),
+            _ => unreachable!(),
+        };
+        dtype.is_nan(bits)
+    });
+    assert!(!nan, "{} holds a NaN", path.display());
     foldprint::digest::Sha256::of(&bytes).to_string()
 }
 
 #[test]
 #[ignore = "needs torchrun and PyTorch: FOLDPRINT_TORCHRUN and FOLDPRINT_TORCH_NCCL"]
 fn pytorch_all_reduce_is_the_nccl_control_and_its_rank_order_adds_are_fixed_order() {
+    torch_parity(Dtype::F32);
+}
+
+/// In bf16, PyTorch's all_reduce is NCCL's bf16 all-reduce (foldprint's
+/// control in the wire dtype), and fixed-order is PyTorch's float32
+/// accumulation in rank order cast once to bf16.
+#[test]
+#[ignore = "needs torchrun and PyTorch: FOLDPRINT_TORCHRUN and FOLDPRINT_TORCH_NCCL"]
+fn pytorch_all_reduce_in_bf16_is_the_control_and_fp32_accumulation_is_fixed_order() {
+    torch_parity(Dtype::Bf16);
+}
+
+#[test]
+#[ignore = "needs torchrun and PyTorch: FOLDPRINT_TORCHRUN and FOLDPRINT_TORCH_NCCL"]
+fn pytorch_all_reduce_in_f16_is_the_control_and_fp32_accumulation_is_fixed_order() {
+    torch_parity(Dtype::F16);
+}
+
+/// foldprint's nccl-allreduce control and fixed-order, against PyTorch's
+/// all_reduce and its rank-order adds on the same addends in `dtype`, at
+/// W = 4 and 8, with PyTorch's NCCL; NCCL_PROTO=LL is the negative control.
+fn torch_parity(dtype: Dtype) {
     const N: usize = 1 << 22;
     const SEED: u64 = 21;
     let nccl = torch_nccl();
     let mut table = String::new();
     for world in [4usize, 8] {
         let dir = tempfile::tempdir().unwrap();
-        // Every rank's addends, from the generator every backend runs.
+        // Every rank's addends in the dtype, from the generator every
+        // backend runs (its float32 value rounded once to the dtype).
         for r in 0..world {
             let lane = foldprint::data::Lane::new(
                 foldprint::data::Distribution::MixedMagnitude,
@@ -857,8 +884,11 @@ fn pytorch_all_reduce_is_the_nccl_control_and_its_rank_order_adds_are_fixed_orde
             );
             let mut v = vec![0f32; N];
             lane.fill(0, &mut v);
-            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-            std::fs::write(dir.path().join(format!("rank{r}.f32")), bytes).unwrap();
+            let mut bytes = Vec::with_capacity(N * dtype.bytes());
+            for x in &v {
+                dtype.put_le(dtype.narrow(*x), &mut bytes);
+            }
+            std::fs::write(dir.path().join(format!("rank{r}.{dtype}")), bytes).unwrap();
         }
         // foldprint on the same addends and the same NCCL, each rank its
         // own emulated host with the host id the PyTorch ranks take.
@@ -866,7 +896,7 @@ fn pytorch_all_reduce_is_the_nccl_control_and_its_rank_order_adds_are_fixed_orde
         std::fs::write(
             &exp,
             format!(
-                "name = \"parity\"\n[defaults]\nworld = {world}\narenas = [{N}]\ndistribution = \"mixed-magnitude\"\nseed = {SEED}\n\n[[sweep]]\nid = \"p\"\ncontract = [\"fixed-order\", \"nccl-allreduce\"]\n"
+                "name = \"parity\"\n[defaults]\nworld = {world}\narenas = [{N}]\ndistribution = \"mixed-magnitude\"\nseed = {SEED}\ndtype = \"{dtype}\"\n\n[[sweep]]\nid = \"p\"\ncontract = [\"fixed-order\", \"nccl-allreduce\"]\n"
             ),
         )
         .unwrap();
@@ -889,7 +919,7 @@ fn pytorch_all_reduce_is_the_nccl_control_and_its_rank_order_adds_are_fixed_orde
             .unwrap();
         assert!(
             o.status.success(),
-            "foldprint W={world}: {}",
+            "foldprint {dtype} W={world}: {}",
             String::from_utf8_lossy(&o.stderr)
         );
         let r = read_json(&report);
@@ -899,7 +929,7 @@ fn pytorch_all_reduce_is_the_nccl_control_and_its_rank_order_adds_are_fixed_orde
         );
         assert_ne!(
             fixed, control,
-            "W={world}: NCCL's sum is fixed-order here, nothing to tell apart"
+            "{dtype} W={world}: NCCL's sum is fixed-order here, nothing to tell apart"
         );
         // PyTorch, under each NCCL setting.
         let torch = |settings: &[(&str, &str)]| {
@@ -908,41 +938,45 @@ fn pytorch_all_reduce_is_the_nccl_control_and_its_rank_order_adds_are_fixed_orde
                 .arg("tools/torch_parity.py")
                 .arg(dir.path())
                 .arg("foldprint-parity-host")
+                .arg(dtype.name())
                 .output()
                 .unwrap();
             let out = String::from_utf8_lossy(&o.stdout).into_owned();
             assert!(
                 o.status.success(),
-                "PyTorch W={world}: {}",
+                "PyTorch {dtype} W={world}: {}",
                 String::from_utf8_lossy(&o.stderr)
             );
             (
-                digest_of_f32_file(&dir.path().join("allreduce.f32"), N),
-                digest_of_f32_file(&dir.path().join("rank-order.f32"), N),
+                digest_of_torch_file(&dir.path().join(format!("allreduce.{dtype}")), dtype, N),
+                digest_of_torch_file(&dir.path().join(format!("rank-order.{dtype}")), dtype, N),
                 out.trim().to_string(),
             )
         };
         let (all_reduce, rank_order, versions) = torch(&[]);
         assert_eq!(
             rank_order, fixed,
-            "W={world}: PyTorch's rank-order adds vs fixed-order"
+            "{dtype} W={world}: PyTorch's rank-order adds vs fixed-order"
         );
         assert_eq!(
             all_reduce, control,
-            "W={world}: torch all_reduce vs the nccl-allreduce control"
+            "{dtype} W={world}: torch all_reduce vs the nccl-allreduce control"
         );
-        table += &format!("W={world}: all_reduce == nccl-allreduce control, rank-order adds == fixed-order ({versions})\n");
+        table += &format!("{dtype} W={world}: all_reduce == nccl-allreduce control, rank-order adds == fixed-order ({versions})\n");
         if world == 8 {
             // Negative control: another NCCL protocol moves NCCL's bits, and
             // this comparison sees it; the rank-order adds do not move.
             let (ll, rank_order, _) = torch(&[("NCCL_PROTO", "LL")]);
             assert_eq!(rank_order, fixed);
-            assert_ne!(ll, control, "W=8: NCCL_PROTO=LL left NCCL's sum unchanged");
-            table += "W=8, PyTorch under NCCL_PROTO=LL: all_reduce differs from the default control (negative control)\n";
+            assert_ne!(
+                ll, control,
+                "{dtype} W=8: NCCL_PROTO=LL left NCCL's sum unchanged"
+            );
+            table += &format!("{dtype} W=8, PyTorch under NCCL_PROTO=LL: all_reduce differs from the default control (negative control)\n");
         }
     }
     eprint!("{table}");
-    save("torch-parity.txt", &table);
+    save(&format!("torch-parity-{dtype}.txt"), &table);
 }
 
 #[path = "common/rank_files.rs"]

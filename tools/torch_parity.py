@@ -1,21 +1,23 @@
 #!/usr/bin/env python3
-"""PyTorch's all-reduce on foldprint's addends, for the parity test.
+"""PyTorch's all-reduce on foldprint's addends, for the parity tests.
 
 One process per rank under torchrun. Rank r reads its addends from
-DIR/rank<r>.f32 (float32, little-endian), becomes its own NCCL host
-(NCCL_HOSTID = PREFIX + the rank as 4 digits, the id foldprint's
---emulate-hosts gives that rank when FOLDPRINT_JOB_ID names the same job),
-and all-reduces them (SUM) with torch.distributed over NCCL on
-cuda:(LOCAL_RANK mod the visible devices). Rank 0 then writes
+DIR/rank<r>.<dtype> (little-endian float32, bfloat16 or float16 bits),
+becomes its own NCCL host (NCCL_HOSTID = PREFIX + the rank as 4 digits,
+the id foldprint's --emulate-hosts gives that rank when FOLDPRINT_JOB_ID
+names the same job), and all-reduces them (SUM) in that dtype with
+torch.distributed over NCCL on cuda:(LOCAL_RANK mod the visible devices).
+Rank 0 then writes, in the dtype:
 
-  DIR/allreduce.f32   what all_reduce gave rank 0
-  DIR/rank-order.f32  x0 + x1 + ... + x(W-1), elementwise float32 adds on
-                      the GPU in rank order (PyTorch's fixed-order sum)
+  DIR/allreduce.<dtype>   what all_reduce gave rank 0
+  DIR/rank-order.<dtype>  x0 + x1 + ... + x(W-1) accumulated in float32 on
+                          the GPU in rank order, cast once to the dtype
+                          (PyTorch's fixed-order sum)
 
 each written beside its target and renamed into place, and prints one JSON
-line: the world, PyTorch's version and the NCCL version it runs.
+line: the world, the dtype, PyTorch's version and the NCCL version it runs.
 
-usage: torchrun --standalone --nproc-per-node W tools/torch_parity.py DIR PREFIX
+usage: torchrun --standalone --nproc-per-node W tools/torch_parity.py DIR PREFIX [f32|bf16|f16]
 """
 
 import json
@@ -26,22 +28,41 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+# foldprint's dtype names: the torch dtype and the numpy type of its bits.
+DTYPES = {
+    "f32": (torch.float32, "<f4"),
+    "bf16": (torch.bfloat16, "<i2"),
+    "f16": (torch.float16, "<i2"),
+}
 
-def read_addends(path: str, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(np.fromfile(path, dtype="<f4")).to(device)
+
+def read_addends(path: str, dtype: str, device: torch.device) -> torch.Tensor:
+    torch_dtype, np_type = DTYPES[dtype]
+    raw = torch.from_numpy(np.fromfile(path, dtype=np_type))
+    if dtype != "f32":
+        # The file holds the dtype's bits: reinterpret, never convert.
+        raw = raw.view(torch_dtype)
+    return raw.to(device)
 
 
-def write_f32(t: torch.Tensor, path: str) -> None:
+def write(t: torch.Tensor, dtype: str, path: str) -> None:
     tmp = path + ".partial"
-    t.cpu().numpy().astype("<f4").tofile(tmp)
+    t = t.cpu()
+    if dtype != "f32":
+        t = t.view(torch.int16)
+    t.numpy().tofile(tmp)
     os.replace(tmp, path)
 
 
 def main() -> int:
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4):
         print(__doc__, file=sys.stderr)
         return 2
     folder, prefix = sys.argv[1], sys.argv[2]
+    dtype = sys.argv[3] if len(sys.argv) == 4 else "f32"
+    if dtype not in DTYPES:
+        print(f"unknown dtype {dtype!r} (f32, bf16 or f16)", file=sys.stderr)
+        return 2
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     local = int(os.environ["LOCAL_RANK"])
@@ -50,19 +71,20 @@ def main() -> int:
     device = torch.device("cuda", local % torch.cuda.device_count())
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
-    mine = read_addends(os.path.join(folder, f"rank{rank}.f32"), device)
+    name = lambda r: os.path.join(folder, f"rank{r}.{dtype}")
+    mine = read_addends(name(rank), dtype, device)
     reduced = mine.clone()
     dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
     torch.cuda.synchronize()
     if rank == 0:
-        write_f32(reduced, os.path.join(folder, "allreduce.f32"))
-        acc = mine.clone()
+        write(reduced, dtype, os.path.join(folder, f"allreduce.{dtype}"))
+        acc = mine.float()
         for r in range(1, world):
-            acc.add_(read_addends(os.path.join(folder, f"rank{r}.f32"), device))
+            acc += read_addends(name(r), dtype, device).float()
         torch.cuda.synchronize()
-        write_f32(acc, os.path.join(folder, "rank-order.f32"))
+        write(acc.to(DTYPES[dtype][0]), dtype, os.path.join(folder, f"rank-order.{dtype}"))
         nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
-        print(json.dumps({"world": world, "torch": torch.__version__, "nccl": nccl}))
+        print(json.dumps({"world": world, "dtype": dtype, "torch": torch.__version__, "nccl": nccl}))
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -2,8 +2,9 @@
 # Train, dump the gradients, and ask foldprint whether PyTorch's all-reduce
 # of them is the fixed-order sum:
 #
-#   examples/pytorch_gradients/run.sh [W] [OUT]
+#   examples/pytorch_gradients/run.sh [W] [OUT] [DTYPE]
 #
+# DTYPE is f32 (default), bf16 or f16: the model's and the all-reduce's.
 # W ranks (default 4) on this host's GPUs, emulated hosts (one NCCL host id
 # per rank), gradients under OUT (default ./grads). FOLDPRINT names the
 # foldprint binary, TORCHRUN torchrun's command (default `torchrun`). For
@@ -12,12 +13,13 @@
 set -euo pipefail
 world=${1:-4}
 out=${2:-grads}
+dtype=${3:-f32}
 foldprint=${FOLDPRINT:-foldprint}
 read -ra torchrun <<< "${TORCHRUN:-torchrun}"
 here=$(dirname "$0")
 
 "${torchrun[@]}" --standalone --nproc_per_node "$world" "$here/train.py" \
-  --out "$out" --steps 2 --emulate-hosts
+  --out "$out" --steps 2 --emulate-hosts --dtype "$dtype"
 
 for step in "$out"/step*; do
   echo "== $step: the CPU oracle (reads every rank's file)"

@@ -2,7 +2,7 @@
 every rank's gradients before the all-reduce and the all-reduced result,
 as foldprint's rank files and `expect` file.
 
-    torchrun --standalone --nproc_per_node 4 train.py --out grads [--emulate-hosts]
+    torchrun --standalone --nproc_per_node 4 train.py --out grads [--emulate-hosts] [--dtype bf16]
 
 Writes, per step k:
 
@@ -15,6 +15,12 @@ it: one `all_reduce(SUM)` per parameter, then divided by the world size for
 the optimizer step. (DistributedDataParallel all-reduces flat buckets of
 several parameters instead; NCCL splits a bucket differently from a single
 tensor, so dump the bucket if you want to check DDP's own bits.)
+
+With --dtype bf16 (or f16) the model, its gradients and the all-reduce are
+in that dtype, as on a model moved with `model.to(torch.bfloat16)`: the rank
+files keep the dtype, so foldprint reduces in it (float32 accumulation,
+one rounding) and its `nccl-allreduce` control runs NCCL's bf16 all-reduce,
+the one PyTorch ran.
 
 With --emulate-hosts every rank gets its own NCCL host id (NCCL_HOSTID), so
 ranks sharing one GPU talk over NCCL's network transport as separate
@@ -29,10 +35,16 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
 EXPERIMENT = """\
 # Written by examples/pytorch_gradients/train.py: the gradients of step {step}.
 name = "{name}"
-description = "W = {world} ranks of a {params}-parameter MLP, step {step}: is PyTorch's all_reduce the fixed-order sum?"
+description = "W = {world} ranks of a {params}-parameter {dtype} MLP, step {step}: is PyTorch's all_reduce the fixed-order sum?"
+
+[defaults]
+# A missing rank file is an error, not a smaller world.
+world = {world}
 
 [[sweep]]
 id = "grads"
@@ -48,6 +60,7 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--emulate-hosts", action="store_true")
+    ap.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="f32")
     args = ap.parse_args()
 
     rank = int(os.environ["RANK"])
@@ -68,13 +81,13 @@ def main():
         torch.nn.Linear(512, 256),
         torch.nn.ReLU(),
         torch.nn.Linear(256, 10),
-    ).to(device)
+    ).to(device=device, dtype=DTYPES[args.dtype])
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     data = torch.Generator(device="cpu").manual_seed(1000 + rank)
     params = sum(p.numel() for p in model.parameters())
 
     for step in range(args.steps):
-        x = torch.randn(args.batch, 784, generator=data).to(device)
+        x = torch.randn(args.batch, 784, generator=data).to(device=device, dtype=DTYPES[args.dtype])
         y = torch.randint(0, 10, (args.batch,), generator=data).to(device)
         opt.zero_grad(set_to_none=True)
         torch.nn.functional.cross_entropy(model(x), y).backward()
@@ -84,19 +97,19 @@ def main():
         named = [(n, p.grad) for n, p in model.named_parameters()]
         # This rank's addends, before any reduction.
         save_file(
-            {n: g.detach().float().contiguous().cpu() for n, g in named},
+            {n: g.detach().contiguous().cpu() for n, g in named},
             str(folder / f"rank{rank}.safetensors"),
         )
         for _, g in named:
             dist.all_reduce(g, op=dist.ReduceOp.SUM)
         if rank == 0:
             save_file(
-                {n: g.detach().float().contiguous().cpu() for n, g in named},
+                {n: g.detach().contiguous().cpu() for n, g in named},
                 str(folder / "allreduced.safetensors"),
             )
             (folder / "grads.toml").write_text(
                 EXPERIMENT.format(
-                    step=step, name=f"pytorch-step{step}", world=world, params=params
+                    step=step, name=f"pytorch-step{step}", world=world, params=params, dtype=args.dtype
                 )
             )
         for _, g in named:
