@@ -462,6 +462,14 @@ impl AddendFiles {
             .find(|f| f.opened.is_some())
             .and_then(|f| f.facts)
     }
+    /// The file the arenas were read from, as written: the first this
+    /// process opened (every other rank's holds the same arenas).
+    pub fn reference_path(&self) -> &str {
+        self.files
+            .iter()
+            .find(|f| f.opened.is_some())
+            .map_or(&self.template, |f| &f.shown)
+    }
     /// Whether rank `rank`'s file is open here.
     pub fn is_open(&self, rank: usize) -> bool {
         self.files.get(rank).is_some_and(|f| f.opened.is_some())
@@ -679,8 +687,8 @@ fn hash_file(shown: &str, file: &std::fs::File, stamp: Stamp) -> Result<FileFact
 }
 
 /// A framework's reduced result (`expect = "allreduced.safetensors"`):
-/// one float32 tensor per arena, named as the arenas are, compared bit for
-/// bit with the case's result.
+/// one tensor per arena in the case's dtype, named as the arenas are,
+/// compared bit for bit with the case's result.
 #[derive(Debug)]
 pub struct ExpectFile {
     shown: String,
@@ -697,11 +705,14 @@ impl PartialEq for ExpectFile {
 }
 
 impl ExpectFile {
-    /// Open `written` (relative to `base`), holding the case's `arenas`.
+    /// Open `written` (relative to `base`), holding the case's `arenas`
+    /// in the case's `dtype` (a result is never widened or rounded to be
+    /// compared: it is compared in the dtype the case reduced in).
     pub fn open(
         written: &str,
         base: &Path,
         arenas: &[ArenaSpec],
+        dtype: Dtype,
     ) -> Result<ExpectFile, AddendError> {
         let format =
             Format::of(written).ok_or_else(|| bad(written, "name it `.safetensors` or `.npy`"))?;
@@ -734,11 +745,13 @@ impl ExpectFile {
                     }
                 },
             };
-            if t.dtype != Dtype::F32 {
+            if t.dtype != dtype {
                 return Err(bad(
                     written,
                     format!(
-                        "tensor `{}` is {}; a reduced result is compared as float32, bit for bit",
+                        "tensor `{}` is {}, but the case reduces in {dtype}: a reduced result is \
+                         compared in the case's dtype, bit for bit (set the case's dtype, or \
+                         write the result in {dtype})",
                         t.name, t.dtype
                     ),
                 ));
@@ -1002,7 +1015,7 @@ mod tests {
         );
         // The same for a framework's result (`expect`), through its reader.
         let arenas = f.arenas().to_vec();
-        let expect = ExpectFile::open("r2.npy", dir.path(), &arenas).unwrap();
+        let expect = ExpectFile::open("r2.npy", dir.path(), &arenas, Dtype::F32).unwrap();
         assert_eq!(expect.read(0).unwrap(), [2.0, 0.5, -2.0]);
         let path = dir.path().join("r2.npy");
         let e = expect
