@@ -528,6 +528,38 @@ mod tests {
     }
 
     #[test]
+    fn the_manifest_names_each_16_bit_file_and_old_ones_read_as_f32() {
+        let root = tempfile::tempdir().unwrap();
+        let t = root.path().join("d");
+        let mut d = DumpDir::create(&t).unwrap();
+        d.write("x.a0.bin", b"1234").unwrap();
+        d.write_as("y\"q.a0.bin", b"12", Dtype::Bf16).unwrap();
+        d.write_as("z.a0.bin", b"12", Dtype::F16).unwrap();
+        d.commit().unwrap();
+        let got = manifest_dtypes(&t).unwrap();
+        let want: std::collections::BTreeMap<String, Dtype> = [
+            ("y\"q.a0.bin".to_string(), Dtype::Bf16),
+            ("z.a0.bin".to_string(), Dtype::F16),
+        ]
+        .into();
+        assert_eq!(got, want);
+        // Every float32 file: the manifest written before the dtypes.
+        assert_eq!(
+            manifest_text(&[("x.a0.bin".into(), Dtype::F32)]),
+            manifest_text(&[])
+        );
+        assert!(!manifest_text(&[]).contains("dtypes"));
+        std::fs::write(t.join(MANIFEST), manifest_text(&[])).unwrap();
+        assert!(manifest_dtypes(&t).unwrap().is_empty());
+        // Controls: a dtype foldprint does not write, and not an object.
+        for bad in [r#""dtypes": {"x.a0.bin": "f64"}"#, r#""dtypes": ["bf16"]"#] {
+            let text = format!("{{\"format\": \"{DUMP_FORMAT}\", {bad}}}");
+            std::fs::write(t.join(MANIFEST), text).unwrap();
+            assert!(manifest_dtypes(&t).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn refuses_directories_that_hold_other_things() {
         let root = tempfile::tempdir().unwrap();
         std::fs::write(root.path().join("notes.txt"), b"mine").unwrap();

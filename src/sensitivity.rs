@@ -242,6 +242,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_16_bit_case_counts_only_orders_its_rounded_result_tells_apart() {
+        // 1 + 2^-24 + 2^-24: ascending rounds both halves away (1), reversed
+        // keeps them (1 + 2^-23); bf16 and f16 round both to 1.
+        let small = f32::from_bits(0x3380_0000);
+        let absorbed = [1.0, small, small];
+        let c = |dtype, v: [f32; 3]| count(3, 1, dtype, |r, _| v[r]);
+        assert_eq!(c(Dtype::F32, absorbed), (1, 1));
+        assert_eq!(c(Dtype::Bf16, absorbed), (0, 1));
+        assert_eq!(c(Dtype::F16, absorbed), (0, 1));
+        // Control: 2^15 + 2^-9 - 2^15 is 0 ascending (the tie goes to the
+        // even 2^15) and 2^-9 reversed, values every dtype holds.
+        let cancel = [32768.0, f32::from_bits(0x3B00_0000), -32768.0];
+        for d in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            assert!(cancel.iter().all(|x| d.holds(*x)));
+            assert_eq!(c(d, cancel), (1, 1), "{d}");
+        }
+    }
+
+    #[test]
     fn verdicts_follow_the_counts() {
         assert_eq!(Verdict::of(0, 0.0), Verdict::Blind);
         assert_eq!(Verdict::of(1, 0.5 * WEAK_BELOW), Verdict::Weak);

@@ -943,6 +943,37 @@ mod tests {
         std::fs::write(path, b).unwrap();
     }
 
+    /// Float16 bits widen as docs/SPEC.md defines, a signalling NaN's
+    /// payload kept (it is not quieted on the way in), subnormals exact.
+    #[test]
+    fn float16_files_widen_exactly_nan_payloads_included() {
+        let dir = tempfile::tempdir().unwrap();
+        let bits: [u16; 4] = [0x7C01, 0xFE03, 0x0001, 0x3C00];
+        let mut dict = "{'descr': '<f2', 'fortran_order': False, 'shape': (4,), }".to_string();
+        while (10 + dict.len() + 1) % 64 != 0 {
+            dict.push(' ');
+        }
+        dict.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+        b.extend_from_slice(dict.as_bytes());
+        for h in bits {
+            b.extend_from_slice(&h.to_le_bytes());
+        }
+        std::fs::write(dir.path().join("h0.npy"), b).unwrap();
+        let f = AddendFiles::open("h{rank}.npy", dir.path(), None, None, Scope::AllRanks)
+            .unwrap()
+            .hashed()
+            .unwrap();
+        assert_eq!(f.arenas()[0].dtype, Dtype::F16);
+        let mut v = [0f32; 4];
+        f.read(0, 0, &mut v).unwrap();
+        assert_eq!(
+            v.map(f32::to_bits),
+            [0x7F80_2000, 0xFFC0_6000, 0x3380_0000, 0x3F80_0000]
+        );
+    }
+
     fn three(dir: &Path) {
         for r in 0..3 {
             npy(&dir.join(format!("r{r}.npy")), &[r as f32, 0.5, -2.0]);

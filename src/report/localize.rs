@@ -300,6 +300,45 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_16_bit_value_comes_back_whole_from_its_carrier() {
+        // Every pattern, NaN payloads (signalling ones too) and subnormals.
+        for d in [Dtype::Bf16, Dtype::F16] {
+            for h in 0..=0xFFFFu32 {
+                assert_eq!(held_bits(d, d.widen(h)), h, "{d} {h:#06x}");
+            }
+        }
+        // Control: a float32 that is not a bf16 value is rounded, not kept.
+        assert_eq!(held_bits(Dtype::Bf16, f32::from_bits(0x3F80_8001)), 0x3F81);
+        assert_eq!(
+            held_bits(Dtype::F32, f32::from_bits(0x7F80_0001)),
+            0x7F80_0001
+        );
+    }
+
+    #[test]
+    fn ulp_distances_count_the_dtypes_own_steps() {
+        // 1.0 and its third neighbour up; -0 and +0; across zero; NaN.
+        assert_eq!(ulp_distance_in(Dtype::Bf16, 0x3F80, 0x3F83), Some(3));
+        assert_eq!(ulp_distance_in(Dtype::F16, 0x3C00, 0x3C03), Some(3));
+        assert_eq!(ulp_distance_in(Dtype::Bf16, 0x8000, 0x0000), Some(0));
+        assert_eq!(ulp_distance_in(Dtype::F16, 0x8001, 0x0001), Some(2));
+        assert_eq!(ulp_distance_in(Dtype::Bf16, 0x7FC0, 0x3F80), None);
+        assert_eq!(ulp_distance_in(Dtype::F16, 0x7E00, 0x3C00), None);
+        // Infinity is one step past the largest finite value.
+        assert_eq!(ulp_distance_in(Dtype::F16, 0x7BFF, 0x7C00), Some(1));
+        // Control: the same bf16 step read as float32 bits is 65,536.
+        assert_eq!(ulp_distance(0x3F80_0000, 0x3F81_0000), Some(65536));
+        let d = diff_bits_in(
+            Dtype::Bf16,
+            &[0x3F80, 0x4000, 0x7FC0],
+            &[0x3F82, 0x4000, 0x7FC1],
+            8,
+        );
+        assert_eq!((d.differing, d.max_ulp, d.first.len()), (2, Some(2), 2));
+        assert_eq!(d.first[1].ulp, None);
+    }
+
+    #[test]
     fn ulp_distance_on_the_ordered_line() {
         assert_eq!(ulp_distance(1.0f32.to_bits(), 1.0f32.to_bits()), Some(0));
         assert_eq!(
