@@ -950,7 +950,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let bits: [u16; 4] = [0x7C01, 0xFE03, 0x0001, 0x3C00];
         let mut dict = "{'descr': '<f2', 'fortran_order': False, 'shape': (4,), }".to_string();
-        while (10 + dict.len() + 1) % 64 != 0 {
+        while !(10 + dict.len() + 1).is_multiple_of(64) {
             dict.push(' ');
         }
         dict.push('\n');

@@ -654,7 +654,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
 /// files of the same values.
 #[test]
 fn sixteen_bit_rank_files_reduce_in_their_dtype_rounded_once() {
-    use rank_files::{le16, mixed16, narrow16, rank_order_sum16, widen16, Dt};
+    use rank_files::{le16, narrow16, rank_order_sum16, widen16, Dt};
     let dir = tempfile::tempdir().unwrap();
     let (w, n) = (4, 3001);
     let mut addends = Vec::new();

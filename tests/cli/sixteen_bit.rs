@@ -2,7 +2,7 @@
 //! in the case's dtype (ULPs in its steps, the NaN policy on both sides),
 //! and dump directories of bf16 arenas compared element by element.
 
-use crate::common::rank_files::{self, le16, narrow16, rank_order_sum16, Dt, T};
+use crate::common::rank_files::{self, narrow16, rank_order_sum16, Dt, T};
 use crate::common::{fp, run_cpu, write};
 use serde_json::Value;
 use std::path::Path;
