@@ -150,7 +150,7 @@ pub fn run_staged(
                     ))
                 })?;
                 Some(
-                    ExpectOutcome::compare(file, &values, cfg.nan_policy)
+                    ExpectOutcome::compare(file, &values, case.dtype(), cfg.nan_policy)
                         .map_err(addends_error(case))?,
                 )
             }
@@ -162,10 +162,11 @@ pub fn run_staged(
                     let name = &names[&(case.experiment(), case.id(), a)];
                     let bytes = hashed_bytes_as(&values, case.dtype(), cfg.nan_policy);
                     drop(values);
-                    dir.write(name, &bytes).map_err(|source| RunError::Dump {
-                        path: dir.target().join(name),
-                        source,
-                    })?;
+                    dir.write_as(name, &bytes, case.dtype())
+                        .map_err(|source| RunError::Dump {
+                            path: dir.target().join(name),
+                            source,
+                        })?;
                 }
             }
         }

@@ -462,6 +462,14 @@ impl AddendFiles {
             .find(|f| f.opened.is_some())
             .and_then(|f| f.facts)
     }
+    /// The file the arenas were read from, as written: the first this
+    /// process opened (every other rank's holds the same arenas).
+    pub fn reference_path(&self) -> &str {
+        self.files
+            .iter()
+            .find(|f| f.opened.is_some())
+            .map_or(&self.template, |f| &f.shown)
+    }
     /// Whether rank `rank`'s file is open here.
     pub fn is_open(&self, rank: usize) -> bool {
         self.files.get(rank).is_some_and(|f| f.opened.is_some())
@@ -679,8 +687,8 @@ fn hash_file(shown: &str, file: &std::fs::File, stamp: Stamp) -> Result<FileFact
 }
 
 /// A framework's reduced result (`expect = "allreduced.safetensors"`):
-/// one float32 tensor per arena, named as the arenas are, compared bit for
-/// bit with the case's result.
+/// one tensor per arena in the case's dtype, named as the arenas are,
+/// compared bit for bit with the case's result.
 #[derive(Debug)]
 pub struct ExpectFile {
     shown: String,
@@ -697,11 +705,14 @@ impl PartialEq for ExpectFile {
 }
 
 impl ExpectFile {
-    /// Open `written` (relative to `base`), holding the case's `arenas`.
+    /// Open `written` (relative to `base`), holding the case's `arenas`
+    /// in the case's `dtype` (a result is never widened or rounded to be
+    /// compared: it is compared in the dtype the case reduced in).
     pub fn open(
         written: &str,
         base: &Path,
         arenas: &[ArenaSpec],
+        dtype: Dtype,
     ) -> Result<ExpectFile, AddendError> {
         let format =
             Format::of(written).ok_or_else(|| bad(written, "name it `.safetensors` or `.npy`"))?;
@@ -734,11 +745,13 @@ impl ExpectFile {
                     }
                 },
             };
-            if t.dtype != Dtype::F32 {
+            if t.dtype != dtype {
                 return Err(bad(
                     written,
                     format!(
-                        "tensor `{}` is {}; a reduced result is compared as float32, bit for bit",
+                        "tensor `{}` is {}, but the case reduces in {dtype}: a reduced result is \
+                         compared in the case's dtype, bit for bit (set the case's dtype, or \
+                         write the result in {dtype})",
                         t.name, t.dtype
                     ),
                 ));
@@ -930,6 +943,37 @@ mod tests {
         std::fs::write(path, b).unwrap();
     }
 
+    /// Float16 bits widen as docs/SPEC.md defines, a signalling NaN's
+    /// payload kept (it is not quieted on the way in), subnormals exact.
+    #[test]
+    fn float16_files_widen_exactly_nan_payloads_included() {
+        let dir = tempfile::tempdir().unwrap();
+        let bits: [u16; 4] = [0x7C01, 0xFE03, 0x0001, 0x3C00];
+        let mut dict = "{'descr': '<f2', 'fortran_order': False, 'shape': (4,), }".to_string();
+        while !(10 + dict.len() + 1).is_multiple_of(64) {
+            dict.push(' ');
+        }
+        dict.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+        b.extend_from_slice(dict.as_bytes());
+        for h in bits {
+            b.extend_from_slice(&h.to_le_bytes());
+        }
+        std::fs::write(dir.path().join("h0.npy"), b).unwrap();
+        let f = AddendFiles::open("h{rank}.npy", dir.path(), None, None, Scope::AllRanks)
+            .unwrap()
+            .hashed()
+            .unwrap();
+        assert_eq!(f.arenas()[0].dtype, Dtype::F16);
+        let mut v = [0f32; 4];
+        f.read(0, 0, &mut v).unwrap();
+        assert_eq!(
+            v.map(f32::to_bits),
+            [0x7F80_2000, 0xFFC0_6000, 0x3380_0000, 0x3F80_0000]
+        );
+    }
+
     fn three(dir: &Path) {
         for r in 0..3 {
             npy(&dir.join(format!("r{r}.npy")), &[r as f32, 0.5, -2.0]);
@@ -1002,7 +1046,7 @@ mod tests {
         );
         // The same for a framework's result (`expect`), through its reader.
         let arenas = f.arenas().to_vec();
-        let expect = ExpectFile::open("r2.npy", dir.path(), &arenas).unwrap();
+        let expect = ExpectFile::open("r2.npy", dir.path(), &arenas, Dtype::F32).unwrap();
         assert_eq!(expect.read(0).unwrap(), [2.0, 0.5, -2.0]);
         let path = dir.path().join("r2.npy");
         let e = expect

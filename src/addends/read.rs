@@ -5,6 +5,7 @@
 
 use super::format::{Dtype, Tensor};
 use crate::digest::Sha256;
+use crate::dtype::{widen_bf16, widen_f16};
 use rayon::prelude::*;
 use sha2::Digest;
 use std::os::unix::fs::FileExt;
@@ -31,11 +32,12 @@ fn widen(t: &Tensor, b: &[u8]) -> f32 {
     match (t.dtype, t.big_endian) {
         (Dtype::F32, false) => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         (Dtype::F32, true) => f32::from_be_bytes([b[0], b[1], b[2], b[3]]),
-        // bfloat16 is the top half of a float32.
-        (Dtype::Bf16, false) => f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
-        (Dtype::Bf16, true) => f32::from_bits(u32::from(u16::from_be_bytes([b[0], b[1]])) << 16),
-        (Dtype::F16, false) => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
-        (Dtype::F16, true) => half::f16::from_be_bytes([b[0], b[1]]).to_f32(),
+        // The widening docs/SPEC.md defines: exact, a NaN's payload kept
+        // bit for bit (a signalling NaN stays one), as the devices widen.
+        (Dtype::Bf16, false) => f32::from_bits(widen_bf16(u16::from_le_bytes([b[0], b[1]]))),
+        (Dtype::Bf16, true) => f32::from_bits(widen_bf16(u16::from_be_bytes([b[0], b[1]]))),
+        (Dtype::F16, false) => f32::from_bits(widen_f16(u16::from_le_bytes([b[0], b[1]]))),
+        (Dtype::F16, true) => f32::from_bits(widen_f16(u16::from_be_bytes([b[0], b[1]]))),
     }
 }
 

@@ -154,7 +154,11 @@ impl CaseBuilder {
     /// The case, or the first limit it breaks.
     pub fn build(self) -> Result<Case, CaseError> {
         let CaseBuilder { world, mut fields } = self;
-        fields.dtype = match resolve_dtype(fields.dtype, &fields.addends) {
+        let files = match &fields.addends {
+            Addends::Files(f) => Some(&**f),
+            Addends::Generated { .. } => None,
+        };
+        fields.dtype = match resolve_dtype(fields.dtype, files) {
             Ok(d) => Some(d),
             Err(m) => {
                 return Err(CaseError {
@@ -582,10 +586,15 @@ impl CaseParams {
 /// The dtype a case reduces in: the declared one, held to the rank files
 /// (a file is widened to f32 exactly, never rounded to a narrower type),
 /// or else the files' own, which must agree; f32 for generated addends.
-fn resolve_dtype(declared: Option<Dtype>, addends: &Addends) -> Result<Dtype, String> {
-    let Addends::Files(f) = addends else {
+/// A refusal names the file the arenas were read from and the tensor.
+pub(super) fn resolve_dtype(
+    declared: Option<Dtype>,
+    files: Option<&AddendFiles>,
+) -> Result<Dtype, String> {
+    let Some(f) = files else {
         return Ok(declared.unwrap_or_default());
     };
+    let file = f.reference_path();
     let mut stored: Vec<(Dtype, &str)> = Vec::new();
     for a in f.arenas() {
         if !stored.iter().any(|(d, _)| *d == a.dtype) {
@@ -597,7 +606,7 @@ fn resolve_dtype(declared: Option<Dtype>, addends: &Addends) -> Result<Dtype, St
         Some(d) => match stored.iter().find(|(s, _)| *s != d) {
             None => Ok(d),
             Some((s, name)) => Err(format!(
-                "{d}, but tensor `{name}` of the rank files is {s}: foldprint never rounds an addend \
+                "{d}, but tensor `{name}` of {file} is {s}: foldprint never rounds an addend \
                  (set dtype = \"{s}\", or \"f32\" to widen every tensor exactly)"
             )),
         },
@@ -605,8 +614,9 @@ fn resolve_dtype(declared: Option<Dtype>, addends: &Addends) -> Result<Dtype, St
             [] => Ok(Dtype::F32),
             [(d, _)] => Ok(*d),
             [(a, an), (b, bn), ..] => Err(format!(
-                "not set, and the rank files mix dtypes (`{an}` is {a}, `{bn}` is {b}); set dtype = \"f32\" \
-                 to widen every tensor exactly, or pick tensors of one dtype with `tensors`"
+                "not set, and the tensors of {file} mix dtypes (`{an}` is {a}, `{bn}` is {b}); \
+                 set dtype = \"f32\" to widen every tensor exactly, or pick tensors of one dtype \
+                 with `tensors`"
             )),
         },
     }

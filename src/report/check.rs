@@ -15,7 +15,11 @@ use std::collections::{BTreeMap, HashMap};
 fn check_case(c: &CaseReport, nan_policy: NanPolicy, problems: &mut Vec<String>) {
     let mut bad = |m: String| problems.push(format!("case `{}` ({}): {m}", c.id, c.key));
     if let Some(e) = &c.expect {
-        for m in e.problems(&c.params.arenas, nan_policy) {
+        for m in e.problems(
+            &c.params.arenas,
+            c.params.dtype.unwrap_or_default(),
+            nan_policy,
+        ) {
             bad(m);
         }
     }

@@ -448,7 +448,11 @@ impl Report {
         let differs_from_expect = self
             .cases
             .iter()
-            .filter_map(|c| c.expect.as_ref().and_then(|e| e.failure(&c.id)))
+            .filter_map(|c| {
+                c.expect
+                    .as_ref()
+                    .and_then(|e| e.failure(&c.id, c.params.dtype.unwrap_or_default()))
+            })
             .collect();
         self.summary = Summary {
             cases: self.cases.len(),

@@ -251,7 +251,7 @@ fn invalid_utf8_says_where() {
 fn each_shape_of_the_parameter_table_names_its_keys_and_where_a_value_is() {
     let dir = tempfile::tempdir().unwrap();
     let keys = "`world`, `arenas`, `order`, `seed`, `distribution`, `contract`, `mean`, \
-                `rounds`, `addends`, `tensors`, `expect`";
+                `dtype`, `rounds`, `addends`, `tensors`, `expect`";
     let cases = [
         (
             "name = \"t\"\n[defaults]\nid = \"a\"\n".to_string(),
