@@ -274,29 +274,30 @@ mod tests {
 
     #[test]
     fn a_16_bit_case_counts_what_its_digests_can_see() {
-        use crate::data::Distribution;
-        for distribution in [Distribution::MixedMagnitude, Distribution::Specials] {
-            let mut changed = Vec::new();
-            for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
-                let case = Case::builder(8, [3001])
-                    .seed(4)
-                    .distribution(distribution)
-                    .dtype(Some(dtype))
-                    .build()
-                    .unwrap();
-                let s = measure(&case).unwrap();
-                assert_eq!(s.checked, 3001);
-                assert_eq!(s.changed, oracle_count(&case), "{dtype} {distribution}");
-                let p = case.params();
-                let seqs = vec![(0..8).collect(), (0..8).rev().collect()];
-                assert_eq!(sequences_differ(&p, &seqs), Some(s.changed > 0));
-                changed.push(s.changed);
-            }
-            // The one rounding hides most reorderings: counting float32
-            // bits in a 16-bit case would report far more.
-            assert!(changed[1] > 0 && changed[2] > 0, "{changed:?}");
-            assert!(changed[1] < changed[0] && changed[2] < changed[0], "{changed:?}");
+        // W = 64: with float32 accumulation and one rounding, smaller
+        // worlds of this data are blind in bf16 (docs/SPEC.md §8.7).
+        let mut changed = Vec::new();
+        for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            let case = Case::builder(64, [20011])
+                .seed(4)
+                .dtype(Some(dtype))
+                .build()
+                .unwrap();
+            let s = measure(&case).unwrap();
+            assert_eq!(s.checked, 20011);
+            assert_eq!(s.changed, oracle_count(&case), "{dtype}");
+            let seqs = vec![(0..64).collect(), (0..64).rev().collect()];
+            assert_eq!(
+                sequences_differ(&case.params(), &seqs),
+                Some(s.changed > 0),
+                "{dtype}"
+            );
+            changed.push(s.changed);
         }
+        // The one rounding hides most reorderings: counting float32 bits
+        // in a 16-bit case would report far more.
+        assert!(changed[1] > 0 && changed[2] > 0, "{changed:?}");
+        assert!(changed[1] < changed[0] && changed[2] < changed[0], "{changed:?}");
     }
 
     #[test]
