@@ -116,7 +116,9 @@ pub fn of_samples(case: &Case, samples: &[Vec<Vec<f32>>]) -> Sensitivity {
         .iter()
         .map(|ranks| {
             let picks = ranks.first().map_or(0, |r| r.len() as u64);
-            count(ranks.len(), picks, case.dtype(), |r, p| ranks[r][p as usize])
+            count(ranks.len(), picks, case.dtype(), |r, p| {
+                ranks[r][p as usize]
+            })
         })
         .collect();
     of_counts(&counts, stride(case))
@@ -297,7 +299,10 @@ mod tests {
         // The one rounding hides most reorderings: counting float32 bits
         // in a 16-bit case would report far more.
         assert!(changed[1] > 0 && changed[2] > 0, "{changed:?}");
-        assert!(changed[1] < changed[0] && changed[2] < changed[0], "{changed:?}");
+        assert!(
+            changed[1] < changed[0] && changed[2] < changed[0],
+            "{changed:?}"
+        );
     }
 
     #[test]

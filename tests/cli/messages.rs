@@ -397,13 +397,22 @@ fn a_swept_dtype_names_its_cases_and_keys_and_dumps_two_bytes_an_element() {
     let mut digests = std::collections::BTreeSet::new();
     for c in cases {
         let key = c["key"].as_str().unwrap();
-        let dtype = c["id"].as_str().unwrap().trim_end_matches(']').rsplit(',').next().unwrap();
+        let dtype = c["id"]
+            .as_str()
+            .unwrap()
+            .trim_end_matches(']')
+            .rsplit(',')
+            .next()
+            .unwrap();
         if dtype == "f32" {
             assert!(c["params"].get("dtype").is_none(), "{c}");
             assert!(key.contains("/n1001+7/mixed-magnitude/"), "{key}");
         } else {
             assert_eq!(c["params"]["dtype"], dtype, "{c}");
-            assert!(key.contains(&format!("/n1001+7/{dtype}/mixed-magnitude/")), "{key}");
+            assert!(
+                key.contains(&format!("/n1001+7/{dtype}/mixed-magnitude/")),
+                "{key}"
+            );
         }
         assert_eq!(c["arenas"][0]["chunk_elems"], 65536, "{c}");
         digests.insert(c["arenas"][0]["sha256"].as_str().unwrap().to_string());
@@ -420,7 +429,11 @@ fn a_swept_dtype_names_its_cases_and_keys_and_dumps_two_bytes_an_element() {
     }
     assert_eq!(sizes.len(), 6, "{sizes:?}");
     for (name, len) in &sizes {
-        let want = if name.contains("f32") { 4 * 1001 } else { 2 * 1001 };
+        let want = if name.contains("f32") {
+            4 * 1001
+        } else {
+            2 * 1001
+        };
         assert_eq!(*len, want, "{name}");
     }
 }
