@@ -382,7 +382,7 @@ impl Case {
             distribution: _,   // likewise
             contract,
             mean,
-            dtype: _, // written always, below: f32 too, which rank files need
+            dtype: _, // below: f32 too where rank files are, which may be 16-bit
             rounds,
             addends: _, // likewise
         } = self.params();
@@ -426,7 +426,9 @@ impl Case {
             distribution,
             contract: given(contract.name().to_string()),
             mean: given(mean),
-            dtype: given(self.dtype().name().to_string()),
+            // Generated f32 cases are written as before the dtypes.
+            dtype: (self.files().is_some() || !self.dtype().is_f32())
+                .then(|| Spanned::new(0..0, self.dtype().name().to_string())),
             rounds: given(rounds.into()),
             addends,
             tensors,
@@ -651,6 +653,21 @@ mod tests {
             .with_order(DeliveryOrder::Explicit(vec![0, 1]))
             .is_err());
         assert!(ok.to_builder().world(2).build().is_ok());
+    }
+
+    #[test]
+    fn a_written_case_names_its_dtype_only_where_it_is_not_the_default() {
+        let f32 = Case::builder(3, [5]).build().unwrap();
+        let bf16 = f32.to_builder().dtype(Some(Dtype::Bf16)).build().unwrap();
+        let cases = [("a".to_string(), &f32), ("b".to_string(), &bf16)];
+        let text = super::super::to_toml("x", &cases).unwrap();
+        // f32 cases are written as they were before the dtypes.
+        assert_eq!(text.matches("dtype").count(), 1, "{text}");
+        assert!(text.contains("dtype = \"bf16\""), "{text}");
+        let back = super::super::parse(std::path::Path::new("x.toml"), &text).unwrap();
+        let keys: Vec<String> = back.cases.iter().map(Case::key).collect();
+        assert_eq!(keys, [f32.key(), bf16.key()]);
+        assert!(keys[1].contains("/n5/bf16/"), "{}", keys[1]);
     }
 
     #[test]

@@ -194,6 +194,133 @@ fn sixteen_bit_and_npy_files_are_widened_exactly() {
     }
 }
 
+/// Without `dtype`, 16-bit files are a case of their dtype: the float32
+/// rank-order sum of their values, rounded once to the dtype (the `half`
+/// crate's nearest-even), dumped and hashed as 2-byte elements, keyed
+/// `/bf16` or `/f16`. `dtype = "f32"` widens them; an f32 tensor in a bf16
+/// case and files of two dtypes without a declaration are refused.
+#[test]
+fn sixteen_bit_files_reduce_in_their_dtype_unless_the_case_says_f32() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 1001;
+    let (mut bf, mut hf) = (Vec::new(), Vec::new());
+    for r in 0..3 {
+        let v = rank_files::mixed(7, r, 0, n);
+        let b: Vec<u16> = v
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect();
+        let h: Vec<u16> = v
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_bits())
+            .collect();
+        write_st(
+            dir.path(),
+            r,
+            &[
+                T::bf16("a", &[n], &b),
+                T::f16("b", &[n], &h),
+                T::f32("c", &[n], &v),
+            ],
+        );
+        bf.push(
+            b.iter()
+                .map(|&x| half::bf16::from_bits(x).to_f32())
+                .collect::<Vec<f32>>(),
+        );
+        hf.push(
+            h.iter()
+                .map(|&x| half::f16::from_bits(x).to_f32())
+                .collect::<Vec<f32>>(),
+        );
+    }
+    let exp = write(
+        dir.path(),
+        "d.toml",
+        "name = \"d\"\n[[case]]\nid = \"bf\"\naddends = \"rank{rank}.safetensors\"\ntensors = [\"a\"]\n\
+         [[case]]\nid = \"hf\"\naddends = \"rank{rank}.safetensors\"\ntensors = [\"b\"]\n\
+         [[case]]\nid = \"wide\"\naddends = \"rank{rank}.safetensors\"\ntensors = [\"a\"]\ndtype = \"f32\"\n",
+    );
+    let dump = dir.path().join("dump");
+    let out = dir.path().join("r.json");
+    fp().args(["run", "--backend", "cpu", "--dump"])
+        .arg(&dump)
+        .arg("--out")
+        .arg(&out)
+        .arg(&exp)
+        .assert()
+        .success();
+    let two_bytes = |name: &str| -> Vec<u16> {
+        std::fs::read(dump.join(name))
+            .unwrap()
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect()
+    };
+    let sum_bf = rank_files::rank_order_sum(&bf);
+    let sum_hf = rank_files::rank_order_sum(&hf);
+    let want_bf: Vec<u16> = sum_bf
+        .iter()
+        .map(|&x| half::bf16::from_f32(x).to_bits())
+        .collect();
+    let want_hf: Vec<u16> = sum_hf
+        .iter()
+        .map(|&x| half::f16::from_f32(x).to_bits())
+        .collect();
+    assert_eq!(two_bytes("d.bf.a0.bin"), want_bf);
+    assert_eq!(two_bytes("d.hf.a0.bin"), want_hf);
+    assert_eq!(dumped(&dump.join("d.wide.a0.bin")), bits(&sum_bf));
+    // Control: the rounding is seen (a float32 sum is not a bf16 value).
+    assert!(sum_bf
+        .iter()
+        .any(|x| half::bf16::from_f32(*x).to_f32() != *x));
+    let r = report(&out);
+    let keys: Vec<&str> = r["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["key"].as_str().unwrap())
+        .collect();
+    assert!(
+        keys[0].starts_with("fixed-order/sum/W3/n1001/bf16/files:"),
+        "{}",
+        keys[0]
+    );
+    assert!(
+        keys[1].starts_with("fixed-order/sum/W3/n1001/f16/files:"),
+        "{}",
+        keys[1]
+    );
+    assert!(
+        keys[2].starts_with("fixed-order/sum/W3/n1001/files:"),
+        "{}",
+        keys[2]
+    );
+    assert_eq!(r["cases"][0]["params"]["dtype"], "bf16");
+    assert!(r["cases"][2]["params"].get("dtype").is_none());
+
+    // Refused, never rounded: exit 2 naming the case, the field and the tensor.
+    for (case, want) in [
+        (
+            "tensors = [\"c\"]\ndtype = \"bf16\"\n",
+            "case `x`: field `dtype`: bf16, but tensor `c` of the rank files is f32: foldprint never rounds an addend",
+        ),
+        (
+            "tensors = [\"a\", \"b\"]\n",
+            "case `x`: field `dtype`: not set, and the rank files mix dtypes (`a` is bf16, `b` is f16)",
+        ),
+    ] {
+        let bad = write(
+            dir.path(),
+            "bad.toml",
+            &format!("name = \"bad\"\n[[case]]\nid = \"x\"\naddends = \"rank{{rank}}.safetensors\"\n{case}"),
+        );
+        let o = fp().args(["run", "--backend", "cpu"]).arg(&bad).assert().code(2);
+        let err = String::from_utf8_lossy(&o.get_output().stderr).to_string();
+        assert!(err.contains("bad.toml:") && err.contains(want), "{err}");
+    }
+}
+
 fn write_st(dir: &Path, rank: usize, tensors: &[T]) {
     rank_files::write_safetensors(&dir.join(format!("rank{rank}.safetensors")), tensors);
 }
