@@ -607,10 +607,16 @@ pub(super) fn resolve_dtype(
         Some(Dtype::F32) => Ok(Dtype::F32),
         Some(d) => match stored.iter().find(|(s, _)| *s != d) {
             None => Ok(d),
-            Some((s, name)) => Err(format!(
-                "{d}, but tensor `{name}` of {file} is {s}: foldprint never rounds an addend \
-                 (set dtype = \"{s}\", or \"f32\" to widen every tensor exactly)"
-            )),
+            Some((s, name)) => {
+                let instead = if s.is_f32() {
+                    "set dtype = \"f32\" to reduce in float32".to_string()
+                } else {
+                    format!("set dtype = \"{s}\", or \"f32\" to widen every tensor exactly")
+                };
+                Err(format!(
+                    "{d}, but tensor `{name}` of {file} is {s}: foldprint never rounds an addend ({instead})"
+                ))
+            }
         },
         None => match stored.as_slice() {
             [] => Ok(Dtype::F32),

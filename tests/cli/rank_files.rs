@@ -303,7 +303,7 @@ fn sixteen_bit_files_reduce_in_their_dtype_unless_the_case_says_f32() {
     for (case, want) in [
         (
             "tensors = [\"c\"]\ndtype = \"bf16\"\n",
-            "case `x`: field `dtype`: bf16, but tensor `c` of the rank files is f32: foldprint never rounds an addend",
+            "case `x`: field `dtype`: bf16, but tensor `c` of rank0.safetensors is f32: foldprint never rounds an addend (set dtype = \"f32\" to reduce in float32)",
         ),
         (
             "tensors = [\"a\", \"b\"]\n",
