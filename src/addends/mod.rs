@@ -210,6 +210,9 @@ struct RankFile {
     held: Option<Arc<Vec<u8>>>,
 }
 
+/// A rank file's bytes as its one read pass saw and hashed them.
+type Held = Arc<Vec<u8>>;
+
 /// The rank files of a case: what each rank's arenas are read from.
 #[derive(Debug, Clone)]
 pub struct AddendFiles {
@@ -449,7 +452,7 @@ impl AddendFiles {
             .map(|o| o.stamp.size)
             .sum();
         let hold = crate::memory::available_memory().map_or(total <= 1 << 30, |m| total <= m / 4);
-        let done: Vec<(Option<FileFacts>, Option<Arc<Vec<u8>>>)> =
+        let done: Vec<(Option<FileFacts>, Option<Held>)> =
             self.files
                 .par_iter()
                 .map(|f| match unread(f) {

@@ -40,7 +40,7 @@ impl Sweep {
     ) -> Result<Sweep, String> {
         let width = dtype.bytes() as u64;
         for (flag, b) in [("-b/--minbytes", min_bytes), ("-e/--maxbytes", max_bytes)] {
-            if b == 0 || b % width != 0 {
+            if b == 0 || !b.is_multiple_of(width) {
                 return Err(format!(
                     "{flag} {b}: a size is a positive whole number of {dtype} elements \
                      ({width} bytes each)"
@@ -125,7 +125,7 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 /// `1073741824` as `1G`, `1536` as `1536`: the shortest exact form.
 pub fn show_bytes(b: u64) -> String {
     for (shift, unit) in [(30, "G"), (20, "M"), (10, "K")] {
-        if b >= 1 << shift && b % (1 << shift) == 0 {
+        if b >= 1 << shift && b.is_multiple_of(1 << shift) {
             return format!("{}{unit}", b >> shift);
         }
     }
