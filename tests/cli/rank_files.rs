@@ -307,7 +307,7 @@ fn sixteen_bit_files_reduce_in_their_dtype_unless_the_case_says_f32() {
         ),
         (
             "tensors = [\"a\", \"b\"]\n",
-            "case `x`: field `dtype`: not set, and the rank files mix dtypes (`a` is bf16, `b` is f16)",
+            "case `x`: field `dtype`: not set, and the tensors of rank0.safetensors mix dtypes (`a` is bf16, `b` is f16)",
         ),
     ] {
         let bad = write(
