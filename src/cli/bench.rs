@@ -42,12 +42,21 @@ pub struct BenchArgs {
     /// --backend cpu or cuda.
     #[arg(long)]
     inputs: bool,
+    /// `cuda`: the element type of the fold kernel rows and of the copy
+    /// beside them (f32, bf16, f16): a 16-bit fold moves 2 bytes an element.
+    #[arg(long, short = 'd', default_value = "f32")]
+    dtype: foldprint::dtype::Dtype,
 }
 
 /// The GPU fold benchmark and the end-to-end phases, printed.
-fn run_cuda(json: bool, kernel_cache: bool, e2e_log2_len: u32) -> Result<i32> {
+fn run_cuda(
+    json: bool,
+    kernel_cache: bool,
+    e2e_log2_len: u32,
+    dtype: foldprint::dtype::Dtype,
+) -> Result<i32> {
     use foldprint::bench::cuda::{end_to_end, kernel_rows};
-    let report = kernel_rows(kernel_cache)?;
+    let report = kernel_rows(kernel_cache, dtype)?;
     let n = 1usize
         .checked_shl(e2e_log2_len)
         .filter(|_| e2e_log2_len <= 31)
@@ -97,9 +106,10 @@ fn run_cuda(json: bool, kernel_cache: bool, e2e_log2_len: u32) -> Result<i32> {
         report.target
     );
     outln!(
-        "{:>3} {:>9} {:<9} {:>10} {:>10} {:>7} BITS",
+        "{:>3} {:>9} {:<5} {:<9} {:>10} {:>10} {:>7} BITS",
         "W",
         "n",
+        "TYPE",
         "WHAT",
         "MEDIAN ms",
         "MIN ms",
@@ -107,9 +117,10 @@ fn run_cuda(json: bool, kernel_cache: bool, e2e_log2_len: u32) -> Result<i32> {
     );
     for r in &report.rows {
         outln!(
-            "{:>3} {:>9} {:<9} {:>10.4} {:>10.4} {:>7.3} {}",
+            "{:>3} {:>9} {:<5} {:<9} {:>10.4} {:>10.4} {:>7.3} {}",
             r.world,
             r.n,
+            r.dtype,
             r.what,
             r.median_ms,
             r.min_ms,
@@ -241,10 +252,10 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         return run_inputs(&a);
     }
     match a.backend {
-        BackendChoice::Cuda => return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len),
+        BackendChoice::Cuda => return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len, a.dtype),
         BackendChoice::Nccl => return run_nccl(a.gpus, a.json),
         BackendChoice::Auto if foldprint::gpu::probe().usable => {
-            return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len)
+            return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len, a.dtype)
         }
         BackendChoice::Auto => {
             eprintln!("note: auto: CUDA not usable here; measuring the CPU oracle");
