@@ -252,7 +252,9 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         return run_inputs(&a);
     }
     match a.backend {
-        BackendChoice::Cuda => return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len, a.dtype),
+        BackendChoice::Cuda => {
+            return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len, a.dtype)
+        }
         BackendChoice::Nccl => return run_nccl(a.gpus, a.json),
         BackendChoice::Auto if foldprint::gpu::probe().usable => {
             return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len, a.dtype)

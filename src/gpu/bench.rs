@@ -6,8 +6,8 @@ use super::device::{Device, FoldArgs, LaunchTuning};
 use super::error::GpuError;
 use super::kernels::{CompileOptions, FoldMode, KernelVariant};
 use super::mem::{copy_d2d, ArenaElem, DeviceBuffer};
-use crate::dtype::Dtype;
 use crate::data::{Distribution, Lane};
+use crate::dtype::Dtype;
 use crate::fold::fold_fixed;
 use cudarc::driver::{sys::CUevent_flags, CudaStream};
 use serde::Serialize;
@@ -296,7 +296,8 @@ fn bench_shape<T: ArenaElem>(
                 *s = dtype.quantize(l.value(i as u64));
             }
             // The float32 chain, then one rounding to the dtype.
-            let canon = |v: f32| crate::digest::NanPolicy::Canonical.apply_in(dtype, dtype.narrow(v));
+            let canon =
+                |v: f32| crate::digest::NanPolicy::Canonical.apply_in(dtype, dtype.narrow(v));
             canon(vals[i]) == canon(fold_fixed(&slots))
         })
     };

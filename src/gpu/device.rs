@@ -7,8 +7,8 @@ use super::kernels::{
     ResolvedTarget,
 };
 use super::mem::{ArenaElem, DeviceView};
-use crate::dtype::Dtype;
 use super::probe::{self, DeviceProbe};
+use crate::dtype::Dtype;
 use cudarc::driver::{self, sys, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 use serde::Serialize;
 use std::sync::Arc;
@@ -385,7 +385,10 @@ impl Device {
         // Float32 arenas only: a 16-bit arena's hasher applies the NaN
         // policy to every element anyway.
         if T::BYTES != 4
-            || flags.len() != chunks || !chunk.is_multiple_of(4) || chunk > u32::MAX as usize {
+            || flags.len() != chunks
+            || !chunk.is_multiple_of(4)
+            || chunk > u32::MAX as usize
+        {
             return Err(GpuError::bounds(format!(
                 "NaN scan: {} flags for {chunks} chunks of {chunk}",
                 flags.len()
@@ -432,7 +435,10 @@ impl Device {
         let chunks = n.div_ceil(chunk.max(1));
         // Float32 arenas only (16-bit chunk digests are the host's).
         if T::BYTES != 4
-            || out.len() != 8 * chunks || !chunk.is_multiple_of(16) || chunk > u32::MAX as usize {
+            || out.len() != 8 * chunks
+            || !chunk.is_multiple_of(16)
+            || chunk > u32::MAX as usize
+        {
             return Err(GpuError::bounds(format!(
                 "chunk digests: {} output words for {chunks} chunks of {chunk}",
                 out.len()

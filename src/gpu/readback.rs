@@ -6,8 +6,8 @@
 use super::device::Device;
 use super::error::GpuError;
 use super::mem::{ArenaElem, DeviceBuffer, PinnedBuffer};
-use crate::dtype::Dtype;
 use crate::digest::{ArenaHasher, ChunkedDigest, NanPolicy, CHUNK_ELEMS};
+use crate::dtype::Dtype;
 use cudarc::driver::CudaStream;
 use serde::Serialize;
 use std::sync::Arc;

@@ -10,10 +10,10 @@ pub mod world;
 use super::{
     gpu_failed, unsupported, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions,
 };
+use crate::dtype::Dtype;
 use crate::experiment::{Addends, Case};
 use crate::fold::{mean_scale, shard_plan, Contract};
 use crate::gpu::kernels::{self, FoldMode, KernelVariant};
-use crate::dtype::Dtype;
 use crate::gpu::mem::{DeviceBuffer, PinnedBuffer};
 use crate::gpu::readback::Reader;
 use crate::gpu::{device, mapped, probe, Device, DeviceConfig, GpuError, LaunchTuning, RankCheck};
@@ -266,7 +266,8 @@ impl CudaBackend {
     ) -> Result<ReducedArena, BackendError> {
         let (a, n) = (step.a, step.n);
         let dtype = case.dtype();
-        let plan = shard_plan(n, case.world()).ok_or_else(|| unsupported(case.id(), "world = 0"))?;
+        let plan =
+            shard_plan(n, case.world()).ok_or_else(|| unsupported(case.id(), "world = 0"))?;
         let nonempty = plan.iter().filter(|s| s.len > 0).count();
         let nbuf = if step.racing {
             nonempty.min(2)
@@ -380,8 +381,9 @@ impl CudaBackend {
         let run = |ptr| {
             // SAFETY: `ptr` is a buffer of `n` elements of `dtype` below.
             unsafe {
-                self.dev
-                    .generate(ptr, n as u64, first, dist, seed, rank, arena, dtype, &self.main)
+                self.dev.generate(
+                    ptr, n as u64, first, dist, seed, rank, arena, dtype, &self.main,
+                )
             }?;
             self.main
                 .synchronize()

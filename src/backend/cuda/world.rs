@@ -9,8 +9,8 @@
 
 use crate::data::Distribution;
 use crate::digest::{ChunkedDigest, NanPolicy};
-use crate::fold::Shard;
 use crate::dtype::Dtype;
+use crate::fold::Shard;
 use crate::gpu::device::{row_stride_of, Device, FoldArgs, LaunchTuning};
 use crate::gpu::error::GpuError;
 use crate::gpu::kernels::{FoldMode, KernelVariant};
@@ -49,7 +49,11 @@ pub fn bytes_needed(world: usize, len: usize, plan: &[Shard], nbuf: usize, dtype
 impl<T: ArenaElem> WorldBuffers<T> {
     /// The scratch row stride for shards of up to `max_shard` elements.
     fn stride(max_shard: usize) -> usize {
-        let like = if T::BYTES == 4 { Dtype::F32 } else { Dtype::Bf16 };
+        let like = if T::BYTES == 4 {
+            Dtype::F32
+        } else {
+            Dtype::Bf16
+        };
         row_stride_of(max_shard, like)
     }
 

@@ -234,11 +234,12 @@ fn rank_arena_in<T: RankElem>(
         }
         let alloc = gpu("allocating the arena");
         let arena = DeviceBuffer::<T>::alloc(&ctx.dev.ctx, n.max(1)).map_err(&alloc)?;
-        let scratch = DeviceBuffer::<T>::alloc(&ctx.dev.ctx, (world * ld + 8).max(1)).map_err(&alloc)?;
+        let scratch =
+            DeviceBuffer::<T>::alloc(&ctx.dev.ctx, (world * ld + 8).max(1)).map_err(&alloc)?;
         slot.insert(T::wrap(Arc::new(RankBufs { arena, scratch, ld })));
     }
-    let bufs: Arc<RankBufs<T>> = T::unwrap(&ctx.bufs[&n])
-        .ok_or_else(|| infra("arena", "buffers of another dtype"))?;
+    let bufs: Arc<RankBufs<T>> =
+        T::unwrap(&ctx.bufs[&n]).ok_or_else(|| infra("arena", "buffers of another dtype"))?;
     let (arena, ld) = (bufs.arena.slice(0, n).map_err(gpu("arena"))?, bufs.ld);
     let stream = ctx.stream.clone();
     let t0 = Instant::now();
@@ -293,8 +294,7 @@ fn rank_arena_in<T: RankElem>(
             // dtype (a bf16 case: ncclBfloat16, as torch.distributed runs it).
             // SAFETY: the arena of this rank's context; the stream is waited
             // for before the arena is read or reused.
-            unsafe { comm.all_reduce_sum(arena, dtype, &stream) }
-                .map_err(gpu("nccl-allreduce"))?;
+            unsafe { comm.all_reduce_sum(arena, dtype, &stream) }.map_err(gpu("nccl-allreduce"))?;
             phases.push((mark(&stream, "nccl-allreduce")?, "nccl-allreduce"));
         } else if n > 0 {
             let out = arena.slice(my.start, my.len).map_err(gpu("exchange"))?;

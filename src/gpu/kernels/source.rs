@@ -41,8 +41,7 @@ pub const CHUNK_SHA_ENTRY: &str = "fp_chunk_sha256";
 /// Which chunks of an arena hold a NaN (`rank_check.cu`).
 pub const NAN_CHUNKS_ENTRY: &str = "fp_nan_chunks";
 /// The fold program as NVRTC compiles it: [`prelude`] + `fold.cu`.
-pub static FOLD_SRC: LazyLock<String> =
-    LazyLock::new(|| program_with_dtypes("fold.cu", FOLD_CU));
+pub static FOLD_SRC: LazyLock<String> = LazyLock::new(|| program_with_dtypes("fold.cu", FOLD_CU));
 
 /// [`prelude`], then `file`'s text under a `#line` directive, so NVRTC's
 /// messages name the `.cu` file and its own line numbers. (The directive
