@@ -736,16 +736,33 @@ fn rank_copies_are_checked_on_the_device_as_the_host_would() {
         tuning: LaunchTuning::default(),
         generate: Some((Distribution::Uniform, 9)),
         arena: 0,
+        dtype: Dtype::F32,
     };
     world::run_round(&dev, &main, &[], &bufs, &spec).unwrap();
     let mut readers: Vec<Reader> = (0..3)
         .map(|_| Reader::new(&dev, 1 << 16).unwrap())
         .collect();
     let policy = NanPolicy::Canonical;
-    let on_device =
-        world::digest_ranks(&dev, &mut readers, &bufs, policy, false, RankCheck::Device).unwrap();
-    let on_host =
-        world::digest_ranks(&dev, &mut readers, &bufs, policy, false, RankCheck::Host).unwrap();
+    let on_device = world::digest_ranks(
+        &dev,
+        &mut readers,
+        &bufs,
+        Dtype::F32,
+        policy,
+        false,
+        RankCheck::Device,
+    )
+    .unwrap();
+    let on_host = world::digest_ranks(
+        &dev,
+        &mut readers,
+        &bufs,
+        Dtype::F32,
+        policy,
+        false,
+        RankCheck::Host,
+    )
+    .unwrap();
     assert_eq!(on_device.digests, on_host.digests);
     assert_eq!(on_device.chunks, on_host.chunks);
     assert!(on_device.differing.is_empty() && on_host.differing.is_empty());
@@ -756,10 +773,26 @@ fn rank_copies_are_checked_on_the_device_as_the_host_would() {
     let mut last = [0f32; 1];
     bufs.ranks[3].download(n - 1, &mut last).unwrap();
     bufs.ranks[3].upload_at(n - 1, &[-last[0]]).unwrap();
-    let on_device =
-        world::digest_ranks(&dev, &mut readers, &bufs, policy, false, RankCheck::Device).unwrap();
-    let on_host =
-        world::digest_ranks(&dev, &mut readers, &bufs, policy, false, RankCheck::Host).unwrap();
+    let on_device = world::digest_ranks(
+        &dev,
+        &mut readers,
+        &bufs,
+        Dtype::F32,
+        policy,
+        false,
+        RankCheck::Device,
+    )
+    .unwrap();
+    let on_host = world::digest_ranks(
+        &dev,
+        &mut readers,
+        &bufs,
+        Dtype::F32,
+        policy,
+        false,
+        RankCheck::Host,
+    )
+    .unwrap();
     assert_eq!(on_device.differing, vec![(3usize, vec![3usize])]);
     assert_eq!(on_host.differing, on_device.differing);
     assert_eq!(on_device.digests, on_host.digests);
@@ -773,8 +806,16 @@ fn rank_copies_are_checked_on_the_device_as_the_host_would() {
     bufs.ranks[1]
         .upload_at(CHUNK_ELEMS + 6, &[f32::from_bits(v[0].to_bits() ^ 1)])
         .unwrap();
-    let on_device =
-        world::digest_ranks(&dev, &mut readers, &bufs, policy, false, RankCheck::Device).unwrap();
+    let on_device = world::digest_ranks(
+        &dev,
+        &mut readers,
+        &bufs,
+        Dtype::F32,
+        policy,
+        false,
+        RankCheck::Device,
+    )
+    .unwrap();
     assert_eq!(
         on_device.differing,
         vec![(1usize, vec![1usize]), (3usize, vec![3usize])]
@@ -928,7 +969,9 @@ fn nan_chunks_are_found_on_the_device_and_spare_the_host_scan() {
         let arena = DeviceBuffer::alloc(&dev.ctx, n).unwrap();
         arena.upload(host).unwrap();
         for policy in [NanPolicy::Canonical, NanPolicy::Preserve] {
-            let (got, _) = reader.digest(&dev, &arena, policy, false, true).unwrap();
+            let (got, _) = reader
+                .digest(&dev, &arena, Dtype::F32, policy, false, true)
+                .unwrap();
             assert_eq!(
                 got,
                 digest_chunked(host, policy),
@@ -1024,4 +1067,340 @@ fn rank_files_upload_to_the_oracles_bits() {
         run(&mut dev, &generated, &opts).arenas[0].digest(),
         run(&mut dev, c, &opts).arenas[0].digest()
     );
+}
+
+// ---- bf16 and f16 -------------------------------------------------------
+
+use foldprint::dtype::Dtype;
+
+const HALVES: [Dtype; 2] = [Dtype::Bf16, Dtype::F16];
+
+/// How many of `got[j]` differ from `want(first + j)`, and the first such j.
+fn mismatches(got: &[u16], first: u32, want: impl Fn(u32) -> u16 + Sync) -> (usize, Option<usize>) {
+    use rayon::prelude::*;
+    let bad = |j: usize| got[j] != want(first.wrapping_add(j as u32));
+    let count = (0..got.len()).into_par_iter().filter(|&j| bad(j)).count();
+    let at = (0..got.len()).into_par_iter().find_first(|&j| bad(j));
+    (count, at)
+}
+
+/// The device's narrowing of every float32 pattern and widening of every
+/// 16-bit pattern equal the host's `Dtype::narrow` / `Dtype::widen` bit for
+/// bit (NaN payloads, subnormals and ties included). The same comparison
+/// finds a truncating narrowing and a single flipped bit, so it can fail.
+#[test]
+fn device_conversions_equal_the_hosts_on_every_input() {
+    let _g = HEAVY.lock().unwrap_or_else(|e| e.into_inner());
+    let mut dev = gpu(DeviceConfig::default());
+    const BATCH: usize = 1 << 28;
+    let started = std::time::Instant::now();
+    for d in HALVES {
+        let (_, wide) = dev.convert_bits(d, 0, 0, 1 << 16).expect("widen");
+        let want: Vec<u32> = (0..=0xFFFFu32).map(|h| d.widen(h).to_bits()).collect();
+        let first_bad = wide.iter().zip(&want).position(|(a, b)| a != b);
+        assert_eq!(first_bad, None, "{d}: widening differs");
+        assert_eq!(wide.len(), 1 << 16);
+
+        let narrow = |b: u32| d.narrow(f32::from_bits(b)) as u16;
+        for k in 0..(1usize << 32) / BATCH {
+            let first = (k * BATCH) as u32;
+            let (mut got, _) = dev.convert_bits(d, first, BATCH, 0).expect("narrow");
+            assert_eq!(got.len(), BATCH);
+            let (count, at) = mismatches(&got, first, narrow);
+            assert_eq!(
+                (count, at),
+                (0, None),
+                "{d}: narrowing differs from the host's at {:#010x}",
+                first as u64 + at.unwrap_or(0) as u64
+            );
+            // Negative controls on the batch of ordinary magnitudes
+            // (0x3000_0000..0x4000_0000: 2^-31 up to 2): truncating instead
+            // of rounding differs about half the time, and one flipped bit
+            // is found where it was flipped.
+            if first == 0x3000_0000 {
+                let mask = if d == Dtype::Bf16 { 0xFFFF } else { 0x1FFF };
+                let truncate = |b: u32| d.narrow(f32::from_bits(b & !mask)) as u16;
+                let (wrong, _) = mismatches(&got, first, truncate);
+                assert!(wrong > BATCH / 4, "{d}: truncation differs in only {wrong}");
+                got[12_345] ^= 1;
+                assert_eq!(mismatches(&got, first, narrow), (1, Some(12_345)));
+            }
+        }
+    }
+    println!(
+        "every conversion of bf16 and f16 checked in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+fn case_in(c: Case, dtype: Dtype) -> Case {
+    let id = format!("{}-{dtype}", c.id());
+    c.to_builder().dtype(Some(dtype)).id(id).build().unwrap()
+}
+
+/// Every distribution, contract (but NCCL's), W 1, 3 and 8, mean or not,
+/// odd lengths: the CUDA digests of bf16 and f16 cases are the CPU
+/// oracle's, with either fold variant.
+#[test]
+fn bf16_and_f16_cases_equal_the_cpu_oracle() {
+    for variant in KernelVariant::ALL {
+        let mut be = gpu_variant(variant);
+        for d in HALVES {
+            for dist in ALL_DISTRIBUTIONS {
+                for contract in ALL_CONTRACTS.into_iter().filter(|c| !c.needs_nccl()) {
+                    for mean in [false, true] {
+                        for w in [1usize, 3, 8] {
+                            let c = case(
+                                w,
+                                vec![10_007, 3, 0, 2 * 65_536 + 13],
+                                dist,
+                                contract,
+                                DeliveryOrder::Shuffle(5),
+                                mean,
+                            );
+                            assert_matches_cpu(&mut be, &case_in(c, d));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The reduced bf16/f16 values are the float32 chain of the rounded
+/// addends rounded once, on raw bits; the dtype changes the digest, the
+/// order changes the sum (the data can tell), and racing copies or the
+/// host's rank check change nothing.
+#[test]
+fn bf16_and_f16_values_are_the_float32_chain_rounded_once() {
+    let (w, n) = (8usize, 100_003usize);
+    let opts = RunOptions {
+        keep_values: true,
+        ..RunOptions::default()
+    };
+    for d in HALVES {
+        for mean in [false, true] {
+            let c = case_in(
+                case(
+                    w,
+                    vec![n],
+                    Distribution::MixedMagnitude,
+                    Contract::FixedOrder,
+                    DeliveryOrder::Descending,
+                    mean,
+                ),
+                d,
+            );
+            let lanes: Vec<Lane> = (0..w as u32)
+                .map(|r| Lane::new(Distribution::MixedMagnitude, 42, r, 0))
+                .collect();
+            let want: Vec<u32> = (0..n as u64)
+                .map(|i| {
+                    let mut acc = d.quantize(lanes[0].value(i));
+                    for l in &lanes[1..] {
+                        acc += d.quantize(l.value(i));
+                    }
+                    if mean {
+                        acc *= mean_scale(w);
+                    }
+                    canon(d.widen(d.narrow(acc)).to_bits())
+                })
+                .collect();
+            for cfg in [
+                DeviceConfig::default(),
+                DeviceConfig {
+                    copy_streams: 4,
+                    rank_check: cuda::RankCheck::Host,
+                    ..DeviceConfig::default()
+                },
+            ] {
+                let mut be = gpu(cfg);
+                let r = run(&mut be, &c, &opts);
+                let got: Vec<u32> = r.arenas[0]
+                    .values
+                    .as_ref()
+                    .unwrap()
+                    .iter()
+                    .map(|v| canon(v.to_bits()))
+                    .collect();
+                assert_eq!(got.len(), n);
+                let first_bad = got.iter().zip(&want).position(|(a, b)| a != b);
+                assert_eq!(first_bad, None, "{d} mean={mean}");
+                assert_eq!(
+                    r.arenas[0].digest(),
+                    run(&mut CpuBackend::new(), &c, &opts).arenas[0].digest()
+                );
+            }
+        }
+        // Negative controls: another dtype, another order of adds.
+        let base = case(
+            w,
+            vec![n],
+            Distribution::MixedMagnitude,
+            Contract::FixedOrder,
+            DeliveryOrder::Ascending,
+            false,
+        );
+        let tree = case(
+            w,
+            vec![n],
+            Distribution::MixedMagnitude,
+            Contract::PairwiseTree,
+            DeliveryOrder::Ascending,
+            false,
+        );
+        let mut be = gpu(DeviceConfig::default());
+        let mine = digests(&mut be, &case_in(base.clone(), d));
+        assert_ne!(mine, digests(&mut be, &base), "{d} vs f32");
+        assert_ne!(
+            mine,
+            digests(&mut be, &case_in(tree, d)),
+            "{d}: tree vs chain"
+        );
+        let other = if d == Dtype::Bf16 {
+            Dtype::F16
+        } else {
+            Dtype::Bf16
+        };
+        assert_ne!(
+            mine,
+            digests(&mut be, &case_in(base, other)),
+            "{d} vs {other}"
+        );
+    }
+}
+
+/// The generator in a 16-bit dtype is the host lane rounded once.
+#[test]
+fn generator_in_bf16_and_f16_is_the_host_lane_rounded_once() {
+    let mut be = gpu(DeviceConfig::default());
+    for d in HALVES {
+        for dist in ALL_DISTRIBUTIONS {
+            let got = be
+                .generate_lane_as(d, dist, 9, 3, 1, 1000, 4099)
+                .expect("generate");
+            let lane = Lane::new(dist, 9, 3, 1);
+            let want: Vec<u32> = (1000..1000 + 4099u64)
+                .map(|i| d.narrow(lane.value(i)))
+                .collect();
+            assert_eq!(got, want, "{d} {dist}");
+        }
+    }
+}
+
+/// Rank files in bf16 and f16 stay in their dtype on the device and give
+/// the CPU oracle's digests and values; declared f32, the same files widen
+/// and give another digest.
+#[test]
+fn bf16_and_f16_rank_files_equal_the_oracle() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 200_003;
+    for r in 0..3 {
+        let h: Vec<u16> = (0..n as u32)
+            .map(|i| (i.wrapping_mul(2654435761).wrapping_add(r as u32) >> 9) as u16 & !0x4000)
+            .collect();
+        rank_files::write_safetensors(
+            &dir.path().join(format!("b{r}.safetensors")),
+            &[rank_files::T::bf16("g", &[n], &h)],
+        );
+        rank_files::write_safetensors(
+            &dir.path().join(format!("h{r}.safetensors")),
+            &[rank_files::T::f16("g", &[n], &h)],
+        );
+    }
+    let text = "name = \"rf16\"\n\
+                [[sweep]]\nid = \"b\"\naddends = \"b{rank}.safetensors\"\n\
+                contract = [\"fixed-order\", \"pairwise-tree\"]\nmean = [false, true]\n\
+                [[sweep]]\nid = \"h\"\naddends = \"h{rank}.safetensors\"\n\
+                contract = [\"fixed-order\", \"arrival-order\"]\norder = [\"shuffle:3\"]\n\
+                [[sweep]]\nid = \"w\"\naddends = \"b{rank}.safetensors\"\ndtype = \"f32\"\n";
+    let exp = foldprint::experiment::parse(&dir.path().join("rf16.toml"), text).unwrap();
+    let opts = RunOptions {
+        keep_values: true,
+        ..RunOptions::default()
+    };
+    let mut dev = gpu(DeviceConfig::default());
+    let mut cpu = CpuBackend::new();
+    let mut seen = std::collections::BTreeMap::new();
+    for c in &exp.cases {
+        let (g, o) = (run(&mut dev, c, &opts), run(&mut cpu, c, &opts));
+        let bits = |r: &CaseRun| -> Vec<u32> {
+            r.arenas[0]
+                .values
+                .as_ref()
+                .unwrap()
+                .iter()
+                .map(|v| canon(v.to_bits()))
+                .collect()
+        };
+        assert_eq!(g.arenas[0].digest(), o.arenas[0].digest(), "{}", c.id());
+        assert_eq!(bits(&g), bits(&o), "{}", c.id());
+        seen.insert(c.id().to_string(), (c.dtype(), g.arenas[0].digest()));
+    }
+    let dtypes: std::collections::HashSet<Dtype> = seen.values().map(|(d, _)| *d).collect();
+    assert_eq!(dtypes.len(), 3, "{seen:?}");
+    let digests: std::collections::BTreeSet<_> = seen.values().map(|(_, g)| *g).collect();
+    assert_eq!(
+        digests.len(),
+        seen.len(),
+        "every case its own digest: {seen:?}"
+    );
+}
+
+/// The device rank check of 16-bit arenas agrees with the host's, and
+/// finds one flipped bit in the scalar tail (n odd) and one in a body.
+#[test]
+fn bf16_rank_copies_are_checked_on_the_device_as_the_host_would() {
+    use foldprint::backend::cuda::world::{self, RoundSpec, WorldBuffers};
+    use foldprint::digest::CHUNK_ELEMS;
+    use foldprint::fold::shard_plan;
+    use foldprint::gpu::readback::Reader;
+    use foldprint::gpu::{Device, RankCheck};
+    let _g = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
+    let dev = Device::open(0, CompileOptions::default()).expect("a usable CUDA GPU");
+    let main = dev.new_stream().unwrap();
+    let (w, n) = (5usize, 3 * CHUNK_ELEMS + 5);
+    let plan = shard_plan(n, w).unwrap();
+    let bufs = WorldBuffers::<u16>::alloc(&dev, w, n, &plan, 1).unwrap();
+    let order: Vec<usize> = (0..w).collect();
+    let spec = RoundSpec {
+        plan: &plan,
+        order: &order,
+        mode: kernels::FoldMode::Fixed,
+        prog: 0,
+        prog_len: 0,
+        scale: None,
+        variant: KernelVariant::Fast,
+        tuning: LaunchTuning::default(),
+        generate: Some((Distribution::Uniform, 9)),
+        arena: 0,
+        dtype: Dtype::Bf16,
+    };
+    world::run_round(&dev, &main, &[], &bufs, &spec).unwrap();
+    let mut readers: Vec<Reader> = (0..3)
+        .map(|_| Reader::new(&dev, 1 << 16).unwrap())
+        .collect();
+    let policy = NanPolicy::Canonical;
+    let mut check = |how| {
+        world::digest_ranks(&dev, &mut readers, &bufs, Dtype::Bf16, policy, false, how).unwrap()
+    };
+    let (d, h) = (check(RankCheck::Device), check(RankCheck::Host));
+    assert_eq!((&d.digests, &d.chunks), (&h.digests, &h.chunks));
+    assert!(d.differing.is_empty() && d.digests.windows(2).all(|p| p[0] == p[1]));
+    assert_eq!(d.chunks.len(), 4);
+    let flip = |r: usize, i: usize| {
+        let mut v = [0u16; 1];
+        bufs.ranks[r].download(i, &mut v).unwrap();
+        bufs.ranks[r].upload_at(i, &[v[0] ^ 1]).unwrap();
+    };
+    flip(3, n - 1);
+    flip(1, CHUNK_ELEMS + 6);
+    let (d, h) = (check(RankCheck::Device), check(RankCheck::Host));
+    assert_eq!(
+        d.differing,
+        vec![(1usize, vec![1usize]), (3usize, vec![3usize])]
+    );
+    assert_eq!(h.differing.len(), 2);
+    assert_eq!(d.digests, h.digests);
+    assert_ne!(d.digests[3], d.digests[0]);
 }

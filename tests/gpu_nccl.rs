@@ -1256,3 +1256,100 @@ fn the_sweep_checks_every_bit_and_says_emulated_hosts_are_not_bandwidth() {
     }
     assert!(String::from_utf8_lossy(&o.stderr).contains("NOT A BANDWIDTH RESULT"));
 }
+
+/// bf16 and f16 at W = 8: every distribution, contract, mean or not.
+const HALF_TOML: &str = r#"
+name = "nccl-half"
+description = "bf16 and f16 cases, and NCCL's own sum in the wire dtype"
+
+[defaults]
+world = 8
+arenas = [262147, 10007, 3]
+seed = 5
+
+[[sweep]]
+id = "h"
+dtype = ["bf16", "f16"]
+distribution = ["mixed-magnitude", "uniform", "cancellation", "subnormal-heavy", "specials", "exact-integers"]
+contract = ["fixed-order", "arrival-order", "pairwise-tree"]
+order = ["shuffle:3"]
+mean = [false, true]
+
+[[sweep]]
+id = "sum"
+dtype = ["bf16", "f16", "f32"]
+distribution = ["mixed-magnitude"]
+contract = ["fixed-order", "nccl-allreduce"]
+"#;
+
+/// Under `launch -n 8 --emulate-hosts`, every bf16 and f16 case the CPU
+/// oracle runs gives its digests (the exchange and redistribution move the
+/// dtype's bytes); NCCL's own sum runs in bf16 and f16 (ncclBfloat16,
+/// ncclFloat16) and differs from fixed-order's single rounding.
+#[test]
+fn bf16_and_f16_under_emulated_hosts_equal_the_oracle_and_nccls_sum_drifts() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = dir.path().join("half.toml");
+    std::fs::write(&exp, HALF_TOML).unwrap();
+    let out = dir.path().join("nccl.json");
+    let o = launch(
+        8,
+        &setting("default", &[]),
+        &[
+            "run",
+            exp.to_str().unwrap(),
+            "--backend",
+            "nccl",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success());
+    let r = read_json(&out);
+    assert_emulated(&r, 8);
+    let nccl = digests_by_key(&r);
+    let cpu_out = dir.path().join("cpu.json");
+    let s = Command::new(bin())
+        .args(["run", exp.to_str().unwrap(), "--backend", "cpu"])
+        .args(["--out", cpu_out.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(s.success());
+    let cpu = digests_by_key(&read_json(&cpu_out));
+    let mut table = String::new();
+    let mut compared = 0;
+    for (key, d) in &nccl {
+        table.push_str(&format!("{key} {}\n", d[0]));
+        if key.starts_with("nccl-allreduce/") {
+            continue;
+        }
+        assert_eq!(Some(d), cpu.get(key), "{key}: NCCL vs the CPU oracle");
+        compared += 1;
+    }
+    save("half.txt", &table);
+    // 2 dtypes x 6 distributions x 3 contracts x 2, and fixed-order of `sum`.
+    assert!(compared >= 72 + 3, "only {compared} cases compared");
+    for dtype in ["bf16", "f16", "f32"] {
+        let control: Vec<(&String, &Vec<String>)> = nccl
+            .iter()
+            .filter(|(k, _)| {
+                // f32 keys name no dtype.
+                let named = ["bf16", "f16"]
+                    .iter()
+                    .find(|d| k.contains(&format!("/{d}/")));
+                k.starts_with("nccl-allreduce/") && named.copied().unwrap_or("f32") == dtype
+            })
+            .collect();
+        assert_eq!(control.len(), 1, "{dtype}: {control:?}");
+        let (key, sum) = control[0];
+        let fixed = &nccl[&key.replacen("nccl-allreduce/", "fixed-order/", 1)];
+        // The large arena must show the drift (the small ones may not).
+        assert_ne!(sum[0], fixed[0], "{key}: NCCL's sum equals fixed-order");
+        eprintln!(
+            "{key}: NCCL's sum {} vs fixed-order {}",
+            &sum[0][..16],
+            &fixed[0][..16]
+        );
+    }
+}

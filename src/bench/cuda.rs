@@ -13,10 +13,15 @@ use std::time::Instant;
 
 pub use crate::gpu::bench::{bench_fold, BenchConfig, BenchReport, BenchRow};
 
-/// The kernel rows of the default shapes, with or without the disk cache.
-pub fn kernel_rows(kernel_cache: bool) -> Result<BenchReport, GpuError> {
+/// The kernel rows of the default shapes in `dtype`, with or without the
+/// disk cache.
+pub fn kernel_rows(
+    kernel_cache: bool,
+    dtype: crate::dtype::Dtype,
+) -> Result<BenchReport, GpuError> {
     let mut cfg = BenchConfig::default();
     cfg.compile.disk_cache = kernel_cache;
+    cfg.dtype = dtype;
     bench_fold(&cfg)
 }
 

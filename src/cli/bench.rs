@@ -53,8 +53,8 @@ pub struct BenchArgs {
     /// [default: 2].
     #[arg(short = 'f', long = "stepfactor")]
     stepfactor: Option<u64>,
-    /// The dtype reduced: f32, bf16 or f16 (NCCL sweep, and the rank files
-    /// of --inputs) [default: f32].
+    /// The dtype reduced: f32, bf16 or f16 (NCCL sweep, CUDA fold rows and
+    /// the copy beside them, the rank files of --inputs) [default: f32].
     #[arg(short = 'd', long = "datatype", value_parser = parse_dtype)]
     datatype: Option<foldprint::dtype::Dtype>,
     /// NCCL sweep (-n): timed repetitions per size; each row is their median
@@ -76,9 +76,14 @@ fn parse_dtype(s: &str) -> std::result::Result<foldprint::dtype::Dtype, String> 
 }
 
 /// The GPU fold benchmark and the end-to-end phases, printed.
-fn run_cuda(json: bool, kernel_cache: bool, e2e_log2_len: u32) -> Result<i32> {
+fn run_cuda(
+    json: bool,
+    kernel_cache: bool,
+    e2e_log2_len: u32,
+    dtype: foldprint::dtype::Dtype,
+) -> Result<i32> {
     use foldprint::bench::cuda::{end_to_end, kernel_rows};
-    let report = kernel_rows(kernel_cache)?;
+    let report = kernel_rows(kernel_cache, dtype)?;
     let n = 1usize
         .checked_shl(e2e_log2_len)
         .filter(|_| e2e_log2_len <= 31)
@@ -128,9 +133,10 @@ fn run_cuda(json: bool, kernel_cache: bool, e2e_log2_len: u32) -> Result<i32> {
         report.target
     );
     outln!(
-        "{:>3} {:>9} {:<9} {:>10} {:>10} {:>7} BITS",
+        "{:>3} {:>9} {:<5} {:<9} {:>10} {:>10} {:>7} BITS",
         "W",
         "n",
+        "TYPE",
         "WHAT",
         "MEDIAN ms",
         "MIN ms",
@@ -138,9 +144,10 @@ fn run_cuda(json: bool, kernel_cache: bool, e2e_log2_len: u32) -> Result<i32> {
     );
     for r in &report.rows {
         outln!(
-            "{:>3} {:>9} {:<9} {:>10.4} {:>10.4} {:>7.3} {}",
+            "{:>3} {:>9} {:<5} {:<9} {:>10.4} {:>10.4} {:>7.3} {}",
             r.world,
             r.n,
+            r.dtype,
             r.what,
             r.median_ms,
             r.min_ms,
@@ -374,7 +381,16 @@ fn refuse_sweep_flags(a: &BenchArgs) -> Result<()> {
         (a.stepfactor.is_some(), "-f"),
         (a.iters.is_some(), "-n"),
         (a.csv, "--csv"),
-        (a.datatype.is_some() && !a.inputs, "-d"),
+        (
+            a.datatype.is_some()
+                && !a.inputs
+                && !matches!(
+                    a.backend,
+                    foldprint::backend::BackendChoice::Cuda
+                        | foldprint::backend::BackendChoice::Auto
+                ),
+            "-d",
+        ),
     ]
     .into_iter()
     .filter_map(|(on, f)| on.then_some(f))
@@ -383,7 +399,7 @@ fn refuse_sweep_flags(a: &BenchArgs) -> Result<()> {
         return Ok(());
     }
     Err(Failure::Refused(format!(
-        "{} belong(s) to the NCCL sweep: add --backend nccl (-d also picks the dtype of --inputs)",
+        "{} belong(s) to the NCCL sweep: add --backend nccl (-d also picks the dtype of --inputs and of --backend cuda's fold rows)",
         given.join(", ")
     )))
 }
@@ -398,10 +414,22 @@ pub fn run(a: BenchArgs) -> Result<i32> {
         return run_inputs(&a);
     }
     match a.backend {
-        BackendChoice::Cuda => return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len),
+        BackendChoice::Cuda => {
+            return run_cuda(
+                a.json,
+                !a.no_kernel_cache,
+                a.e2e_log2_len,
+                a.datatype.unwrap_or_default(),
+            )
+        }
         BackendChoice::Nccl => return run_nccl(a.gpus, &a),
         BackendChoice::Auto if foldprint::gpu::probe().usable => {
-            return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len)
+            return run_cuda(
+                a.json,
+                !a.no_kernel_cache,
+                a.e2e_log2_len,
+                a.datatype.unwrap_or_default(),
+            )
         }
         BackendChoice::Auto => {
             eprintln!("note: auto: CUDA not usable here; measuring the CPU oracle");

@@ -1,12 +1,13 @@
 //! The fold kernel alone, timed with CUDA events, next to a device-to-device
 //! copy of the same number of bytes measured in the same run.
 
-use super::device::row_stride;
+use super::device::row_stride_of;
 use super::device::{Device, FoldArgs, LaunchTuning};
 use super::error::GpuError;
 use super::kernels::{CompileOptions, FoldMode, KernelVariant};
-use super::mem::{copy_d2d, DeviceBuffer};
+use super::mem::{copy_d2d, ArenaElem, DeviceBuffer};
 use crate::data::{Distribution, Lane};
+use crate::dtype::Dtype;
 use crate::fold::fold_fixed;
 use cudarc::driver::{sys::CUevent_flags, CudaStream};
 use serde::Serialize;
@@ -25,6 +26,8 @@ pub struct BenchConfig {
     pub tuning: LaunchTuning,
     /// Extra `fast` rows with these launch shapes (a tuning sweep).
     pub extra_fast: Vec<LaunchTuning>,
+    /// What the rows and the output hold; the copy moves as many bytes.
+    pub dtype: Dtype,
 }
 
 impl Default for BenchConfig {
@@ -51,6 +54,7 @@ impl Default for BenchConfig {
                 fast_blocks_per_sm: 8,
                 ..LaunchTuning::default()
             }],
+            dtype: Dtype::F32,
         }
     }
 }
@@ -59,11 +63,14 @@ impl Default for BenchConfig {
 pub struct BenchRow {
     pub world: usize,
     pub n: usize,
+    /// The element type (`f32`, `bf16`, `f16`).
+    pub dtype: Dtype,
     /// `seed`, `fast` or `d2d-copy`.
     pub what: String,
     pub median_ms: f64,
     pub min_ms: f64,
-    /// Bytes counted: (W+1)·n·4 (a copy moves half of that each way).
+    /// Bytes counted: (W+1)·n·(bytes per element) (a copy moves half of
+    /// that each way).
     pub bytes: u64,
     /// bytes / median time, in TB/s (10^12 bytes per second).
     pub effective_tb_s: f64,
@@ -149,7 +156,11 @@ pub fn bench_fold(cfg: &BenchConfig) -> Result<BenchReport, GpuError> {
     let stream = dev.new_stream()?;
     let mut rows = Vec::new();
     for &(w, n) in &cfg.shapes {
-        rows.extend(bench_shape(&dev, &stream, cfg, w, n)?);
+        rows.extend(if cfg.dtype.is_f32() {
+            bench_shape::<f32>(&dev, &stream, cfg, w, n)?
+        } else {
+            bench_shape::<u16>(&dev, &stream, cfg, w, n)?
+        });
     }
     Ok(BenchReport {
         device: format!(
@@ -173,30 +184,32 @@ pub fn bench_fold(cfg: &BenchConfig) -> Result<BenchReport, GpuError> {
     })
 }
 
-fn bench_shape(
+fn bench_shape<T: ArenaElem>(
     dev: &Device,
     stream: &Arc<CudaStream>,
     cfg: &BenchConfig,
     w: usize,
     n: usize,
 ) -> Result<Vec<BenchRow>, GpuError> {
-    let bytes = ((w + 1) * n * 4) as u64;
+    let dtype = cfg.dtype;
+    let size = T::BYTES as usize;
+    let bytes = ((w + 1) * n * size) as u64;
     let (free, _) = dev.memory()?;
-    let ld = row_stride(n);
+    let ld = row_stride_of(n, dtype);
     let copy_len = (w + 1) * n / 2;
-    let need = ((w * ld + 2 * n + copy_len) * 4) as u64;
+    let need = ((w * ld + 2 * n + copy_len) * size) as u64;
     if need > free {
         return Err(GpuError::missing(format!(
             "bench W={w} n={n} needs {need} bytes of device memory, {free} free"
         )));
     }
-    let stacked = DeviceBuffer::<f32>::alloc(&dev.ctx, w * ld)?;
-    let out_seed = DeviceBuffer::alloc(&dev.ctx, n)?;
-    let out_fast = DeviceBuffer::alloc(&dev.ctx, n)?;
-    let copy_dst = DeviceBuffer::alloc(&dev.ctx, copy_len)?;
+    let stacked = DeviceBuffer::<T>::alloc(&dev.ctx, w * ld)?;
+    let out_seed = DeviceBuffer::<T>::alloc(&dev.ctx, n)?;
+    let out_fast = DeviceBuffer::<T>::alloc(&dev.ctx, n)?;
+    let copy_dst = DeviceBuffer::<T>::alloc(&dev.ctx, copy_len)?;
     for r in 0..w {
         let row = stacked.slice(r * ld, n)?;
-        // SAFETY: `row` is a checked view of n f32s of this context.
+        // SAFETY: `row` is a checked view of n elements of the dtype.
         unsafe {
             dev.generate(
                 row.ptr(),
@@ -206,6 +219,7 @@ fn bench_shape(
                 cfg.seed,
                 r as u32,
                 0,
+                dtype,
                 stream,
             )?;
         }
@@ -220,6 +234,7 @@ fn bench_shape(
         BenchRow {
             world: w,
             n,
+            dtype,
             what: what.into(),
             median_ms: med,
             min_ms: min,
@@ -229,7 +244,7 @@ fn bench_shape(
             bits_ok,
         }
     };
-    let mut runs: Vec<(String, KernelVariant, &DeviceBuffer, LaunchTuning)> = vec![
+    let mut runs: Vec<(String, KernelVariant, &DeviceBuffer<T>, LaunchTuning)> = vec![
         (
             "seed".into(),
             KernelVariant::PerElement,
@@ -253,12 +268,14 @@ fn bench_shape(
             prog: 0,
             prog_len: 0,
             scale: None,
+            dtype,
         };
         let times = time_each(stream, cfg.warmup, cfg.iters, || {
             // SAFETY: buffers sized above, both at phase 0.
             unsafe { dev.fold(variant, FoldMode::Fixed, &args, &tuning, stream) }
         })?;
-        let host = out.to_host()?;
+        let mut host = Vec::with_capacity(n);
+        T::carry(&out.to_host()?, dtype, &mut host);
         outputs.push((label, times, host));
     }
     // The copy: half the counted bytes read, half written.
@@ -276,10 +293,12 @@ fn bench_shape(
         let mut slots = vec![0f32; w];
         (0..n).step_by(step).chain(n.saturating_sub(7)..n).all(|i| {
             for (s, l) in slots.iter_mut().zip(&lanes) {
-                *s = l.value(i as u64);
+                *s = dtype.quantize(l.value(i as u64));
             }
-            let want = crate::digest::NanPolicy::Canonical.apply(fold_fixed(&slots).to_bits());
-            crate::digest::NanPolicy::Canonical.apply(vals[i].to_bits()) == want
+            // The float32 chain, then one rounding to the dtype.
+            let canon =
+                |v: f32| crate::digest::NanPolicy::Canonical.apply_in(dtype, dtype.narrow(v));
+            canon(vals[i]) == canon(fold_fixed(&slots))
         })
     };
     let seed_vals = outputs[0].2.clone();

@@ -6,8 +6,9 @@ use super::kernels::{
     self, CompileOptions, FoldKernels, FoldMode, KernelVariant, LoadedProgram, ProgramSpec,
     ResolvedTarget,
 };
-use super::mem::DeviceView;
+use super::mem::{ArenaElem, DeviceView};
 use super::probe::{self, DeviceProbe};
+use crate::dtype::Dtype;
 use cudarc::driver::{self, sys, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 use serde::Serialize;
 use std::sync::Arc;
@@ -84,6 +85,8 @@ pub struct FoldArgs {
     pub prog: sys::CUdeviceptr,
     pub prog_len: u32,
     pub scale: Option<f32>,
+    /// What `out` and the rows hold: float32, or a 16-bit dtype's bits.
+    pub dtype: Dtype,
 }
 
 /// Row stride for shards of up to `max_shard` elements placed at a phase
@@ -91,6 +94,16 @@ pub struct FoldArgs {
 /// a 128-byte line (a stride of n+4 costs an extra sector per warp load).
 pub fn row_stride(max_shard: usize) -> usize {
     (max_shard + 3).div_ceil(32) * 32
+}
+
+/// [`row_stride`] for an arena of `dtype`: 16-bit rows are placed at a
+/// phase of up to 7 elements and start on 128-byte lines (64 elements).
+pub fn row_stride_of(max_shard: usize, dtype: Dtype) -> usize {
+    if dtype.is_f32() {
+        row_stride(max_shard)
+    } else {
+        (max_shard + 7).div_ceil(64) * 64
+    }
 }
 
 pub struct Device {
@@ -235,10 +248,12 @@ impl Device {
         Ok((free as u64, total as u64))
     }
 
-    /// Enqueue generation of elements `first .. first + n` of one lane into `out`.
+    /// Enqueue generation of elements `first .. first + n` of one lane into
+    /// `out`, in `dtype` (a 16-bit dtype: each value rounded once).
     ///
     /// # Safety
-    /// `out` must address `n` writable f32s of this context for the launch.
+    /// `out` must address `n` writable elements of `dtype` of this context
+    /// for the launch.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn generate(
         &self,
@@ -249,6 +264,7 @@ impl Device {
         seed: u64,
         rank: u32,
         arena: u32,
+        dtype: Dtype,
         stream: &CudaStream,
     ) -> Result<(), GpuError> {
         if n == 0 {
@@ -257,7 +273,12 @@ impl Device {
         let key = crate::data::lane_key(seed, rank, arena);
         let pair_key = crate::data::lane_key(seed, rank & !1, arena);
         let code = dist.code();
-        let f = self.generator.function(kernels::GENERATE_ENTRY)?;
+        let entry = if dtype.is_f32() {
+            kernels::GENERATE_ENTRY
+        } else {
+            kernels::GENERATE16_ENTRY
+        };
+        let f = self.generator.function(entry)?;
         let block = 256u32;
         let blocks = n
             .div_ceil(block as u64)
@@ -275,7 +296,12 @@ impl Device {
             .arg(&pair_key)
             .arg(&rank)
             .arg(&code);
-        // SAFETY: argument list matches `fp_generate`; `out` per the contract.
+        let dtype_code = kernels::dtype_code(dtype);
+        if !dtype.is_f32() {
+            b.arg(&dtype_code);
+        }
+        // SAFETY: argument list matches `fp_generate` (`fp_generate16` with
+        // the dtype); `out` per the contract.
         unsafe { b.launch(cfg) }
             .map(|_| ())
             .map_err(|e| GpuError::driver("fp_generate launch", e))
@@ -287,19 +313,21 @@ impl Device {
     /// # Safety
     /// The three views must stay allocated and unwritten by other streams
     /// until `stream` has passed the launch.
-    pub unsafe fn rank_diff(
+    pub unsafe fn rank_diff<T: ArenaElem>(
         &self,
-        reference: DeviceView<'_>,
-        other: DeviceView<'_>,
+        reference: DeviceView<'_, T>,
+        other: DeviceView<'_, T>,
         chunk: usize,
         flags: DeviceView<'_, u32>,
         stream: &CudaStream,
     ) -> Result<(), GpuError> {
         let n = reference.len();
         let chunks = n.div_ceil(chunk.max(1));
+        // Chunks start 16-byte aligned: 4 float32s or 8 16-bit elements.
+        let lanes = 16 / T::BYTES as usize;
         if other.len() != n
             || flags.len() != chunks
-            || !chunk.is_multiple_of(4)
+            || !chunk.is_multiple_of(lanes)
             || chunk > u32::MAX as usize
         {
             return Err(GpuError::bounds(format!(
@@ -312,7 +340,12 @@ impl Device {
         if n == 0 {
             return Ok(());
         }
-        let f = self.rank_check.function(kernels::RANK_DIFF_ENTRY)?;
+        let entry = if T::BYTES == 4 {
+            kernels::RANK_DIFF_ENTRY
+        } else {
+            kernels::RANK_DIFF16_ENTRY
+        };
+        let f = self.rank_check.function(entry)?;
         let cfg = LaunchConfig {
             grid_dim: (
                 u32::try_from(chunks)
@@ -327,7 +360,8 @@ impl Device {
         let (n64, c32) = (n as u64, chunk as u32);
         let mut b = stream.launch_builder(f);
         b.arg(&r).arg(&o).arg(&n64).arg(&c32).arg(&fl);
-        // SAFETY: arguments match `fp_rank_diff`; lengths checked above.
+        // SAFETY: arguments match `fp_rank_diff` and `fp_rank_diff16`;
+        // lengths checked above.
         unsafe { b.launch(cfg) }
             .map(|_| ())
             .map_err(|e| GpuError::driver("fp_rank_diff launch", e))
@@ -339,16 +373,22 @@ impl Device {
     /// # Safety
     /// `arena` and `flags` must stay allocated, and `arena` unwritten,
     /// until `stream` has passed the launch.
-    pub unsafe fn nan_chunks(
+    pub unsafe fn nan_chunks<T: ArenaElem>(
         &self,
-        arena: DeviceView<'_>,
+        arena: DeviceView<'_, T>,
         chunk: usize,
         flags: DeviceView<'_, u32>,
         stream: &CudaStream,
     ) -> Result<(), GpuError> {
         let n = arena.len();
         let chunks = n.div_ceil(chunk.max(1));
-        if flags.len() != chunks || !chunk.is_multiple_of(4) || chunk > u32::MAX as usize {
+        // Float32 arenas only: a 16-bit arena's hasher applies the NaN
+        // policy to every element anyway.
+        if T::BYTES != 4
+            || flags.len() != chunks
+            || !chunk.is_multiple_of(4)
+            || chunk > u32::MAX as usize
+        {
             return Err(GpuError::bounds(format!(
                 "NaN scan: {} flags for {chunks} chunks of {chunk}",
                 flags.len()
@@ -383,9 +423,9 @@ impl Device {
     /// # Safety
     /// `arena` and `out` must stay allocated, and `arena` unwritten, until
     /// `stream` has passed the launch.
-    pub unsafe fn chunk_sha256(
+    pub unsafe fn chunk_sha256<T: ArenaElem>(
         &self,
-        arena: DeviceView<'_>,
+        arena: DeviceView<'_, T>,
         chunk: usize,
         policy: crate::digest::NanPolicy,
         out: DeviceView<'_, u32>,
@@ -393,7 +433,12 @@ impl Device {
     ) -> Result<(), GpuError> {
         let n = arena.len();
         let chunks = n.div_ceil(chunk.max(1));
-        if out.len() != 8 * chunks || !chunk.is_multiple_of(16) || chunk > u32::MAX as usize {
+        // Float32 arenas only (16-bit chunk digests are the host's).
+        if T::BYTES != 4
+            || out.len() != 8 * chunks
+            || !chunk.is_multiple_of(16)
+            || chunk > u32::MAX as usize
+        {
             return Err(GpuError::bounds(format!(
                 "chunk digests: {} output words for {chunks} chunks of {chunk}",
                 out.len()
@@ -422,11 +467,60 @@ impl Device {
             .map_err(|e| GpuError::driver("fp_chunk_sha256 launch", e))
     }
 
+    /// Enqueue the device's conversions over a range of bit patterns, for
+    /// checking them against the host's: `narrow[j]` = the `dtype` bits of
+    /// float32 pattern `first + j`, and `wide[j]` = the float32 bits of
+    /// 16-bit pattern `(first + j) mod 2^16`. Either may be empty.
+    ///
+    /// # Safety
+    /// Both views must stay allocated until `stream` has passed the launches.
+    pub unsafe fn convert_bits(
+        &self,
+        dtype: Dtype,
+        first: u32,
+        narrow: DeviceView<'_, u16>,
+        wide: DeviceView<'_, u32>,
+        stream: &CudaStream,
+    ) -> Result<(), GpuError> {
+        if dtype.is_f32() {
+            return Err(GpuError::bounds("conversions are of 16-bit dtypes"));
+        }
+        let code = kernels::dtype_code(dtype);
+        for (entry, ptr, n) in [
+            (kernels::NARROW_BITS_ENTRY, narrow.ptr(), narrow.len()),
+            (kernels::WIDEN_BITS_ENTRY, wide.ptr(), wide.len()),
+        ] {
+            if n == 0 {
+                continue;
+            }
+            let f = self.generator.function(entry)?;
+            let block = 256u32;
+            let blocks = (n as u64)
+                .div_ceil(block as u64)
+                .min(self.info.sm_count.max(1) as u64 * 32) as u32;
+            let cfg = LaunchConfig {
+                grid_dim: (blocks.max(1), 1, 1),
+                block_dim: (block, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let n64 = n as u64;
+            let mut b = stream.launch_builder(f);
+            b.arg(&ptr).arg(&n64).arg(&first).arg(&code);
+            // SAFETY: arguments match `fp_narrow_bits` / `fp_widen_bits`;
+            // each writes exactly its view's `n` elements.
+            unsafe { b.launch(cfg) }
+                .map(|_| ())
+                .map_err(|e| GpuError::driver(format!("{entry} launch"), e))?;
+        }
+        Ok(())
+    }
+
     /// Enqueue one fold launch.
     ///
     /// # Safety
-    /// `a.out` must address `a.len` writable f32s; `a.stacked` must address
-    /// `a.world` rows of stride `a.ld` holding `a.len` readable f32s each,
+    /// `a.out` must address `a.len` writable elements of `a.dtype`;
+    /// `a.stacked` must address `a.world` rows of stride `a.ld` holding
+    /// `a.len` readable elements each,
     /// with the same 16-byte phase as `a.out`; `a.prog` must hold
     /// `a.prog_len` u32s (or `a.world` for the order mode). All of this
     /// context, valid for the launch, not overlapping `a.out`.
@@ -441,18 +535,24 @@ impl Device {
         if a.len == 0 {
             return Ok(());
         }
-        if a.world == 0 || !a.ld.is_multiple_of(4) || a.ld < a.len {
+        // Elements per 16-byte vector, and bytes per element.
+        let (lanes, bytes) = if a.dtype.is_f32() { (4, 4) } else { (8, 2) };
+        if a.world == 0 || !a.ld.is_multiple_of(lanes) || a.ld < a.len {
             return Err(GpuError::bounds(format!(
                 "fold launch refused: world {} ld {} len {}",
                 a.world, a.ld, a.len
             )));
         }
-        if (a.out & 15) != (a.stacked & 15) || (a.out & 3) != 0 {
+        if (a.out & 15) != (a.stacked & 15) || (a.out & (bytes - 1)) != 0 {
             return Err(GpuError::bounds(
                 "fold launch refused: out and stacked differ in 16-byte phase",
             ));
         }
-        let f = self.fold.function(mode, variant)?;
+        let f = if a.dtype.is_f32() {
+            self.fold.function(mode, variant)?
+        } else {
+            self.fold.function16(mode, variant)?
+        };
         let (block, blocks) = match variant {
             KernelVariant::PerElement => {
                 let block = tuning.seed_block.clamp(32, 1024);
@@ -467,7 +567,7 @@ impl Device {
             }
             KernelVariant::Fast => {
                 let block = tuning.fast_block.clamp(32, 1024);
-                let vecs = (a.len / 4).max(1);
+                let vecs = (a.len / lanes).max(1);
                 let cap =
                     self.info.sm_count.max(1) as u64 * tuning.fast_blocks_per_sm.max(1) as u64;
                 (block, vecs.div_ceil(block as u64).clamp(1, cap) as u32)
@@ -492,8 +592,13 @@ impl Device {
             .arg(&a.prog_len)
             .arg(&scale)
             .arg(&use_scale);
-        // SAFETY: argument list matches the FP_FOLD_ENTRY signature; memory
-        // per the contract above.
+        let dtype_code = kernels::dtype_code(a.dtype);
+        if !a.dtype.is_f32() {
+            b.arg(&dtype_code);
+        }
+        // SAFETY: argument list matches the FP_FOLD_ENTRY signature (for
+        // 16-bit FP_FOLD16_ENTRY's, with the dtype); memory per the
+        // contract above.
         unsafe { b.launch(cfg) }
             .map(|_| ())
             .map_err(|e| GpuError::driver("fold launch", e))

@@ -8,6 +8,8 @@
 //! type's bits.
 
 use super::error::GpuError;
+use crate::digest::ArenaHasher;
+use crate::dtype::Dtype;
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream};
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -29,6 +31,59 @@ unsafe impl DeviceElem for f32 {}
 unsafe impl DeviceElem for u32 {}
 // SAFETY: as above.
 unsafe impl DeviceElem for u64 {}
+// SAFETY: as above (a 16-bit dtype's bits).
+unsafe impl DeviceElem for u16 {}
+
+/// How an arena's elements sit in device memory: `f32` for float32 arenas,
+/// `u16` (the dtype's bits) for bf16 and f16.
+pub trait ArenaElem: DeviceElem {
+    /// Bytes of one element.
+    const BYTES: u64;
+    /// Whether arenas of `dtype` are held in this type.
+    fn holds(dtype: Dtype) -> bool;
+    /// Hash values read back (`nan_free`: the device found no NaN there).
+    fn hash(h: &mut ArenaHasher, vals: &[Self], nan_free: bool);
+    /// Append the float32 carriers of `vals` (the host's form of an arena).
+    fn carry(vals: &[Self], dtype: Dtype, out: &mut Vec<f32>);
+    /// The device form of float32 carriers of `dtype` values (exact).
+    fn from_carriers(vals: &[f32], dtype: Dtype) -> Vec<Self>;
+}
+
+impl ArenaElem for f32 {
+    const BYTES: u64 = F32;
+    fn holds(dtype: Dtype) -> bool {
+        dtype.is_f32()
+    }
+    fn hash(h: &mut ArenaHasher, vals: &[f32], nan_free: bool) {
+        if nan_free {
+            h.update_nan_free(vals);
+        } else {
+            h.update(vals);
+        }
+    }
+    fn carry(vals: &[f32], _: Dtype, out: &mut Vec<f32>) {
+        out.extend_from_slice(vals);
+    }
+    fn from_carriers(vals: &[f32], _: Dtype) -> Vec<f32> {
+        vals.to_vec()
+    }
+}
+
+impl ArenaElem for u16 {
+    const BYTES: u64 = 2;
+    fn holds(dtype: Dtype) -> bool {
+        !dtype.is_f32()
+    }
+    fn hash(h: &mut ArenaHasher, vals: &[u16], _: bool) {
+        h.update_bits16(vals);
+    }
+    fn carry(vals: &[u16], dtype: Dtype, out: &mut Vec<f32>) {
+        out.extend(vals.iter().map(|&b| dtype.widen(u32::from(b))));
+    }
+    fn from_carriers(vals: &[f32], dtype: Dtype) -> Vec<u16> {
+        vals.iter().map(|&v| dtype.narrow(v) as u16).collect()
+    }
+}
 
 fn bytes_of<T>(len: usize) -> Result<usize, GpuError> {
     len.max(1)
@@ -257,14 +312,14 @@ impl PinnedBuffer {
     /// `src` must stay allocated and unwritten until the stream has passed
     /// this copy. (Reading the buffer early is not possible: see
     /// [`PinnedBuffer::values`].)
-    pub unsafe fn fill_async(
+    pub unsafe fn fill_async<T: DeviceElem>(
         &mut self,
-        src: DeviceView<'_, f32>,
+        src: DeviceView<'_, T>,
         stream: &CudaStream,
     ) -> Result<(), GpuError> {
         self.settle()?;
         let count = src.len();
-        if count > self.len {
+        if count > self.capacity::<T>() {
             return Err(GpuError::bounds(format!(
                 "a pinned copy of {count} elements into a buffer of {}",
                 self.len
@@ -274,9 +329,14 @@ impl PinnedBuffer {
             return Ok(());
         }
         // SAFETY: per the contract above; the pinned region holds `count`
-        // f32s and no earlier copy into it is in flight (settled above).
+        // elements and no earlier copy into it is in flight (settled above).
         let r = unsafe {
-            sys::cuMemcpyDtoHAsync_v2(self.ptr.cast(), src.ptr(), count * 4, stream.cu_stream())
+            sys::cuMemcpyDtoHAsync_v2(
+                self.ptr.cast(),
+                src.ptr(),
+                count * size_of::<T>(),
+                stream.cu_stream(),
+            )
         };
         r.result()
             .map_err(|e| GpuError::driver("cuMemcpyDtoHAsync", e))?;
@@ -289,11 +349,16 @@ impl PinnedBuffer {
 
     /// The first `count` values to write, once the last copy has completed
     /// (this waits for it), e.g. to fill before [`PinnedBuffer::upload_async`].
-    pub fn values_mut(&mut self, count: usize) -> Result<&mut [f32], GpuError> {
+    pub fn values_mut<T: DeviceElem>(&mut self, count: usize) -> Result<&mut [T], GpuError> {
         self.settle()?;
-        let count = count.min(self.len);
+        let count = count.min(self.capacity::<T>());
         // SAFETY: as in `values`; the borrow is unique through `&mut self`.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr, count) })
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<T>(), count) })
+    }
+
+    /// How many `T` the buffer holds (its length counts f32s).
+    fn capacity<T: DeviceElem>(&self) -> usize {
+        self.len * 4 / size_of::<T>()
     }
 
     /// Enqueue a copy of the buffer's first `dst.len()` values into `dst`
@@ -304,14 +369,14 @@ impl PinnedBuffer {
     /// `dst` must belong to the stream's context, stay allocated until the
     /// stream has passed this copy, and not be used by another stream
     /// meanwhile.
-    pub unsafe fn upload_async(
+    pub unsafe fn upload_async<T: DeviceElem>(
         &mut self,
-        dst: DeviceView<'_, f32>,
+        dst: DeviceView<'_, T>,
         stream: &CudaStream,
     ) -> Result<(), GpuError> {
         self.settle()?;
         let count = dst.len();
-        if count > self.len {
+        if count > self.capacity::<T>() {
             return Err(GpuError::bounds(format!(
                 "a pinned upload of {count} elements from a buffer of {}",
                 self.len
@@ -321,9 +386,14 @@ impl PinnedBuffer {
             return Ok(());
         }
         // SAFETY: per the contract above; the pinned region holds `count`
-        // f32s and nothing writes it until `pending` has passed.
+        // elements and nothing writes it until `pending` has passed.
         let r = unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dst.ptr(), self.ptr.cast(), count * 4, stream.cu_stream())
+            sys::cuMemcpyHtoDAsync_v2(
+                dst.ptr(),
+                self.ptr.cast(),
+                count * size_of::<T>(),
+                stream.cu_stream(),
+            )
         };
         r.result()
             .map_err(|e| GpuError::driver("cuMemcpyHtoDAsync", e))?;
@@ -336,13 +406,14 @@ impl PinnedBuffer {
 
     /// The first `count` values, once the last fill has completed (this
     /// waits for it).
-    pub fn values(&mut self, count: usize) -> Result<&[f32], GpuError> {
+    pub fn values<T: DeviceElem>(&mut self, count: usize) -> Result<&[T], GpuError> {
         self.settle()?;
-        let count = count.min(self.len);
-        // SAFETY: `ptr` holds `len` f32s for the buffer's lifetime, and no
-        // copy into it is in flight (settled above; a new one needs
-        // `&mut self`, which the returned borrow excludes).
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr, count) })
+        let count = count.min(self.capacity::<T>());
+        // SAFETY: `ptr` holds `len` f32s (as many bytes as `capacity` Ts,
+        // page-aligned) for the buffer's lifetime, and no copy into it is
+        // in flight (settled above; a new one needs `&mut self`, which the
+        // returned borrow excludes). Every bit pattern is a valid T.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.cast::<T>(), count) })
     }
 }
 

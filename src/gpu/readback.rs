@@ -5,8 +5,9 @@
 
 use super::device::Device;
 use super::error::GpuError;
-use super::mem::{DeviceBuffer, PinnedBuffer};
+use super::mem::{ArenaElem, DeviceBuffer, PinnedBuffer};
 use crate::digest::{ArenaHasher, ChunkedDigest, NanPolicy, CHUNK_ELEMS};
+use crate::dtype::Dtype;
 use cudarc::driver::CudaStream;
 use serde::Serialize;
 use std::sync::Arc;
@@ -54,7 +55,11 @@ impl Reader {
     /// For each `CHUNK_ELEMS` chunk of `buf`, whether it holds a NaN, found
     /// on the device (a pass at HBM speed instead of a host scan at memory
     /// speed on the one hashing thread).
-    fn nan_map(&mut self, dev: &Device, buf: &DeviceBuffer) -> Result<Vec<bool>, GpuError> {
+    fn nan_map<T: ArenaElem>(
+        &mut self,
+        dev: &Device,
+        buf: &DeviceBuffer<T>,
+    ) -> Result<Vec<bool>, GpuError> {
         let chunks = buf.len().div_ceil(CHUNK_ELEMS);
         if self.nan_flags.as_ref().is_none_or(|f| f.len() < chunks) {
             self.nan_flags = Some(DeviceBuffer::alloc(&dev.ctx, chunks)?);
@@ -92,24 +97,33 @@ impl Reader {
         self.last
     }
 
-    /// Hash `buf` under `policy` (with chunk digests when `chunked`); also
-    /// return its values when `keep`.
-    pub fn digest(
+    /// Hash `buf`, an arena of `dtype`, under `policy` (with chunk digests
+    /// when `chunked`); also return its values (as float32 carriers) when
+    /// `keep`.
+    pub fn digest<T: ArenaElem>(
         &mut self,
         dev: &Device,
-        buf: &DeviceBuffer,
+        buf: &DeviceBuffer<T>,
+        dtype: Dtype,
         policy: NanPolicy,
         keep: bool,
         chunked: bool,
     ) -> Result<(ChunkedDigest, Option<Vec<f32>>), GpuError> {
+        if !T::holds(dtype) {
+            return Err(GpuError::bounds(format!(
+                "a {dtype} arena read back as {}-byte elements",
+                T::BYTES
+            )));
+        }
         dev.bind()?;
         let n = buf.len();
-        let chunk = self.bufs[0].len().max(1);
+        // The pinned chunks hold as many bytes whatever the element.
+        let chunk = (self.bufs[0].len() * 4 / T::BYTES as usize).max(1);
         let chunks = n.div_ceil(chunk);
         let mut hasher = if chunked {
-            ArenaHasher::with_chunks(policy)
+            ArenaHasher::with_chunks_of(dtype, policy)
         } else {
-            ArenaHasher::new(policy)
+            ArenaHasher::of(dtype, policy)
         };
         let mut kept = if keep {
             Some(Vec::with_capacity(n))
@@ -122,7 +136,7 @@ impl Reader {
         // skip that.
         let scanned = Instant::now();
         let nan_map = match policy {
-            NanPolicy::Canonical if n > 0 => Some(self.nan_map(dev, buf)?),
+            NanPolicy::Canonical if n > 0 && T::BYTES == 4 => Some(self.nan_map(dev, buf)?),
             _ => None,
         };
         let device_scan = scanned.elapsed();
@@ -141,17 +155,13 @@ impl Reader {
                 let t = Instant::now();
                 // Waits for this slot's copy: the buffer will not lend out
                 // memory a copy is still writing.
-                let vals = self.bufs[k % 2].values(count(k))?;
+                let vals = self.bufs[k % 2].values::<T>(count(k))?;
                 waited += t.elapsed();
                 let t = Instant::now();
-                if has_nan(k) {
-                    hasher.update(vals);
-                } else {
-                    hasher.update_nan_free(vals);
-                }
+                T::hash(&mut hasher, vals, !has_nan(k));
                 hashing += t.elapsed();
                 if let Some(v) = kept.as_mut() {
-                    v.extend_from_slice(vals);
+                    T::carry(vals, dtype, v);
                 }
                 if k + 2 < chunks {
                     self.issue(buf, k + 2, chunk, count(k + 2))?;
@@ -178,9 +188,9 @@ impl Reader {
     }
 
     /// Start the copy of chunk `k` into its slot.
-    fn issue(
+    fn issue<T: ArenaElem>(
         &mut self,
-        buf: &DeviceBuffer,
+        buf: &DeviceBuffer<T>,
         k: usize,
         chunk: usize,
         count: usize,

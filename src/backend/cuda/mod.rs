@@ -10,6 +10,7 @@ pub mod world;
 use super::{
     gpu_failed, unsupported, Backend, BackendError, CaseRun, ReducedArena, RoundTimings, RunOptions,
 };
+use crate::dtype::Dtype;
 use crate::experiment::{Addends, Case};
 use crate::fold::{mean_scale, shard_plan, Contract};
 use crate::gpu::kernels::{self, FoldMode, KernelVariant};
@@ -21,7 +22,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
-use world::{RoundSpec, WorldBuffers};
+use world::{AnyWorld, RoundSpec, WorldBuffers, WorldElem};
 
 const NAME: &str = "cuda";
 
@@ -32,7 +33,7 @@ pub struct CudaBackend {
     copy: Vec<Arc<cudarc::driver::CudaStream>>,
     readers: Vec<Reader>,
     /// Rank arenas + scratch per (W, n), reused across rounds.
-    worlds: HashMap<(usize, usize), WorldBuffers>,
+    worlds: HashMap<(usize, usize), AnyWorld>,
     /// Per digested arena of the current case, in order: where its digest
     /// time went (`bench` prints it).
     profiles: Vec<world::DigestProfile>,
@@ -136,15 +137,26 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Rank arenas and scratch for (W, n), allocating after a memory check.
-    fn ensure_world(&mut self, case: &Case, n: usize, nbuf: usize) -> Result<(), BackendError> {
+    /// Rank arenas and scratch for (W, n) in `T`, allocating after a
+    /// memory check.
+    fn ensure_world<T: WorldElem>(
+        &mut self,
+        case: &Case,
+        n: usize,
+        nbuf: usize,
+    ) -> Result<(), BackendError> {
         let key = (case.world(), n);
-        if self.worlds.contains_key(&key) {
-            return Ok(());
+        match self.worlds.get(&key) {
+            Some(w) if T::unwrap(w).is_some() => return Ok(()),
+            // The other width: give it back first.
+            Some(_) => {
+                self.worlds.remove(&key);
+            }
+            None => {}
         }
         let plan =
             shard_plan(n, case.world()).ok_or_else(|| unsupported(case.id(), "world = 0"))?;
-        let needed = WorldBuffers::bytes_needed(case.world(), n, &plan, nbuf);
+        let needed = world::bytes_needed(case.world(), n, &plan, nbuf, case.dtype());
         let (mut free, _) = self
             .dev
             .memory()
@@ -169,9 +181,9 @@ impl CudaBackend {
                 available: free,
             });
         }
-        let bufs = WorldBuffers::alloc(&self.dev, case.world(), n, &plan, nbuf)
+        let bufs = WorldBuffers::<T>::alloc(&self.dev, case.world(), n, &plan, nbuf)
             .map_err(|e| gpu_failed(case.id(), "allocating rank arenas", e))?;
-        self.worlds.insert(key, bufs);
+        self.worlds.insert(key, T::wrap(bufs));
         Ok(())
     }
 
@@ -222,79 +234,119 @@ impl CudaBackend {
         let scale = case.mean().then(|| mean_scale(case.world()));
         let racing = self.copy.len() >= 2;
         for (a, &n) in case.arenas().iter().enumerate() {
-            let plan =
-                shard_plan(n, case.world()).ok_or_else(|| unsupported(case.id(), "world = 0"))?;
-            let nonempty = plan.iter().filter(|s| s.len > 0).count();
-            let nbuf = if racing {
-                nonempty.min(2)
-            } else {
-                nonempty.min(1)
-            };
-            self.ensure_world(case, n, nbuf)?;
-            self.ensure_readers(case.world())
-                .map_err(|e| gpu_failed(case.id(), "read-back buffers", e))?;
-            let bufs = &self.worlds[&(case.world(), n)];
-            let generate = match case.addends() {
-                Addends::Generated { seed, distribution } => Some((*distribution, *seed)),
-                Addends::Files(f) => {
-                    let u = Instant::now();
-                    let staging = staging_for(&mut self.staging, &self.dev, n.min(STAGE))
-                        .map_err(|e| gpu_failed(case.id(), "pinned staging buffers", e))?;
-                    upload_rank_files(f, a, bufs, staging, &self.main).map_err(|e| match e {
-                        Upload::Read(e) => crate::backend::addends_error(case)(e),
-                        Upload::Gpu(e) => gpu_failed(case.id(), "uploading the rank files", e),
-                    })?;
-                    // The last copy up belongs to this phase's time.
-                    self.main.synchronize().map_err(|e| {
-                        gpu_failed(
-                            case.id(),
-                            "uploading the rank files",
-                            GpuError::driver("cuStreamSynchronize", e),
-                        )
-                    })?;
-                    t.generate_ms += u.elapsed().as_secs_f64() * 1e3;
-                    None
-                }
-            };
-            let spec = RoundSpec {
-                plan: &plan,
-                order: &order,
+            let arena = ArenaStep {
+                a,
+                n,
                 mode,
                 prog: prog.as_ref().map_or(0, |p| p.ptr()),
                 prog_len,
+                order: &order,
                 scale,
-                variant: self.cfg.variant,
-                tuning: self.cfg.tuning,
-                generate,
-                arena: a as u32,
+                racing,
             };
-            let (gen_ms, reduce_ms) =
-                world::run_round(&self.dev, &self.main, &self.copy, bufs, &spec)
-                    .map_err(|e| gpu_failed(case.id(), "round", e))?;
-            t.generate_ms += gen_ms;
-            t.reduce_ms += reduce_ms;
-            let d = Instant::now();
-            let got = world::digest_ranks(
-                &self.dev,
-                &mut self.readers,
-                bufs,
-                opts.nan_policy,
-                opts.keep_values,
-                self.cfg.rank_check,
-            )
-            .map_err(|e| gpu_failed(case.id(), "digest", e))?;
-            t.digest_ms += d.elapsed().as_secs_f64() * 1e3;
-            self.profiles.push(got.profile);
-            out.push(ReducedArena {
-                len: n,
-                rank_digests: got.digests,
-                chunks: got.chunks,
-                values: got.values,
-                differing: got.differing,
-            });
+            let reduced = if case.dtype().is_f32() {
+                self.arena_round::<f32>(case, opts, &arena, &mut t)?
+            } else {
+                self.arena_round::<u16>(case, opts, &arena, &mut t)?
+            };
+            out.push(reduced);
         }
         t.total_ms = start.elapsed().as_secs_f64() * 1e3;
         Ok((out, t))
+    }
+
+    /// One arena of a round in `T` (the case's dtype's width): rank files
+    /// uploaded or addends generated, exchange, fold, redistribution, digests.
+    fn arena_round<T: WorldElem>(
+        &mut self,
+        case: &Case,
+        opts: &RunOptions,
+        step: &ArenaStep<'_>,
+        t: &mut RoundTimings,
+    ) -> Result<ReducedArena, BackendError> {
+        let (a, n) = (step.a, step.n);
+        let dtype = case.dtype();
+        let plan =
+            shard_plan(n, case.world()).ok_or_else(|| unsupported(case.id(), "world = 0"))?;
+        let nonempty = plan.iter().filter(|s| s.len > 0).count();
+        let nbuf = if step.racing {
+            nonempty.min(2)
+        } else {
+            nonempty.min(1)
+        };
+        self.ensure_world::<T>(case, n, nbuf)?;
+        self.ensure_readers(case.world())
+            .map_err(|e| gpu_failed(case.id(), "read-back buffers", e))?;
+        let bufs = self
+            .worlds
+            .get(&(case.world(), n))
+            .and_then(T::unwrap)
+            .ok_or_else(|| {
+                gpu_failed(
+                    case.id(),
+                    "rank arenas",
+                    GpuError::bounds("no buffers of the case's dtype"),
+                )
+            })?;
+        let generate = match case.addends() {
+            Addends::Generated { seed, distribution } => Some((*distribution, *seed)),
+            Addends::Files(f) => {
+                let u = Instant::now();
+                let staging = staging_for(&mut self.staging, &self.dev, n.min(STAGE))
+                    .map_err(|e| gpu_failed(case.id(), "pinned staging buffers", e))?;
+                upload_rank_files(f, a, bufs, dtype, staging, &self.main).map_err(|e| match e {
+                    Upload::Read(e) => crate::backend::addends_error(case)(e),
+                    Upload::Gpu(e) => gpu_failed(case.id(), "uploading the rank files", e),
+                })?;
+                // The last copy up belongs to this phase's time.
+                self.main.synchronize().map_err(|e| {
+                    gpu_failed(
+                        case.id(),
+                        "uploading the rank files",
+                        GpuError::driver("cuStreamSynchronize", e),
+                    )
+                })?;
+                t.generate_ms += u.elapsed().as_secs_f64() * 1e3;
+                None
+            }
+        };
+        let spec = RoundSpec {
+            plan: &plan,
+            order: step.order,
+            mode: step.mode,
+            prog: step.prog,
+            prog_len: step.prog_len,
+            scale: step.scale,
+            variant: self.cfg.variant,
+            tuning: self.cfg.tuning,
+            generate,
+            arena: a as u32,
+            dtype,
+        };
+        let (gen_ms, reduce_ms) = world::run_round(&self.dev, &self.main, &self.copy, bufs, &spec)
+            .map_err(|e| gpu_failed(case.id(), "round", e))?;
+        t.generate_ms += gen_ms;
+        t.reduce_ms += reduce_ms;
+        let d = Instant::now();
+        let got = world::digest_ranks(
+            &self.dev,
+            &mut self.readers,
+            bufs,
+            dtype,
+            opts.nan_policy,
+            opts.keep_values,
+            self.cfg.rank_check,
+        )
+        .map_err(|e| gpu_failed(case.id(), "digest", e))?;
+        t.digest_ms += d.elapsed().as_secs_f64() * 1e3;
+        self.profiles.push(got.profile);
+        Ok(ReducedArena {
+            len: n,
+            rank_digests: got.digests,
+            chunks: got.chunks,
+            values: got.values,
+            differing: got.differing,
+        })
     }
 
     /// Bits of elements `first .. first + n` of one generated lane, made on
@@ -308,29 +360,75 @@ impl CudaBackend {
         first: u64,
         n: usize,
     ) -> Result<Vec<u32>, BackendError> {
+        self.generate_lane_as(Dtype::F32, dist, seed, rank, arena, first, n)
+    }
+
+    /// [`CudaBackend::generate_lane`] in `dtype`: the dtype's bits of each
+    /// element (low 16 bits for bf16 and f16).
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate_lane_as(
+        &mut self,
+        dtype: Dtype,
+        dist: crate::data::Distribution,
+        seed: u64,
+        rank: u32,
+        arena: u32,
+        first: u64,
+        n: usize,
+    ) -> Result<Vec<u32>, BackendError> {
         let id = "generate-lane";
         let failed = |e| gpu_failed(id, "generating a lane", e);
-        let buf = DeviceBuffer::<f32>::alloc(&self.dev.ctx, n).map_err(failed)?;
-        // SAFETY: `buf` holds `n` f32s.
+        let run = |ptr| {
+            // SAFETY: `ptr` is a buffer of `n` elements of `dtype` below.
+            unsafe {
+                self.dev.generate(
+                    ptr, n as u64, first, dist, seed, rank, arena, dtype, &self.main,
+                )
+            }?;
+            self.main
+                .synchronize()
+                .map_err(|e| GpuError::driver("cuStreamSynchronize", e))
+        };
+        if dtype.is_f32() {
+            let buf = DeviceBuffer::<f32>::alloc(&self.dev.ctx, n).map_err(failed)?;
+            run(buf.ptr()).map_err(failed)?;
+            let v = buf.to_host().map_err(failed)?;
+            Ok(v.into_iter().map(f32::to_bits).collect())
+        } else {
+            let buf = DeviceBuffer::<u16>::alloc(&self.dev.ctx, n).map_err(failed)?;
+            run(buf.ptr()).map_err(failed)?;
+            let v = buf.to_host().map_err(failed)?;
+            Ok(v.into_iter().map(u32::from).collect())
+        }
+    }
+
+    /// The device's conversions of `dtype` over bit patterns: the dtype
+    /// bits of float32 patterns `first .. first + narrow`, and the float32
+    /// bits of the first `widen` 16-bit patterns from `first mod 2^16`.
+    pub fn convert_bits(
+        &mut self,
+        dtype: Dtype,
+        first: u32,
+        narrow: usize,
+        widen: usize,
+    ) -> Result<(Vec<u16>, Vec<u32>), BackendError> {
+        let id = "convert-bits";
+        let failed = |e| gpu_failed(id, "converting bit patterns", e);
+        let out = DeviceBuffer::<u16>::alloc(&self.dev.ctx, narrow).map_err(failed)?;
+        let wide = DeviceBuffer::<u32>::alloc(&self.dev.ctx, widen).map_err(failed)?;
+        // SAFETY: both buffers live until after the synchronize below.
         unsafe {
             self.dev
-                .generate(
-                    buf.ptr(),
-                    n as u64,
-                    first,
-                    dist,
-                    seed,
-                    rank,
-                    arena,
-                    &self.main,
-                )
+                .convert_bits(dtype, first, out.view(), wide.view(), &self.main)
                 .map_err(failed)?;
         }
         self.main
             .synchronize()
             .map_err(|e| failed(GpuError::driver("cuStreamSynchronize", e)))?;
-        let v = buf.to_host().map_err(failed)?;
-        Ok(v.into_iter().map(f32::to_bits).collect())
+        Ok((
+            out.to_host().map_err(failed)?,
+            wide.to_host().map_err(failed)?,
+        ))
     }
 
     /// The fold kernel alone over host-given addends (slot r = `addends[r]`):
@@ -372,6 +470,7 @@ impl CudaBackend {
             prog: prog_buf.as_ref().map_or(0, |p| p.ptr()),
             prog_len: prog.len() as u32,
             scale: mean.then(|| mean_scale(w)),
+            dtype: Dtype::F32,
         };
         // SAFETY: buffers sized above, same (zero) phase.
         unsafe {
@@ -406,6 +505,9 @@ impl CudaBackend {
                 "peer files are written from generated addends",
             ));
         };
+        if !case.dtype().is_f32() {
+            return Err(unsupported(id, "peer files are float32"));
+        }
         std::fs::create_dir_all(dir)
             .map_err(io(dir))
             .map_err(failed)?;
@@ -441,6 +543,7 @@ impl CudaBackend {
                                 seed,
                                 r as u32,
                                 0,
+                                Dtype::F32,
                                 main,
                             )?;
                         }
@@ -565,7 +668,7 @@ impl Backend for CudaBackend {
                 shard_plan(n, case.world()).ok_or_else(|| unsupported(case.id(), "world = 0"))?;
             let nonempty = plan.iter().filter(|s| s.len > 0).count();
             let nbuf = nonempty.min(if racing { 2 } else { 1 });
-            let needed = WorldBuffers::bytes_needed(case.world(), n, &plan, nbuf) + margin;
+            let needed = world::bytes_needed(case.world(), n, &plan, nbuf, case.dtype()) + margin;
             if needed > total {
                 return Err(BackendError::OutOfMemory {
                     case: case.id().to_string(),
@@ -594,7 +697,20 @@ impl Backend for CudaBackend {
     }
 }
 
-/// The pinned staging buffers, reallocated when `n` outgrows them.
+/// One arena of a round: what [`CudaBackend::arena_round`] needs beside
+/// the case.
+struct ArenaStep<'a> {
+    a: usize,
+    n: usize,
+    mode: FoldMode,
+    prog: u64,
+    prog_len: u32,
+    order: &'a [usize],
+    scale: Option<f32>,
+    racing: bool,
+}
+
+/// The pinned staging buffers, reallocated when `n`'s float32s outgrow them.
 fn staging_for<'a>(
     slot: &'a mut Option<[PinnedBuffer; 2]>,
     dev: &Device,
@@ -628,10 +744,11 @@ const STAGE: usize = 1 << 23;
 /// Every rank's arena `a` from its file into its device arena, on `stream`,
 /// a stage at a time: one pinned buffer is read into while the other's copy
 /// to the device runs.
-fn upload_rank_files(
+fn upload_rank_files<T: WorldElem>(
     files: &crate::addends::AddendFiles,
     a: usize,
-    bufs: &world::WorldBuffers,
+    bufs: &world::WorldBuffers<T>,
+    dtype: Dtype,
     staging: &mut [PinnedBuffer; 2],
     stream: &cudarc::driver::CudaStream,
 ) -> Result<(), Upload> {
@@ -643,8 +760,17 @@ fn upload_rank_files(
             let len = STAGE.min(n - first);
             let stage = &mut staging[k % 2];
             // Waits for this buffer's previous copy (two stages ago).
-            let host = stage.values_mut(len).map_err(Upload::Gpu)?;
+            let host = stage.values_mut::<f32>(len).map_err(Upload::Gpu)?;
             files.read_range(r, a, first, host).map_err(Upload::Read)?;
+            if !dtype.is_f32() {
+                // The file's values are the dtype's (the case checked):
+                // their bits go up, 2 bytes each, narrowed exactly.
+                let bits: Vec<u16> = host.iter().map(|&v| dtype.narrow(v) as u16).collect();
+                stage
+                    .values_mut::<u16>(len)
+                    .map_err(Upload::Gpu)?
+                    .copy_from_slice(&bits);
+            }
             let dst = bufs.ranks[r].slice(first, len).map_err(Upload::Gpu)?;
             // SAFETY: part of rank r's arena of this context, which the
             // round reads only later on this same stream.

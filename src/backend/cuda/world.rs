@@ -9,11 +9,12 @@
 
 use crate::data::Distribution;
 use crate::digest::{ChunkedDigest, NanPolicy};
+use crate::dtype::Dtype;
 use crate::fold::Shard;
-use crate::gpu::device::{row_stride, Device, FoldArgs, LaunchTuning};
+use crate::gpu::device::{row_stride_of, Device, FoldArgs, LaunchTuning};
 use crate::gpu::error::GpuError;
 use crate::gpu::kernels::{FoldMode, KernelVariant};
-use crate::gpu::mem::{copy_d2d, DeviceBuffer, F32};
+use crate::gpu::mem::{copy_d2d, ArenaElem, DeviceBuffer};
 use crate::gpu::readback::{ReadTimes, Reader};
 use crate::gpu::RankCheck;
 use cudarc::driver::{sys::CUevent_flags, CudaEvent, CudaStream};
@@ -21,28 +22,39 @@ use serde::Serialize;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Rank arenas and reusable scratch for one (W, n).
-pub struct WorldBuffers {
+/// Rank arenas and reusable scratch for one (W, n), holding `T`: float32,
+/// or a 16-bit dtype's bits (`u16`, 2 bytes an element everywhere).
+pub struct WorldBuffers<T: ArenaElem = f32> {
     pub world: usize,
     pub len: usize,
-    pub ranks: Vec<DeviceBuffer>,
+    pub ranks: Vec<DeviceBuffer<T>>,
     /// `nbuf` scratches of `world * ld` elements each.
-    pub scratch: Vec<DeviceBuffer>,
+    pub scratch: Vec<DeviceBuffer<T>>,
     /// Row stride of a scratch (elements; a multiple of 4, room for a phase).
     pub ld: usize,
 }
 
-impl WorldBuffers {
-    /// Bytes `alloc` would take.
-    pub fn bytes_needed(world: usize, len: usize, plan: &[Shard], nbuf: usize) -> u64 {
-        let max_shard = plan.iter().map(|s| s.len).max().unwrap_or(0);
-        let ld = row_stride(max_shard) as u64;
-        let scratch = if max_shard == 0 {
-            0
+/// Bytes [`WorldBuffers::alloc`] would take for an arena of `dtype`.
+pub fn bytes_needed(world: usize, len: usize, plan: &[Shard], nbuf: usize, dtype: Dtype) -> u64 {
+    let max_shard = plan.iter().map(|s| s.len).max().unwrap_or(0);
+    let ld = row_stride_of(max_shard, dtype) as u64;
+    let scratch = if max_shard == 0 {
+        0
+    } else {
+        nbuf as u64 * world as u64 * ld
+    };
+    (world as u64 * len as u64 + scratch) * dtype.bytes() as u64
+}
+
+impl<T: ArenaElem> WorldBuffers<T> {
+    /// The scratch row stride for shards of up to `max_shard` elements.
+    fn stride(max_shard: usize) -> usize {
+        let like = if T::BYTES == 4 {
+            Dtype::F32
         } else {
-            nbuf as u64 * world as u64 * ld
+            Dtype::Bf16
         };
-        (world as u64 * len as u64 + scratch) * F32
+        row_stride_of(max_shard, like)
     }
 
     pub fn alloc(
@@ -53,7 +65,7 @@ impl WorldBuffers {
         nbuf: usize,
     ) -> Result<Self, GpuError> {
         let max_shard = plan.iter().map(|s| s.len).max().unwrap_or(0);
-        let ld = row_stride(max_shard);
+        let ld = Self::stride(max_shard);
         let ranks = (0..world)
             .map(|_| DeviceBuffer::alloc(&dev.ctx, len))
             .collect::<Result<Vec<_>, _>>()?;
@@ -90,6 +102,8 @@ pub struct RoundSpec<'a> {
     /// has already uploaded each rank's addends (rank files).
     pub generate: Option<(Distribution, u64)>,
     pub arena: u32,
+    /// The case's dtype (held in the buffers' `T`).
+    pub dtype: Dtype,
 }
 
 fn ev(stream: &CudaStream, timed: bool) -> Result<CudaEvent, GpuError> {
@@ -112,20 +126,27 @@ fn wait(stream: &CudaStream, e: &CudaEvent) -> Result<(), GpuError> {
 /// Generate (unless uploaded), exchange, fold and redistribute one arena. Returns the
 /// device-measured (generate, reduce) milliseconds; on return every rank
 /// holds the reduced arena and the device is idle for these buffers.
-pub fn run_round(
+pub fn run_round<T: ArenaElem>(
     dev: &Device,
     main: &Arc<CudaStream>,
     copy: &[Arc<CudaStream>],
-    bufs: &WorldBuffers,
+    bufs: &WorldBuffers<T>,
     spec: &RoundSpec<'_>,
 ) -> Result<(f64, f64), GpuError> {
+    if !T::holds(spec.dtype) {
+        return Err(GpuError::bounds(format!(
+            "a {} round on {}-byte arenas",
+            spec.dtype,
+            T::BYTES
+        )));
+    }
     dev.bind()?;
     let world = bufs.world;
     let n = bufs.len;
     let t0 = ev(main, true)?;
     if let Some((distribution, seed)) = spec.generate {
         for (r, arena) in bufs.ranks.iter().enumerate() {
-            // SAFETY: each rank arena holds `n` f32s.
+            // SAFETY: each rank arena holds `n` elements of the dtype.
             unsafe {
                 dev.generate(
                     arena.ptr(),
@@ -135,6 +156,7 @@ pub fn run_round(
                     seed,
                     r as u32,
                     spec.arena,
+                    spec.dtype,
                     main,
                 )?;
             }
@@ -161,11 +183,11 @@ pub fn run_round(
     Ok((gen_ms, reduce_ms))
 }
 
-fn exchange_fold_redistribute(
+fn exchange_fold_redistribute<T: ArenaElem>(
     dev: &Device,
     main: &Arc<CudaStream>,
     copy: &[Arc<CudaStream>],
-    bufs: &WorldBuffers,
+    bufs: &WorldBuffers<T>,
     spec: &RoundSpec<'_>,
     world: usize,
     generated: &CudaEvent,
@@ -192,7 +214,7 @@ fn exchange_fold_redistribute(
         let out = bufs.ranks[o].slice(shard.start, shard.len)?;
         // Rows start at the same 16-byte phase as the owner's shard, so the
         // fast kernel can use float4 on both sides.
-        let phase = ((out.ptr() & 15) / F32) as usize;
+        let phase = ((out.ptr() & 15) / T::BYTES) as usize;
         // The W slots, row `src` at `src * ld`: the fold reads all of it.
         let slots = scratch.slice(phase, (world - 1) * bufs.ld + shard.len)?;
         let row = |src: usize| slots.slice(src * bufs.ld, shard.len);
@@ -227,6 +249,7 @@ fn exchange_fold_redistribute(
             prog: spec.prog,
             prog_len: spec.prog_len,
             scale: spec.scale,
+            dtype: spec.dtype,
         };
         // SAFETY: `out` (the owner's shard) and `slots` (W rows of ld, the
         // last `len` long) are checked views of this context's buffers.
@@ -295,10 +318,10 @@ pub struct RankDigests {
 
 /// For each rank r >= 1, the chunks (of `chunk` elements) of its arena
 /// whose bits differ from rank 0's, compared on the device.
-pub fn differing_chunks(
+pub fn differing_chunks<T: ArenaElem>(
     dev: &Device,
     stream: &CudaStream,
-    bufs: &WorldBuffers,
+    bufs: &WorldBuffers<T>,
     chunk: usize,
 ) -> Result<Vec<Vec<usize>>, GpuError> {
     let (n, world) = (bufs.len, bufs.world);
@@ -341,7 +364,11 @@ struct DeviceChunks {
 }
 
 impl DeviceChunks {
-    fn start(dev: &Device, arena: &DeviceBuffer, policy: NanPolicy) -> Result<Self, GpuError> {
+    fn start<T: ArenaElem>(
+        dev: &Device,
+        arena: &DeviceBuffer<T>,
+        policy: NanPolicy,
+    ) -> Result<Self, GpuError> {
         let n = arena.len();
         let chunks = n.div_ceil(crate::digest::CHUNK_ELEMS);
         let stream = dev.new_stream()?;
@@ -386,10 +413,12 @@ type RankDigest = (usize, ChunkedDigest, Option<Vec<f32>>, ReadTimes);
 /// Digest the ranks' arenas with up to `readers.len()` host threads:
 /// every rank under [`RankCheck::Host`]; under [`RankCheck::Device`] rank
 /// 0 and the ranks whose copy differs, the others taking rank 0's digest.
-pub fn digest_ranks(
+#[allow(clippy::too_many_arguments)]
+pub fn digest_ranks<T: ArenaElem>(
     dev: &Device,
     readers: &mut [Reader],
-    bufs: &WorldBuffers,
+    bufs: &WorldBuffers<T>,
+    dtype: Dtype,
     policy: NanPolicy,
     keep: bool,
     check: RankCheck,
@@ -419,10 +448,13 @@ pub fn digest_ranks(
             .collect(),
     };
     // Under the device check rank 0's chunk digests come from the GPU, in
-    // parallel with the host's sequential SHA-256 of the whole arena.
+    // parallel with the host's sequential SHA-256 of the whole arena (a
+    // 16-bit arena's are the host's).
     let n = bufs.len;
     let device_chunks = match check {
-        RankCheck::Device if n > 0 => Some(DeviceChunks::start(dev, &bufs.ranks[0], policy)?),
+        RankCheck::Device if n > 0 && T::BYTES == 4 => {
+            Some(DeviceChunks::start(dev, &bufs.ranks[0], policy)?)
+        }
         _ => None,
     };
     let chunked_on_host = device_chunks.is_none();
@@ -444,6 +476,7 @@ pub fn digest_ranks(
                         let (d, v) = reader.digest(
                             dev,
                             &ranks[r],
+                            dtype,
                             policy,
                             keep && r == 0,
                             r == 0 && chunked_on_host,
@@ -498,7 +531,7 @@ pub fn digest_ranks(
         // Rare path: name the chunks of a differing copy by hashing it again
         // per chunk (differences in hashed bytes, after the NaN policy).
         for r in (1..world).filter(|&r| digests[r] != digests[0]) {
-            let (d, _) = readers[0].digest(dev, &bufs.ranks[r], policy, false, true)?;
+            let (d, _) = readers[0].digest(dev, &bufs.ranks[r], dtype, policy, false, true)?;
             let c: Vec<usize> = (0..d.chunks.len().max(chunks.len()))
                 .filter(|&k| d.chunks.get(k) != chunks.get(k))
                 .collect();
@@ -512,4 +545,40 @@ pub fn digest_ranks(
         differing,
         profile,
     })
+}
+
+/// One (W, n)'s buffers in either element width.
+pub enum AnyWorld {
+    F32(WorldBuffers<f32>),
+    Half(WorldBuffers<u16>),
+}
+
+/// The element types a world is kept in, and how each sits in [`AnyWorld`].
+pub trait WorldElem: ArenaElem {
+    fn wrap(w: WorldBuffers<Self>) -> AnyWorld;
+    fn unwrap(w: &AnyWorld) -> Option<&WorldBuffers<Self>>;
+}
+
+impl WorldElem for f32 {
+    fn wrap(w: WorldBuffers<f32>) -> AnyWorld {
+        AnyWorld::F32(w)
+    }
+    fn unwrap(w: &AnyWorld) -> Option<&WorldBuffers<f32>> {
+        match w {
+            AnyWorld::F32(b) => Some(b),
+            AnyWorld::Half(_) => None,
+        }
+    }
+}
+
+impl WorldElem for u16 {
+    fn wrap(w: WorldBuffers<u16>) -> AnyWorld {
+        AnyWorld::Half(w)
+    }
+    fn unwrap(w: &AnyWorld) -> Option<&WorldBuffers<u16>> {
+        match w {
+            AnyWorld::Half(b) => Some(b),
+            AnyWorld::F32(_) => None,
+        }
+    }
 }

@@ -10,9 +10,10 @@
 //! enqueue calls come from the one thread that owns it.
 
 use super::loader::{
-    Nccl, NcclError, RawComm, Stream, UniqueId, NCCL_FLOAT32, NCCL_IN_PROGRESS, NCCL_SUM,
-    NCCL_UINT32,
+    Nccl, NcclError, RawComm, Stream, UniqueId, NCCL_BFLOAT16, NCCL_FLOAT16, NCCL_FLOAT32,
+    NCCL_INVALID_ARGUMENT, NCCL_IN_PROGRESS, NCCL_SUM, NCCL_UINT32,
 };
+use crate::dtype::Dtype;
 use crate::gpu::mem::{DeviceElem, DeviceView};
 use cudarc::driver::{CudaContext, CudaStream};
 use std::cell::Cell;
@@ -91,6 +92,21 @@ impl NcclElem for f32 {
 
 impl NcclElem for u32 {
     const DATATYPE: i32 = NCCL_UINT32;
+}
+
+/// A 16-bit dtype's bits: moved (never reduced) as NCCL's 2-byte float.
+impl NcclElem for u16 {
+    const DATATYPE: i32 = NCCL_FLOAT16;
+}
+
+/// NCCL's datatype of `dtype`, what torch.distributed passes for a tensor
+/// of it.
+pub const fn wire_type(dtype: Dtype) -> i32 {
+    match dtype {
+        Dtype::F32 => NCCL_FLOAT32,
+        Dtype::Bf16 => NCCL_BFLOAT16,
+        Dtype::F16 => NCCL_FLOAT16,
+    }
 }
 
 /// Elements of a view as NCCL's count and address.
@@ -211,24 +227,34 @@ impl Comm {
         self.nccl().check(r, format!("ncclRecv from rank {peer}"))
     }
 
-    /// Enqueue NCCL's own float sum over `buf`, in place (the negative
-    /// control: its order is NCCL's business).
+    /// Enqueue NCCL's own sum over `buf` in the wire dtype, in place (the
+    /// negative control: its order and its roundings are NCCL's business).
     ///
     /// # Safety
     /// As for [`Comm::recv`].
-    pub unsafe fn all_reduce_sum(
+    pub unsafe fn all_reduce_sum<T: NcclElem>(
         &self,
-        buf: DeviceView<'_, f32>,
+        buf: DeviceView<'_, T>,
+        wire: Dtype,
         stream: &CudaStream,
     ) -> Result<(), NcclError> {
+        if wire.bytes() != size_of::<T>() {
+            return Err(NcclError {
+                op: "ncclAllReduce".to_string().into(),
+                code: NCCL_INVALID_ARGUMENT,
+                text: format!("a {wire} sum over {}-byte elements", size_of::<T>()),
+                detail: None,
+            });
+        }
         let (p, n) = raw(buf);
-        // SAFETY: per the contract above; in place over `n` f32s.
+        // SAFETY: per the contract above; in place over `n` elements of
+        // `wire`, NCCL's sum in that type.
         let r = unsafe {
             (self.nccl().all_reduce)(
                 p,
                 p,
                 n,
-                NCCL_FLOAT32,
+                wire_type(wire),
                 NCCL_SUM,
                 self.shared.raw,
                 stream.cu_stream() as Stream,

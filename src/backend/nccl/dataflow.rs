@@ -3,14 +3,14 @@
 //! Point-to-point NCCL calls only, and every wait watches NCCL's
 //! asynchronous error state.
 
-use super::{NcclBackend, RankBufs, RankCtx, NAME};
+use super::{NcclBackend, RankBufs, RankCtx, RankElem, NAME};
 use crate::backend::{infrastructure, BackendError, RunOptions};
 use crate::experiment::{Addends, Case};
 use crate::fold::{mean_scale, shard_plan, Contract, Shard};
-use crate::gpu::device::row_stride;
+use crate::gpu::device::row_stride_of;
 use crate::gpu::error::GpuError;
 use crate::gpu::kernels::FoldMode;
-use crate::gpu::mem::{DeviceBuffer, F32};
+use crate::gpu::mem::DeviceBuffer;
 use crate::gpu::{DeviceConfig, KernelVariant};
 use crate::ranks::watchdog::Watchdog;
 use std::sync::Arc;
@@ -196,14 +196,36 @@ pub(super) fn rank_arena(
     dog: &Watchdog,
     timeout: Duration,
 ) -> Result<RankOut, Fault> {
+    if job.case.dtype().is_f32() {
+        rank_arena_in::<f32>(ctx, job, prog, prog_len, dog, timeout)
+    } else {
+        rank_arena_in::<u16>(ctx, job, prog, prog_len, dog, timeout)
+    }
+}
+
+/// [`rank_arena`] with the arena held as `T` (the case's dtype's width):
+/// every byte the exchange and redistribution move is the dtype's.
+fn rank_arena_in<T: RankElem>(
+    ctx: &mut RankCtx,
+    job: &ArenaJob<'_>,
+    prog: u64,
+    prog_len: u32,
+    dog: &Watchdog,
+    timeout: Duration,
+) -> Result<RankOut, Fault> {
     ctx.dev.bind().map_err(gpu("binding the context"))?;
     let (n, world, me) = (job.n, job.world, ctx.rank);
+    let dtype = job.case.dtype();
     let plan = shard_plan(n, world).ok_or_else(|| infra("plan", "world = 0"))?;
     let my = plan[me];
     let max_shard = plan.iter().map(|s| s.len).max().unwrap_or(0);
+    // Buffers of the other width for this length are given back first.
+    if ctx.bufs.get(&n).is_some_and(|b| T::unwrap(b).is_none()) {
+        ctx.bufs.remove(&n);
+    }
     if let std::collections::hash_map::Entry::Vacant(slot) = ctx.bufs.entry(n) {
-        let ld = row_stride(max_shard);
-        let need = (n as u64 + (world * ld + 4) as u64) * F32;
+        let ld = row_stride_of(max_shard, dtype);
+        let need = (n as u64 + (world * ld + 8) as u64) * T::BYTES;
         let (free, _) = ctx.dev.memory().map_err(gpu("memory query"))?;
         if need > free {
             return Err(Fault::Memory(format!(
@@ -211,18 +233,20 @@ pub(super) fn rank_arena(
             )));
         }
         let alloc = gpu("allocating the arena");
-        let arena = DeviceBuffer::alloc(&ctx.dev.ctx, n.max(1)).map_err(&alloc)?;
-        let scratch = DeviceBuffer::alloc(&ctx.dev.ctx, (world * ld + 4).max(1)).map_err(&alloc)?;
-        slot.insert(Arc::new(RankBufs { arena, scratch, ld }));
+        let arena = DeviceBuffer::<T>::alloc(&ctx.dev.ctx, n.max(1)).map_err(&alloc)?;
+        let scratch =
+            DeviceBuffer::<T>::alloc(&ctx.dev.ctx, (world * ld + 8).max(1)).map_err(&alloc)?;
+        slot.insert(T::wrap(Arc::new(RankBufs { arena, scratch, ld })));
     }
-    let bufs = ctx.bufs[&n].clone();
+    let bufs: Arc<RankBufs<T>> =
+        T::unwrap(&ctx.bufs[&n]).ok_or_else(|| infra("arena", "buffers of another dtype"))?;
     let (arena, ld) = (bufs.arena.slice(0, n).map_err(gpu("arena"))?, bufs.ld);
     let stream = ctx.stream.clone();
     let t0 = Instant::now();
     if !job.timing_only {
         match job.case.addends() {
             Addends::Generated { seed, distribution } => {
-                // SAFETY: `arena` is a view of n f32s of this context.
+                // SAFETY: `arena` is a view of n elements of the dtype.
                 unsafe {
                     ctx.dev
                         .generate(
@@ -233,6 +257,7 @@ pub(super) fn rank_arena(
                             *seed,
                             me as u32,
                             job.arena,
+                            dtype,
                             &stream,
                         )
                         .map_err(gpu("generate"))?
@@ -244,7 +269,7 @@ pub(super) fn rank_arena(
                 f.read(me, job.arena as usize, &mut host)
                     .map_err(Fault::Addends)?;
                 bufs.arena
-                    .upload(&host)
+                    .upload(&T::from_carriers(&host, dtype))
                     .map_err(gpu("uploading the rank file"))?;
             }
         }
@@ -265,14 +290,15 @@ pub(super) fn rank_arena(
         let at = |s: &Shard| arena.slice(s.start, s.len);
         let mut phases = Vec::new();
         if job.case.contract() == Contract::NcclAllreduce {
-            // The negative control: NCCL's own sum, in place.
+            // The negative control: NCCL's own sum, in place, in the wire
+            // dtype (a bf16 case: ncclBfloat16, as torch.distributed runs it).
             // SAFETY: the arena of this rank's context; the stream is waited
             // for before the arena is read or reused.
-            unsafe { comm.all_reduce_sum(arena, &stream) }.map_err(gpu("nccl-allreduce"))?;
+            unsafe { comm.all_reduce_sum(arena, dtype, &stream) }.map_err(gpu("nccl-allreduce"))?;
             phases.push((mark(&stream, "nccl-allreduce")?, "nccl-allreduce"));
         } else if n > 0 {
             let out = arena.slice(my.start, my.len).map_err(gpu("exchange"))?;
-            let phase = ((out.ptr() & 15) / F32) as usize;
+            let phase = ((out.ptr() & 15) / T::BYTES) as usize;
             // The W slots of my shard, row `src` at `src * ld`.
             let slots = bufs
                 .scratch
@@ -310,6 +336,7 @@ pub(super) fn rank_arena(
                 prog,
                 prog_len,
                 scale: job.case.mean().then(|| mean_scale(world)),
+                dtype,
             };
             // SAFETY: `out` is my shard, `slots` its W rows at the same phase.
             unsafe {
@@ -358,7 +385,14 @@ pub(super) fn rank_arena(
         (d, keep.then(Vec::new))
     } else {
         ctx.reader
-            .digest(&ctx.dev, &bufs.arena, job.opts.nan_policy, keep, me == 0)
+            .digest(
+                &ctx.dev,
+                &bufs.arena,
+                dtype,
+                job.opts.nan_policy,
+                keep,
+                me == 0,
+            )
             .map_err(gpu("digest"))?
     };
     Ok(RankOut {

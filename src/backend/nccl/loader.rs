@@ -15,7 +15,12 @@ pub type Stream = *mut c_void;
 pub type NcclResult = c_int;
 
 pub const NCCL_UINT32: c_int = 3;
+pub const NCCL_FLOAT16: c_int = 6;
 pub const NCCL_FLOAT32: c_int = 7;
+/// Since NCCL 2.10.
+pub const NCCL_BFLOAT16: c_int = 9;
+/// `ncclInvalidArgument`.
+pub const NCCL_INVALID_ARGUMENT: c_int = 4;
 pub const NCCL_SUM: c_int = 0;
 pub const NCCL_IN_PROGRESS: c_int = 7;
 

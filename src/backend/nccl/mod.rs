@@ -28,7 +28,7 @@ use super::{unsupported, Backend, BackendError, CaseRun, ReducedArena, RoundTimi
 use crate::experiment::Case;
 use crate::fold::Contract;
 use crate::gpu::kernels::FoldMode;
-use crate::gpu::mem::DeviceBuffer;
+use crate::gpu::mem::{ArenaElem, DeviceBuffer};
 use crate::gpu::readback::Reader;
 use crate::gpu::{mapped, Device, DeviceConfig};
 use crate::ranks::placement;
@@ -52,10 +52,46 @@ pub struct NcclConfig {
     pub timeout: Duration,
 }
 
-struct RankBufs {
-    arena: DeviceBuffer<f32>,
-    scratch: DeviceBuffer<f32>,
+struct RankBufs<T: ArenaElem = f32> {
+    arena: DeviceBuffer<T>,
+    scratch: DeviceBuffer<T>,
     ld: usize,
+}
+
+/// One length's buffers in the case's element width.
+enum AnyRankBufs {
+    F32(Arc<RankBufs<f32>>),
+    Half(Arc<RankBufs<u16>>),
+}
+
+/// The element types a rank's arena is kept in.
+trait RankElem: ArenaElem + comm::NcclElem {
+    fn wrap(b: Arc<RankBufs<Self>>) -> AnyRankBufs;
+    fn unwrap(b: &AnyRankBufs) -> Option<Arc<RankBufs<Self>>>;
+}
+
+impl RankElem for f32 {
+    fn wrap(b: Arc<RankBufs<f32>>) -> AnyRankBufs {
+        AnyRankBufs::F32(b)
+    }
+    fn unwrap(b: &AnyRankBufs) -> Option<Arc<RankBufs<f32>>> {
+        match b {
+            AnyRankBufs::F32(b) => Some(b.clone()),
+            AnyRankBufs::Half(_) => None,
+        }
+    }
+}
+
+impl RankElem for u16 {
+    fn wrap(b: Arc<RankBufs<u16>>) -> AnyRankBufs {
+        AnyRankBufs::Half(b)
+    }
+    fn unwrap(b: &AnyRankBufs) -> Option<Arc<RankBufs<u16>>> {
+        match b {
+            AnyRankBufs::Half(b) => Some(b.clone()),
+            AnyRankBufs::F32(_) => None,
+        }
+    }
 }
 
 /// One rank's device before it has a communicator.
@@ -74,7 +110,7 @@ struct RankCtx {
     reader: Reader,
     /// Per arena length; shared so a dataflow can hold views while it
     /// lends the rank context to the waits.
-    bufs: HashMap<usize, Arc<RankBufs>>,
+    bufs: HashMap<usize, AnyRankBufs>,
 }
 
 impl RankCtx {

@@ -135,3 +135,155 @@ FP_FOLD_ENTRY(fp_fold_tree_seed, fp_fold_seed, 2)
 FP_FOLD_ENTRY(fp_fold_fixed_fast, fp_fold_fast, 0)
 FP_FOLD_ENTRY(fp_fold_order_fast, fp_fold_fast, 1)
 FP_FOLD_ENTRY(fp_fold_tree_fast, fp_fold_fast, 2)
+
+// The 16-bit folds (bf16, f16; `dtype` is FP_DTYPE_BF16 or FP_DTYPE_F16):
+// rows and out hold the dtype's bits, 2 bytes an element. Each slot is
+// widened exactly to float32 (dtype.cuh), the chain above runs in float32
+// (same adds, same order), the mean scales in float32, and the result is
+// narrowed once to the dtype. `fast` moves 8 elements per 16-byte load;
+// the batch keeps the raw 16-byte words, widened as they are added, so the
+// registers hold 8 x 4 words rather than 8 x 8 floats.
+
+struct fp_f8 {
+    float v[8];
+};
+
+__device__ __forceinline__ fp_f8 fp_add(const fp_f8& a, const fp_f8& b) {
+    fp_f8 r;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) r.v[k] = __fadd_rn(a.v[k], b.v[k]);
+    return r;
+}
+__device__ __forceinline__ fp_f8 fp_scale(fp_f8 a, float s) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) a.v[k] = __fmul_rn(a.v[k], s);
+    return a;
+}
+
+// R: what one load brings (one u16, or a uint4 of 8); V: its float32 value(s).
+template <typename R> __device__ __forceinline__ R fp_raw(const u16* p);
+template <> __device__ __forceinline__ u16 fp_raw<u16>(const u16* p) { return *p; }
+template <> __device__ __forceinline__ uint4 fp_raw<uint4>(const u16* p) {
+    return *reinterpret_cast<const uint4*>(p);
+}
+
+__device__ __forceinline__ float fp_wide(u16 r, u32 dtype) {
+    return __uint_as_float(fp_widen16(r, dtype));
+}
+// Element 0 is the low half of the first word (little-endian).
+__device__ __forceinline__ fp_f8 fp_wide(uint4 q, u32 dtype) {
+    u32 w[4] = {q.x, q.y, q.z, q.w};
+    fp_f8 r;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        r.v[2 * k] = __uint_as_float(fp_widen16(w[k] & 0xFFFFu, dtype));
+        r.v[2 * k + 1] = __uint_as_float(fp_widen16(w[k] >> 16, dtype));
+    }
+    return r;
+}
+
+__device__ __forceinline__ void fp_store16(u16* p, float v, u32 dtype) {
+    *p = (u16)fp_narrow16(__float_as_uint(v), dtype);
+}
+__device__ __forceinline__ void fp_store16(u16* p, const fp_f8& v, u32 dtype) {
+    u32 w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        w[k] = fp_narrow16(__float_as_uint(v.v[2 * k]), dtype) |
+               (fp_narrow16(__float_as_uint(v.v[2 * k + 1]), dtype) << 16);
+    }
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// fp_fold_at over 16-bit rows: the same modes, adds and order.
+template <int MODE, typename V, typename R>
+__device__ __forceinline__ V fp_fold_at16(const u16* __restrict__ s, u64 ld, u64 i, u32 world,
+                                          const u32* __restrict__ prog, u32 prog_len, u32 dtype) {
+    if (MODE != 2) {
+        const u16* base = s + i;
+        V acc = fp_wide(fp_raw<R>(base + (u64)(MODE == 0 ? 0u : prog[0]) * ld), dtype);
+        for (u32 r = 1; r < world; r += FP_BATCH) {
+            R v[FP_BATCH];
+#pragma unroll
+            for (u32 j = 0; j < FP_BATCH; ++j)
+                if (r + j < world) v[j] = fp_raw<R>(base + (u64)(MODE == 0 ? r + j : prog[r + j]) * ld);
+#pragma unroll
+            for (u32 j = 0; j < FP_BATCH; ++j)
+                if (r + j < world) acc = fp_add(acc, fp_wide(v[j], dtype));
+        }
+        return acc;
+    } else {
+        V st[FP_STACK];
+        int top = 0;
+        for (u32 k = 0; k < prog_len; ++k) {
+            u32 op = prog[k];
+            if (op == FP_ADD_OP) {
+                V right = st[--top];
+                V left = st[--top];
+                st[top++] = fp_add(left, right);
+            } else {
+                st[top++] = fp_wide(fp_raw<R>(s + (u64)op * ld + i), dtype);
+            }
+        }
+        return st[0];
+    }
+}
+
+template <int MODE>
+__device__ __forceinline__ void fp_fold_seed16(u16* __restrict__ out, const u16* __restrict__ s,
+                                               u64 ld, u64 len, u32 world,
+                                               const u32* __restrict__ prog, u32 prog_len,
+                                               float scale, u32 use_scale, u32 dtype) {
+    u64 i = (u64)blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    if (i >= len) return;
+    float acc = fp_fold_at16<MODE, float, u16>(s, ld, i, world, prog, prog_len, dtype);
+    if (use_scale) acc = fp_scale(acc, scale);
+    fp_store16(out + i, acc, dtype);
+}
+
+template <int MODE>
+__device__ __forceinline__ void fp_fold_fast16(u16* __restrict__ out, const u16* __restrict__ s,
+                                               u64 ld, u64 len, u32 world,
+                                               const u32* __restrict__ prog, u32 prog_len,
+                                               float scale, u32 use_scale, u32 dtype) {
+    // Scalar head up to the first 16-byte boundary of out (< 8 elements),
+    // 8-element body, scalar tail of < 8 elements.
+    u64 head = ((16ULL - ((u64)out & 15ULL)) & 15ULL) >> 1;
+    if (head > len) head = len;
+    u64 nvec = (len - head) >> 3;
+    u64 tail = head + nvec * 8ULL;
+    u64 tid = (u64)blockIdx.x * (u64)blockDim.x + threadIdx.x;
+    u64 stride = (u64)gridDim.x * (u64)blockDim.x;
+    for (u64 v = tid; v < nvec; v += stride) {
+        u64 i = head + v * 8ULL;
+        fp_f8 acc = fp_fold_at16<MODE, fp_f8, uint4>(s, ld, i, world, prog, prog_len, dtype);
+        if (use_scale) acc = fp_scale(acc, scale);
+        fp_store16(out + i, acc, dtype);
+    }
+    if (tid < head) {
+        float acc = fp_fold_at16<MODE, float, u16>(s, ld, tid, world, prog, prog_len, dtype);
+        if (use_scale) acc = fp_scale(acc, scale);
+        fp_store16(out + tid, acc, dtype);
+    }
+    if (tail + tid < len) {
+        u64 i = tail + tid;
+        float acc = fp_fold_at16<MODE, float, u16>(s, ld, i, world, prog, prog_len, dtype);
+        if (use_scale) acc = fp_scale(acc, scale);
+        fp_store16(out + i, acc, dtype);
+    }
+}
+
+#define FP_FOLD16_ENTRY(NAME, IMPL, MODE)                                                 \
+    extern "C" __global__ void __launch_bounds__(1024)                                    \
+        NAME(u16* __restrict__ out, const u16* __restrict__ s, u64 ld, u64 len,           \
+             u32 world, const u32* __restrict__ prog, u32 prog_len, float scale,          \
+             u32 use_scale, u32 dtype) {                                                  \
+        IMPL<MODE>(out, s, ld, len, world, prog, prog_len, scale, use_scale, dtype);      \
+    }
+
+FP_FOLD16_ENTRY(fp_fold_fixed_seed16, fp_fold_seed16, 0)
+FP_FOLD16_ENTRY(fp_fold_order_seed16, fp_fold_seed16, 1)
+FP_FOLD16_ENTRY(fp_fold_tree_seed16, fp_fold_seed16, 2)
+FP_FOLD16_ENTRY(fp_fold_fixed_fast16, fp_fold_fast16, 0)
+FP_FOLD16_ENTRY(fp_fold_order_fast16, fp_fold_fast16, 1)
+FP_FOLD16_ENTRY(fp_fold_tree_fast16, fp_fold_fast16, 2)

@@ -78,3 +78,32 @@ extern "C" __global__ void fp_generate(u32* __restrict__ out, u64 n, u64 first,
         out[j] = fp_addend_bits(dist, u, pu, rank);
     }
 }
+
+// The same lane in a 16-bit dtype: each element's float32 bits rounded
+// once (dtype.cuh), stored as 2 bytes.
+extern "C" __global__ void fp_generate16(u16* __restrict__ out, u64 n, u64 first, u64 key,
+                                         u64 pair_key, u32 rank, u32 dist, u32 dtype) {
+    u64 stride = (u64)gridDim.x * (u64)blockDim.x;
+    for (u64 j = (u64)blockIdx.x * (u64)blockDim.x + threadIdx.x; j < n; j += stride) {
+        u64 idx = first + j;
+        u64 u = fp_element_bits(key, idx);
+        u64 pu = dist == FP_DIST_CANCELLATION ? fp_element_bits(pair_key, idx) : 0ULL;
+        out[j] = (u16)fp_narrow16(fp_addend_bits(dist, u, pu, rank), dtype);
+    }
+}
+
+// The conversions alone, for checking them against the host's on every
+// input: out[j] = narrow(first + j) and wide[j] = widen(first + j).
+extern "C" __global__ void fp_narrow_bits(u16* __restrict__ out, u64 n, u32 first, u32 dtype) {
+    u64 stride = (u64)gridDim.x * (u64)blockDim.x;
+    for (u64 j = (u64)blockIdx.x * (u64)blockDim.x + threadIdx.x; j < n; j += stride) {
+        out[j] = (u16)fp_narrow16(first + (u32)j, dtype);
+    }
+}
+
+extern "C" __global__ void fp_widen_bits(u32* __restrict__ wide, u64 n, u32 first, u32 dtype) {
+    u64 stride = (u64)gridDim.x * (u64)blockDim.x;
+    for (u64 j = (u64)blockIdx.x * (u64)blockDim.x + threadIdx.x; j < n; j += stride) {
+        wide[j] = fp_widen16((first + (u32)j) & 0xFFFFu, dtype);
+    }
+}

@@ -26,9 +26,10 @@ pub use module::{
 };
 pub use nvrtc::{nvrtc_compile, Image};
 pub use source::{
-    fold_entries, fold_entry, FoldMode, KernelVariant, CHUNK_SHA_ENTRY, FOLD_PROGRAM, FOLD_SRC,
-    GENERATE_ENTRY, GENERATOR_PROGRAM, GENERATOR_SRC, NAN_CHUNKS_ENTRY, RANK_CHECK_PROGRAM,
-    RANK_CHECK_SRC, RANK_DIFF_ENTRY,
+    dtype_code, fold_entries, fold_entry, fold_entry16, FoldMode, KernelVariant, CHUNK_SHA_ENTRY,
+    DTYPE_CUH, FOLD_PROGRAM, FOLD_SRC, GENERATE16_ENTRY, GENERATE_ENTRY, GENERATOR_ENTRIES,
+    GENERATOR_PROGRAM, GENERATOR_SRC, NAN_CHUNKS_ENTRY, NARROW_BITS_ENTRY, RANK_CHECK_ENTRIES,
+    RANK_CHECK_PROGRAM, RANK_CHECK_SRC, RANK_DIFF16_ENTRY, RANK_DIFF_ENTRY, WIDEN_BITS_ENTRY,
 };
 pub use target::{option_list, resolve_target, CompileOptions, ResolvedTarget, Target};
 pub use tree::{fold_program, program_depth, tree_program, TREE_ADD, TREE_STACK};

@@ -8,9 +8,9 @@ use super::compile::{build_image, BuildRequest};
 use super::disk_cache::{self, DiskCache, KeyParts, Lookup};
 use super::nvrtc::Image;
 use super::source::{
-    fold_entries, fold_entry, FoldMode, KernelVariant, CHUNK_SHA_ENTRY, FOLD_PROGRAM, FOLD_SRC,
-    GENERATE_ENTRY, GENERATOR_PROGRAM, GENERATOR_SRC, NAN_CHUNKS_ENTRY, RANK_CHECK_PROGRAM,
-    RANK_CHECK_SRC, RANK_DIFF_ENTRY,
+    fold_entries, fold_entry, fold_entry16, FoldMode, KernelVariant, FOLD_PROGRAM, FOLD_SRC,
+    GENERATOR_ENTRIES, GENERATOR_PROGRAM, GENERATOR_SRC, RANK_CHECK_ENTRIES, RANK_CHECK_PROGRAM,
+    RANK_CHECK_SRC,
 };
 use super::target::{option_list, CompileOptions, ResolvedTarget, Target};
 use crate::gpu::error::GpuError;
@@ -294,7 +294,7 @@ impl ProgramSpec {
         Self::pinned(
             GENERATOR_PROGRAM,
             &GENERATOR_SRC,
-            vec![GENERATE_ENTRY],
+            GENERATOR_ENTRIES.to_vec(),
             target,
             use_disk,
         )
@@ -306,7 +306,7 @@ impl ProgramSpec {
         Self::pinned(
             RANK_CHECK_PROGRAM,
             &RANK_CHECK_SRC,
-            vec![RANK_DIFF_ENTRY, CHUNK_SHA_ENTRY, NAN_CHUNKS_ENTRY],
+            RANK_CHECK_ENTRIES.to_vec(),
             target,
             use_disk,
         )
@@ -469,6 +469,15 @@ impl FoldKernels {
         variant: KernelVariant,
     ) -> Result<&CudaFunction, GpuError> {
         self.program.function(fold_entry(mode, variant))
+    }
+
+    /// The 16-bit fold of a mode and variant.
+    pub fn function16(
+        &self,
+        mode: FoldMode,
+        variant: KernelVariant,
+    ) -> Result<&CudaFunction, GpuError> {
+        self.program.function(fold_entry16(mode, variant))
     }
 }
 

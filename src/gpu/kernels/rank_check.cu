@@ -175,3 +175,28 @@ extern "C" __global__ void fp_chunk_sha256(const unsigned int* __restrict__ aren
         out[8 * c + i] = h[i];
     }
 }
+
+// fp_rank_diff over a 16-bit arena: `chunk` (a multiple of 8) 2-byte
+// elements per block, 16-byte loads on the body, single elements after.
+extern "C" __global__ void fp_rank_diff16(const unsigned short* __restrict__ ref,
+                                          const unsigned short* __restrict__ other,
+                                          unsigned long long n,
+                                          unsigned int chunk,
+                                          unsigned int* __restrict__ flags) {
+    unsigned long long lo = (unsigned long long)blockIdx.x * chunk;
+    unsigned long long hi = lo + chunk < n ? lo + chunk : n;
+    unsigned long long body = lo + ((hi - lo) & ~7ULL);
+    unsigned int diff = 0;
+    for (unsigned long long i = lo + 8ULL * threadIdx.x; i < body; i += 8ULL * blockDim.x) {
+        uint4 a = *reinterpret_cast<const uint4*>(ref + i);
+        uint4 b = *reinterpret_cast<const uint4*>(other + i);
+        diff |= (a.x ^ b.x) | (a.y ^ b.y) | (a.z ^ b.z) | (a.w ^ b.w);
+    }
+    for (unsigned long long i = body + threadIdx.x; i < hi; i += blockDim.x) {
+        diff |= (unsigned int)(ref[i] ^ other[i]);
+    }
+    int any = __syncthreads_or(diff != 0u);
+    if (threadIdx.x == 0) {
+        flags[blockIdx.x] = any ? 1u : 0u;
+    }
+}

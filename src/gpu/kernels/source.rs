@@ -9,18 +9,22 @@
 
 use super::tree::{TREE_ADD, TREE_STACK};
 use crate::data::{self, Distribution};
+use crate::dtype::Dtype;
 use serde::Serialize;
 use std::fmt;
 use std::sync::LazyLock;
 
 /// The generator's CUDA C, as written (without the generated `#define`s).
 pub const GENERATOR_CU: &str = include_str!("generate.cu");
+/// The dtype conversions (integer code mirroring `crate::dtype`), placed
+/// before `generate.cu` and `fold.cu`.
+pub const DTYPE_CUH: &str = include_str!("dtype.cuh");
 /// The fold's CUDA C, as written (without the generated `#define`s).
 pub const FOLD_CU: &str = include_str!("fold.cu");
 
 /// The generator program as NVRTC compiles it: [`prelude`] + `generate.cu`.
 pub static GENERATOR_SRC: LazyLock<String> =
-    LazyLock::new(|| program_text("generate.cu", GENERATOR_CU));
+    LazyLock::new(|| program_with_dtypes("generate.cu", GENERATOR_CU));
 /// The rank-copy check's CUDA C (integer code; it uses no shared constant).
 pub const RANK_CHECK_CU: &str = include_str!("rank_check.cu");
 /// The rank-copy check as NVRTC compiles it: [`prelude`] + `rank_check.cu`.
@@ -30,12 +34,14 @@ pub static RANK_CHECK_SRC: LazyLock<String> =
 pub const RANK_CHECK_PROGRAM: &str = "foldprint_rank_check";
 /// The rank-copy check's kernel.
 pub const RANK_DIFF_ENTRY: &str = "fp_rank_diff";
+/// The rank-copy check of a 16-bit arena.
+pub const RANK_DIFF16_ENTRY: &str = "fp_rank_diff16";
 /// Per-chunk SHA-256 of an arena, in the rank-check program.
 pub const CHUNK_SHA_ENTRY: &str = "fp_chunk_sha256";
 /// Which chunks of an arena hold a NaN (`rank_check.cu`).
 pub const NAN_CHUNKS_ENTRY: &str = "fp_nan_chunks";
 /// The fold program as NVRTC compiles it: [`prelude`] + `fold.cu`.
-pub static FOLD_SRC: LazyLock<String> = LazyLock::new(|| program_text("fold.cu", FOLD_CU));
+pub static FOLD_SRC: LazyLock<String> = LazyLock::new(|| program_with_dtypes("fold.cu", FOLD_CU));
 
 /// [`prelude`], then `file`'s text under a `#line` directive, so NVRTC's
 /// messages name the `.cu` file and its own line numbers. (The directive
@@ -44,12 +50,50 @@ fn program_text(file: &str, text: &str) -> String {
     format!("{}#line 1 \"{file}\"\n{text}", prelude())
 }
 
+/// [`prelude`], `dtype.cuh`, then `file`, each under its own `#line`.
+fn program_with_dtypes(file: &str, text: &str) -> String {
+    format!(
+        "{}#line 1 \"dtype.cuh\"\n{DTYPE_CUH}#line 1 \"{file}\"\n{text}",
+        prelude()
+    )
+}
+
 /// NVRTC's name of the fold program.
 pub const FOLD_PROGRAM: &str = "foldprint_fold";
 /// NVRTC's name of the generator program.
 pub const GENERATOR_PROGRAM: &str = "foldprint_generate";
-/// The generator's one kernel.
+/// The generator's kernel.
 pub const GENERATE_ENTRY: &str = "fp_generate";
+/// The generator in a 16-bit dtype.
+pub const GENERATE16_ENTRY: &str = "fp_generate16";
+/// Every float32 pattern of a range narrowed to a 16-bit dtype.
+pub const NARROW_BITS_ENTRY: &str = "fp_narrow_bits";
+/// 16-bit patterns widened to float32.
+pub const WIDEN_BITS_ENTRY: &str = "fp_widen_bits";
+
+/// Every kernel of the generator program.
+pub const GENERATOR_ENTRIES: [&str; 4] = [
+    GENERATE_ENTRY,
+    GENERATE16_ENTRY,
+    NARROW_BITS_ENTRY,
+    WIDEN_BITS_ENTRY,
+];
+/// Every kernel of the rank-check program.
+pub const RANK_CHECK_ENTRIES: [&str; 4] = [
+    RANK_DIFF_ENTRY,
+    CHUNK_SHA_ENTRY,
+    NAN_CHUNKS_ENTRY,
+    RANK_DIFF16_ENTRY,
+];
+
+/// How a kernel names a 16-bit dtype (`FP_DTYPE_*`); f32 kernels take none.
+pub const fn dtype_code(d: Dtype) -> u32 {
+    match d {
+        Dtype::F32 => 0,
+        Dtype::Bf16 => 1,
+        Dtype::F16 => 2,
+    }
+}
 
 /// The macro naming a distribution's device code. An exhaustive match: a
 /// new distribution does not compile until it has a name here, and the
@@ -135,6 +179,18 @@ pub fn defines() -> Vec<Define> {
         value: d.code() as u64,
         ty: CType::U32,
     }));
+    out.extend([
+        Define {
+            name: "FP_DTYPE_BF16",
+            value: dtype_code(Dtype::Bf16) as u64,
+            ty: CType::U32,
+        },
+        Define {
+            name: "FP_DTYPE_F16",
+            value: dtype_code(Dtype::F16) as u64,
+            ty: CType::U32,
+        },
+    ]);
     out
 }
 
@@ -201,11 +257,29 @@ pub const fn fold_entry(mode: FoldMode, variant: KernelVariant) -> &'static str 
     }
 }
 
-/// Every kernel of `fold.cu` (modes x variants).
+/// The 16-bit kernel of `fold.cu` for a mode and variant (bf16 and f16;
+/// the dtype is an argument).
+pub const fn fold_entry16(mode: FoldMode, variant: KernelVariant) -> &'static str {
+    match (mode, variant) {
+        (FoldMode::Fixed, KernelVariant::PerElement) => "fp_fold_fixed_seed16",
+        (FoldMode::Order, KernelVariant::PerElement) => "fp_fold_order_seed16",
+        (FoldMode::Tree, KernelVariant::PerElement) => "fp_fold_tree_seed16",
+        (FoldMode::Fixed, KernelVariant::Fast) => "fp_fold_fixed_fast16",
+        (FoldMode::Order, KernelVariant::Fast) => "fp_fold_order_fast16",
+        (FoldMode::Tree, KernelVariant::Fast) => "fp_fold_tree_fast16",
+    }
+}
+
+/// Every kernel of `fold.cu` (modes x variants, float32 then 16-bit).
 pub fn fold_entries() -> Vec<&'static str> {
-    FoldMode::ALL
-        .iter()
-        .flat_map(|&m| KernelVariant::ALL.iter().map(move |&v| fold_entry(m, v)))
+    let pairs = || {
+        FoldMode::ALL
+            .iter()
+            .flat_map(|&m| KernelVariant::ALL.iter().map(move |&v| (m, v)))
+    };
+    pairs()
+        .map(|(m, v)| fold_entry(m, v))
+        .chain(pairs().map(|(m, v)| fold_entry16(m, v)))
         .collect()
 }
 
@@ -250,6 +324,8 @@ mod tests {
             ("FP_DIST_SUBNORMAL_HEAVY".into(), 3),
             ("FP_DIST_SPECIALS".into(), 4),
             ("FP_DIST_EXACT_INTEGERS".into(), 5),
+            ("FP_DTYPE_BF16".into(), 1),
+            ("FP_DTYPE_F16".into(), 2),
         ];
         assert_eq!(got, want);
         // The text is exactly what the kernels expect, suffixes included.
@@ -299,7 +375,11 @@ mod tests {
     /// spell them, and define none of the generated macros themselves.
     #[test]
     fn cuda_sources_spell_no_shared_number() {
-        for (file, text) in [("generate.cu", GENERATOR_CU), ("fold.cu", FOLD_CU)] {
+        for (file, text) in [
+            ("generate.cu", GENERATOR_CU),
+            ("fold.cu", FOLD_CU),
+            ("dtype.cuh", DTYPE_CUH),
+        ] {
             let upper = text.to_uppercase().replace('_', "");
             for d in defines() {
                 assert!(
@@ -320,10 +400,14 @@ mod tests {
 
     #[test]
     fn programs_are_prelude_plus_file() {
-        assert_eq!(*FOLD_SRC, prelude() + "#line 1 \"fold.cu\"\n" + FOLD_CU);
+        let dtypes = format!("#line 1 \"dtype.cuh\"\n{DTYPE_CUH}");
+        assert_eq!(
+            *FOLD_SRC,
+            prelude() + &dtypes + "#line 1 \"fold.cu\"\n" + FOLD_CU
+        );
         assert_eq!(
             *GENERATOR_SRC,
-            prelude() + "#line 1 \"generate.cu\"\n" + GENERATOR_CU
+            prelude() + &dtypes + "#line 1 \"generate.cu\"\n" + GENERATOR_CU
         );
         assert!(!FOLD_SRC.contains('\0') && !GENERATOR_SRC.contains('\0'));
     }
@@ -331,16 +415,26 @@ mod tests {
     #[test]
     fn fold_entries_are_the_kernels_of_fold_cu() {
         let entries = fold_entries();
-        assert_eq!(entries.len(), 6);
+        assert_eq!(entries.len(), 12);
         for e in &entries {
             assert_eq!(
                 entries.iter().filter(|x| *x == e).count(),
                 1,
                 "{e} listed twice"
             );
-            assert!(FOLD_CU.contains(&format!("FP_FOLD_ENTRY({e}, ")), "{e}");
+            assert!(
+                FOLD_CU.contains(&format!("FP_FOLD_ENTRY({e}, "))
+                    || FOLD_CU.contains(&format!("FP_FOLD16_ENTRY({e}, ")),
+                "{e}"
+            );
         }
         assert_eq!(FOLD_CU.matches("\nFP_FOLD_ENTRY(").count(), 6);
-        assert!(GENERATOR_CU.contains(&format!("void {GENERATE_ENTRY}(")));
+        assert_eq!(FOLD_CU.matches("\nFP_FOLD16_ENTRY(").count(), 6);
+        for e in GENERATOR_ENTRIES {
+            assert!(GENERATOR_CU.contains(&format!("void {e}(")), "{e}");
+        }
+        for e in RANK_CHECK_ENTRIES {
+            assert!(RANK_CHECK_CU.contains(&format!("void {e}(")), "{e}");
+        }
     }
 }
