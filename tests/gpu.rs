@@ -1030,7 +1030,9 @@ fn rank_files_upload_to_the_oracles_bits() {
                 .collect(),
         );
     }
-    let text = "name = \"rf\"\n[[sweep]]\nid = \"c\"\naddends = \"rank{rank}.safetensors\"\n\
+    // The files mix f32, bf16 and f16 tensors: declared f32, every one is
+    // widened exactly.
+    let text = "name = \"rf\"\n[[sweep]]\nid = \"c\"\naddends = \"rank{rank}.safetensors\"\ndtype = [\"f32\"]\n\
                 contract = [\"fixed-order\", \"pairwise-tree\", \"arrival-order\"]\n\
                 order = [\"ascending\", \"shuffle:3\"]\n";
     let exp = foldprint::experiment::parse(&dir.path().join("rf.toml"), text).unwrap();
@@ -1121,7 +1123,9 @@ fn device_conversions_equal_the_hosts_on_every_input() {
                 let mask = if d == Dtype::Bf16 { 0xFFFF } else { 0x1FFF };
                 let truncate = |b: u32| d.narrow(f32::from_bits(b & !mask)) as u16;
                 let (wrong, _) = mismatches(&got, first, truncate);
-                assert!(wrong > BATCH / 4, "{d}: truncation differs in only {wrong}");
+                // (Measured on an H100: f16 about 0.25 of the batch, bf16
+                // about half.)
+                assert!(wrong > BATCH / 8, "{d}: truncation differs in only {wrong}");
                 got[12_345] ^= 1;
                 assert_eq!(mismatches(&got, first, narrow), (1, Some(12_345)));
             }
@@ -1313,7 +1317,7 @@ fn bf16_and_f16_rank_files_equal_the_oracle() {
                 contract = [\"fixed-order\", \"pairwise-tree\"]\nmean = [false, true]\n\
                 [[sweep]]\nid = \"h\"\naddends = \"h{rank}.safetensors\"\n\
                 contract = [\"fixed-order\", \"arrival-order\"]\norder = [\"shuffle:3\"]\n\
-                [[sweep]]\nid = \"w\"\naddends = \"b{rank}.safetensors\"\ndtype = \"f32\"\n";
+                [[case]]\nid = \"w\"\naddends = \"b{rank}.safetensors\"\ndtype = \"f32\"\n";
     let exp = foldprint::experiment::parse(&dir.path().join("rf16.toml"), text).unwrap();
     let opts = RunOptions {
         keep_values: true,
