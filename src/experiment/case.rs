@@ -6,7 +6,7 @@ use super::MAX_CASE_BYTES;
 use crate::addends::{AddendFiles, AddendParams, ExpectFile};
 use crate::data::Distribution;
 use crate::dtype::Dtype;
-use crate::fold::Contract;
+use crate::fold::{Collective, Contract};
 use crate::world_size::WorldSize;
 use serde::Serialize;
 use std::sync::Arc;
@@ -55,6 +55,8 @@ struct Fields {
     /// The element type: as declared in a builder (`None`: the rank
     /// files', else f32), resolved in a built case.
     dtype: Option<Dtype>,
+    /// What each rank ends with: the whole arena, or its own shard.
+    collective: Collective,
     /// Independent repetitions; every round must give the same bits.
     rounds: u32,
     /// A framework's reduced result to compare with this case's.
@@ -150,6 +152,10 @@ impl CaseBuilder {
         self.fields.rounds = rounds;
         self
     }
+    pub fn collective(mut self, collective: Collective) -> Self {
+        self.fields.collective = collective;
+        self
+    }
 
     /// The case, or the first limit it breaks.
     pub fn build(self) -> Result<Case, CaseError> {
@@ -239,6 +245,7 @@ impl Case {
                 contract: Contract::default(),
                 mean: false,
                 dtype: None,
+                collective: Collective::default(),
                 rounds: 1,
                 expect: None,
             },
@@ -331,6 +338,9 @@ impl Case {
     pub fn rounds(&self) -> u32 {
         self.fields.rounds
     }
+    pub fn collective(&self) -> Collective {
+        self.fields.collective
+    }
 
     /// Stable identifier derived from the numeric parameters only (never the
     /// experiment name, rounds or environment), so reports from different
@@ -379,6 +389,7 @@ impl Case {
             contract,
             mean,
             dtype: _, // written always, below: f32 too, which rank files need
+            collective,
             rounds,
             addends: _, // likewise
         } = self.params();
@@ -423,6 +434,8 @@ impl Case {
             contract: given(contract.name().to_string()),
             mean: given(mean),
             dtype: given(self.dtype().name().to_string()),
+            // Left out for all-reduce, so an audit's files read as before.
+            collective: collective.map(|c| Spanned::new(0..0, c.name().to_string())),
             rounds: given(rounds.into()),
             addends,
             tensors,
@@ -441,6 +454,7 @@ impl Case {
             contract,
             mean,
             dtype: _, // resolved by `Case::dtype`
+            collective,
             rounds,
             expect: _, // judged in the report, not a parameter of the sum
         } = fields;
@@ -458,6 +472,7 @@ impl Case {
             contract: *contract,
             mean: *mean,
             dtype: (!self.dtype().is_f32()).then_some(self.dtype()),
+            collective: (!collective.is_all_reduce()).then_some(*collective),
             rounds: *rounds,
             addends: files,
         }
@@ -484,6 +499,10 @@ pub struct CaseParams {
     /// The element type; absent for f32, so f32 reports read as before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dtype: Option<Dtype>,
+    /// What each rank ends with; absent for all-reduce, so all-reduce
+    /// reports read as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective: Option<Collective>,
     pub rounds: u32,
     /// The rank files, when the addends come from files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -507,6 +526,7 @@ impl CaseParams {
             contract,
             mean,
             dtype,
+            collective,
             rounds: _, // repetitions, not numeric identity
             addends,
         } = self;
@@ -532,9 +552,15 @@ impl CaseParams {
             Some(d) if !d.is_f32() => format!("/{d}"),
             _ => String::new(),
         };
+        // All-reduce is left out, so every all-reduce key reads as before.
+        let collective = match collective {
+            Some(c) if !c.is_all_reduce() => format!("/{c}"),
+            _ => String::new(),
+        };
         format!(
-            "{}/{}/W{}/n{}{}/{}",
+            "{}{}/{}/W{}/n{}{}/{}",
             contract,
+            collective,
             if *mean { "mean" } else { "sum" },
             world,
             lens.join("+"),
@@ -565,6 +591,7 @@ impl CaseParams {
             contract,
             mean,
             dtype,
+            collective,
             rounds,
             addends: _, // a generated case of the same shape, above
         } = self;
@@ -575,6 +602,7 @@ impl CaseParams {
             .contract(*contract)
             .mean(*mean)
             .dtype(Some(dtype.unwrap_or_default()))
+            .collective(collective.unwrap_or_default())
             .rounds(*rounds)
     }
 }

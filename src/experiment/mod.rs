@@ -11,7 +11,7 @@ pub use order::DeliveryOrder;
 
 use crate::addends::{AddendFiles, ExpectFile, Scope};
 use crate::data::Distribution;
-use crate::fold::Contract;
+use crate::fold::{Collective, Contract};
 use crate::world_size::WorldSize;
 use schema::{RawCase, RawExperiment, RawParams, RawSweep};
 use std::collections::HashMap;
@@ -620,6 +620,7 @@ fn build_case(
         contract,
         mean,
         dtype,
+        collective,
         rounds,
         addends,
         tensors,
@@ -764,6 +765,13 @@ fn build_case(
                 .map_err(|m| src.at(d.span(), format!("{}: {m}", ctx("dtype"))))?,
         ),
     };
+    let collective = match collective {
+        None => Collective::default(),
+        Some(c) => c
+            .get_ref()
+            .parse()
+            .map_err(|m| src.at(c.span(), format!("{}: {m}", ctx("collective"))))?,
+    };
     let rounds = match rounds {
         None => 1,
         Some(r) => {
@@ -793,6 +801,7 @@ fn build_case(
         .contract(contract)
         .mean(mean)
         .dtype(dtype)
+        .collective(collective)
         .rounds(rounds)
         .expect(expect)
         .build()

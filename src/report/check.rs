@@ -63,12 +63,22 @@ fn check_case(c: &CaseReport, nan_policy: NanPolicy, problems: &mut Vec<String>)
                 bad_arena(format!("len {} but the parameters say {n}", a.len));
             }
         }
-        if a.rank_sha256.len() != c.params.world {
-            bad_arena(format!(
-                "{} rank digests for W={}",
-                a.rank_sha256.len(),
-                c.params.world
-            ));
+        if c.params.collective.is_some_and(|k| !k.is_all_reduce()) {
+            check_shards(a, c.params.world, &mut bad_arena);
+        } else {
+            if a.rank_sha256.len() != c.params.world {
+                bad_arena(format!(
+                    "{} rank digests for W={}",
+                    a.rank_sha256.len(),
+                    c.params.world
+                ));
+            }
+            if !a.shard_sha256.is_empty() {
+                bad_arena(format!(
+                    "{} shard digests, but an all-reduce has none",
+                    a.shard_sha256.len()
+                ));
+            }
         }
         if a.rank_sha256.first().is_some_and(|r0| *r0 != a.sha256) {
             bad_arena("sha256 is not rank 0's digest".into());
@@ -108,6 +118,40 @@ fn check_case(c: &CaseReport, nan_policy: NanPolicy, problems: &mut Vec<String>)
             "ranks_identical is {} but its arenas say {identical}",
             c.ranks_identical
         ));
+    }
+}
+
+/// A reduce-scatter's arena: W shard digests, no rank copies, and what the
+/// shard plan lets a reader recompute: an empty shard's digest, and with
+/// one shard holding every element, the arena digest itself.
+fn check_shards(a: &ArenaReport, world: usize, bad: &mut dyn FnMut(String)) {
+    if !a.rank_sha256.is_empty() {
+        bad(format!(
+            "{} rank digests, but no rank of a reduce-scatter holds the whole arena",
+            a.rank_sha256.len()
+        ));
+    }
+    if a.shard_sha256.len() != world {
+        bad(format!(
+            "{} shard digests for W={world}",
+            a.shard_sha256.len()
+        ));
+        return;
+    }
+    let Some(plan) = crate::fold::shard_plan(a.len, world) else {
+        return;
+    };
+    let empty = crate::digest::Sha256::of(&[]);
+    for (r, (s, d)) in plan.iter().zip(&a.shard_sha256).enumerate() {
+        if s.len == 0 && *d != empty {
+            bad(format!(
+                "rank {r}'s shard is empty, but its digest is not SHA-256 of no bytes"
+            ));
+        } else if s.len == a.len && *d != a.sha256 {
+            bad(format!(
+                "rank {r}'s shard is the whole arena, but its digest is not the arena's sha256"
+            ));
+        }
     }
 }
 

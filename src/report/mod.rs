@@ -151,10 +151,16 @@ pub struct ArenaReport {
     pub index: usize,
     pub len: usize,
     /// SHA-256 of the reduced arena (rank 0's copy; equal on every rank when
-    /// `ranks_identical`).
+    /// `ranks_identical`); of a reduce-scatter, of the shards concatenated
+    /// in rank order.
     pub sha256: Sha256,
     pub ranks_identical: bool,
+    /// Each rank's copy; empty for a reduce-scatter (no rank holds one).
     pub rank_sha256: Vec<Sha256>,
+    /// A reduce-scatter's shard digests, rank r's shard r in rank order;
+    /// absent for an all-reduce.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shard_sha256: Vec<Sha256>,
     /// Localization: SHA-256 of each `chunk_elems`-element chunk of rank
     /// 0's hashed bytes, and of their concatenation (`chunk_root`).
     #[serde(default)]
@@ -220,6 +226,7 @@ impl CaseReport {
                 sha256: a.digest(),
                 ranks_identical: a.ranks_identical(),
                 rank_sha256: a.rank_digests.clone(),
+                shard_sha256: a.shard_digests().to_vec(),
                 chunk_elems: crate::digest::CHUNK_ELEMS,
                 chunk_root: crate::digest::chunk_root(&a.chunks),
                 chunk_sha256: a.chunks.clone(),
