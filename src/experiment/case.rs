@@ -6,7 +6,7 @@ use super::MAX_CASE_BYTES;
 use crate::addends::{AddendFiles, AddendParams, ExpectFile};
 use crate::data::Distribution;
 use crate::dtype::Dtype;
-use crate::fold::{Collective, Contract};
+use crate::fold::{shard_plan, Collective, Contract};
 use crate::world_size::WorldSize;
 use serde::Serialize;
 use std::sync::Arc;
@@ -61,6 +61,9 @@ struct Fields {
     rounds: u32,
     /// A framework's reduced result to compare with this case's.
     expect: Option<Arc<ExpectFile>>,
+    /// A reduce-scatter's result as one file per rank (`{rank}` in
+    /// `expect`), rank order, each holding that rank's shard.
+    expect_ranks: Vec<Arc<ExpectFile>>,
 }
 
 /// Most rounds a case may ask for.
@@ -134,6 +137,11 @@ impl CaseBuilder {
         self.fields.expect = expect;
         self
     }
+    /// A reduce-scatter's expected shards, one file per rank in rank order.
+    pub fn expect_ranks(mut self, files: Vec<Arc<ExpectFile>>) -> Self {
+        self.fields.expect_ranks = files;
+        self
+    }
     pub fn contract(mut self, contract: Contract) -> Self {
         self.fields.contract = contract;
         self
@@ -180,6 +188,8 @@ impl CaseBuilder {
             addends,
             rounds,
             expect,
+            expect_ranks,
+            collective,
             ..
         } = &fields;
         if arenas.is_empty() {
@@ -224,6 +234,27 @@ impl CaseBuilder {
                 return bad("expect", m);
             }
         }
+        if !expect_ranks.is_empty() {
+            if collective.is_all_reduce() {
+                return bad(
+                    "expect",
+                    "one file per rank holds a reduce-scatter's shards; an all-reduce is compared \
+                     with one file"
+                        .into(),
+                );
+            }
+            if expect_ranks.len() != world.get() {
+                return bad(
+                    "expect",
+                    format!("{} files for W = {world} ranks", expect_ranks.len()),
+                );
+            }
+            for (r, e) in expect_ranks.iter().enumerate() {
+                if let Err(m) = e.matches(&shard_lens(arenas, world.get(), r)) {
+                    return bad("expect", format!("rank {r}'s shard: {m}"));
+                }
+            }
+        }
         Ok(Case { world, fields })
     }
 }
@@ -248,6 +279,7 @@ impl Case {
                 collective: Collective::default(),
                 rounds: 1,
                 expect: None,
+                expect_ranks: Vec::new(),
             },
         }
     }
@@ -324,6 +356,11 @@ impl Case {
     }
     pub fn expect(&self) -> Option<&Arc<ExpectFile>> {
         self.fields.expect.as_ref()
+    }
+    /// A reduce-scatter's expected shards, one file per rank (rank order);
+    /// empty when there are none.
+    pub fn expect_ranks(&self) -> &[Arc<ExpectFile>] {
+        &self.fields.expect_ranks
     }
     pub fn contract(&self) -> Contract {
         self.fields.contract
@@ -457,6 +494,7 @@ impl Case {
             collective,
             rounds,
             expect: _, // judged in the report, not a parameter of the sum
+            expect_ranks: _,
         } = fields;
         let (seed, distribution, files) = match addends {
             Addends::Generated { seed, distribution } => (Some(*seed), Some(*distribution), None),
@@ -605,6 +643,14 @@ impl CaseParams {
             .collective(collective.unwrap_or_default())
             .rounds(*rounds)
     }
+}
+
+/// Rank `rank`'s shard length of each arena (docs/SPEC.md §2).
+pub fn shard_lens(arenas: &[usize], world: usize, rank: usize) -> Vec<usize> {
+    arenas
+        .iter()
+        .map(|&n| shard_plan(n, world).map_or(0, |p| p.get(rank).map_or(0, |s| s.len)))
+        .collect()
 }
 
 /// The dtype a case reduces in: the declared one, held to the rank files

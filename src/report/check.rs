@@ -19,6 +19,7 @@ fn check_case(c: &CaseReport, nan_policy: NanPolicy, problems: &mut Vec<String>)
             bad(m);
         }
     }
+    check_expect_ranks(c, nan_policy, &mut bad);
     // A tensor's shape gives its length (an empty shape: one element).
     for (i, a) in c.params.addends.iter().flat_map(|f| &f.arenas).enumerate() {
         let product = a
@@ -118,6 +119,35 @@ fn check_case(c: &CaseReport, nan_policy: NanPolicy, problems: &mut Vec<String>)
             "ranks_identical is {} but its arenas say {identical}",
             c.ranks_identical
         ));
+    }
+}
+
+/// A reduce-scatter's per-rank `expect` results: one per rank, each of
+/// that rank's shard lengths, and none on an all-reduce.
+fn check_expect_ranks(c: &CaseReport, nan_policy: NanPolicy, bad: &mut dyn FnMut(String)) {
+    if c.expect_ranks.is_empty() {
+        return;
+    }
+    if c.params.collective.is_none_or(|k| k.is_all_reduce()) {
+        bad(format!(
+            "{} per-rank expect results, but an all-reduce is compared with one file",
+            c.expect_ranks.len()
+        ));
+        return;
+    }
+    if c.expect_ranks.len() != c.params.world {
+        bad(format!(
+            "{} per-rank expect results for W={}",
+            c.expect_ranks.len(),
+            c.params.world
+        ));
+        return;
+    }
+    for (r, e) in c.expect_ranks.iter().enumerate() {
+        let lens = crate::experiment::shard_lens(&c.params.arenas, c.params.world, r);
+        for m in e.problems(&lens, nan_policy) {
+            bad(format!("rank {r}'s {m}"));
+        }
     }
 }
 

@@ -37,7 +37,7 @@ pub fn junit(
             .filter(|f| f.case().is_some_and(|at| at.index == i))
             .filter_map(|f| f.in_case())
             .collect();
-        if let Some(f) = c.expect.as_ref().and_then(|e| e.failure(&c.id)) {
+        for f in c.expect_outcomes().filter_map(|e| e.failure(&c.id)) {
             problems.push(f);
         }
         for f in of_case(c) {

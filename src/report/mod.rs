@@ -196,6 +196,10 @@ pub struct CaseReport {
     /// The framework result the case names (`expect`), compared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expect: Option<expect::ExpectOutcome>,
+    /// A reduce-scatter's per-rank `expect` files, rank order, each
+    /// compared with that rank's shard (element indices within the shard).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expect_ranks: Vec<expect::ExpectOutcome>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -210,6 +214,11 @@ pub struct Timings {
 }
 
 impl CaseReport {
+    /// Every `expect` comparison of the case: the one file, or each rank's.
+    pub fn expect_outcomes(&self) -> impl Iterator<Item = &expect::ExpectOutcome> {
+        self.expect.iter().chain(&self.expect_ranks)
+    }
+
     pub fn new(
         case: &Case,
         arenas: &[ReducedArena],
@@ -266,6 +275,7 @@ impl CaseReport {
                 },
             },
             expect: None,
+            expect_ranks: Vec::new(),
         }
     }
 
@@ -455,7 +465,7 @@ impl Report {
         let differs_from_expect = self
             .cases
             .iter()
-            .filter_map(|c| c.expect.as_ref().and_then(|e| e.failure(&c.id)))
+            .flat_map(|c| c.expect_outcomes().filter_map(|e| e.failure(&c.id)))
             .collect();
         self.summary = Summary {
             cases: self.cases.len(),
