@@ -383,6 +383,53 @@ fn fold_stacked(
 mod tests {
     use super::*;
 
+    /// Rank r of a reduce-scatter holds the all-reduce's shard r and, in
+    /// its other shards, its own addends untouched: nothing is
+    /// redistributed. Shards of 5 over W = 3 are 2, 2, 1.
+    #[test]
+    fn a_reduce_scatter_leaves_each_rank_its_own_shard_only() {
+        let case = |collective| {
+            Case::builder(3, [5])
+                .seed(3)
+                .contract(Contract::FixedOrder)
+                .collective(collective)
+                .build()
+                .unwrap()
+        };
+        let (all, scatter) = (case(Collective::AllReduce), case(Collective::ReduceScatter));
+        let addends = generate(&all, 0, 5).unwrap();
+        let mut reduced = addends.clone();
+        reduce(&all, &mut reduced);
+        let mut scattered = addends.clone();
+        reduce(&scatter, &mut scattered);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        let plan = shard_plan(5, 3).unwrap();
+        for (r, arena) in scattered.iter().enumerate() {
+            for (o, s) in plan.iter().enumerate() {
+                let want = if o == r { &reduced[0] } else { &addends[r] };
+                assert_eq!(
+                    bits(&arena[s.range()]),
+                    bits(&want[s.range()]),
+                    "rank {r} shard {o}"
+                );
+            }
+            // Control: the sum changed every shard it reduced.
+            assert_ne!(
+                bits(&arena[plan[r].range()]),
+                bits(&addends[r][plan[r].range()])
+            );
+        }
+        // The gathered arena is the all-reduce's, and its digest too.
+        let opts = RunOptions::default();
+        let a = super::scattered(&mut scattered, Dtype::F32, &opts);
+        assert_eq!(
+            a.digest(),
+            digest_arena_as(&reduced[0], Dtype::F32, opts.nan_policy)
+        );
+        assert_eq!(a.rank_digests.len(), 0);
+        assert_eq!(a.shard_digests().len(), 3);
+    }
+
     #[test]
     fn differing_chunks_name_the_rank_and_the_chunk() {
         let n = 2 * CHUNK_ELEMS + 3;

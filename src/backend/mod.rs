@@ -303,3 +303,20 @@ pub(crate) fn addends_error(
         source,
     }
 }
+
+#[cfg(test)]
+mod scatter_tests {
+    use super::*;
+    use crate::fold::Collective;
+
+    /// The CUDA loopback and NCCL backends ask this for their skip reason.
+    #[test]
+    fn a_gpu_backend_skips_a_reduce_scatter_with_its_reason() {
+        let case = |c| Case::builder(3, [7]).collective(c).build().unwrap();
+        assert_eq!(
+            scatter_on_cpu_only(&case(Collective::ReduceScatter)).as_deref(),
+            Some("reduce-scatter runs on the CPU oracle in this build")
+        );
+        assert_eq!(scatter_on_cpu_only(&case(Collective::AllReduce)), None);
+    }
+}

@@ -19,4 +19,5 @@ mod outputs;
 mod progress;
 mod rank_files;
 mod readme;
+mod reduce_scatter;
 mod verdicts;

@@ -251,7 +251,7 @@ fn invalid_utf8_says_where() {
 fn each_shape_of_the_parameter_table_names_its_keys_and_where_a_value_is() {
     let dir = tempfile::tempdir().unwrap();
     let keys = "`world`, `arenas`, `order`, `seed`, `distribution`, `contract`, `mean`, \
-                `rounds`, `addends`, `tensors`, `expect`";
+                `dtype`, `collective`, `rounds`, `addends`, `tensors`, `expect`";
     let cases = [
         (
             "name = \"t\"\n[defaults]\nid = \"a\"\n".to_string(),
@@ -278,6 +278,13 @@ fn each_shape_of_the_parameter_table_names_its_keys_and_where_a_value_is() {
         (
             "name = \"t\"\n[[case]]\nid = \"c\"\nworld = 2\narenas = [3]\nrounds = 0\n".to_string(),
             "t.toml:6:10: case `c`: field `rounds`: must be 1 ..= 1000, got 0".to_string(),
+        ),
+        (
+            "name = \"t\"\n[[sweep]]\nid = \"s\"\nworld = [2]\narenas = [[3]]\ncollective = [\"all-gather\"]\n"
+                .to_string(),
+            "t.toml:6:14: case `s`: field `collective`: unknown collective `all-gather` \
+             (expected all-reduce or reduce-scatter)"
+                .to_string(),
         ),
         (
             "name = \"t\"\n[[sweep]]\nid = \"s\"\nworld = [2]\narenas = [[3]]\nmean = []\n"
