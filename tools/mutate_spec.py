@@ -50,6 +50,7 @@ EXPERIMENTS = [
     "experiments/order-sweep.toml",
     "experiments/world-sweep.toml",
     "experiments/edge-cases.toml",
+    "experiments/reduce-scatter.toml",
 ]
 GOLDEN = "experiments/golden"
 VECTORS = "tests/data/generator-vectors.tsv"
@@ -161,6 +162,23 @@ MUTATIONS: list[Mutation] = [
         f"np.multiply(acc, scale, out=acc); acc[np.abs(acc) < {FLUSH}] *= np.float32(0)")]),
     M("mean-ignored", "§3", "mean = true scales", "mean ignored",
       [("            if case.mean:\n                acc = apply_mean", "            if False:\n                acc = apply_mean")]),
+    # --- §3 reduce-scatter ---------------------------------------------------
+    M("scatter-shard-to-next-rank", "§3", "reduce-scatter: rank r ends with shard r",
+      "rank r + 1 ends with shard r",
+      [("held = [plan[r] for r in range(case.world)]",
+        "held = [plan[(r - 1) % case.world] for r in range(case.world)]")]),
+    M("scatter-reverse-ranks", "§3, §5", "reduce-scatter digest: shards concatenated in rank order",
+      "in reverse rank order",
+      [("for holder in range(case.world):", "for holder in reversed(range(case.world)):")]),
+    M("scatter-mean-twice", "§3", "reduce-scatter mean: one multiply by the rounded 1/W",
+      "the mean applied twice",
+      [("acc = apply_mean(acc, case.world) if case.mean else acc",
+        "acc = apply_mean(apply_mean(acc, case.world), case.world) if case.mean else acc")]),
+    M("scatter-mean-ignored", "§3", "reduce-scatter with mean = true scales", "mean ignored",
+      [("acc = apply_mean(acc, case.world) if case.mean else acc", "acc = acc")]),
+    M("scatter-redistributes", "§3, §5", "reduce-scatter: no redistribution; the digest covers one copy of each shard",
+      "redistributed anyway: the digest covers every rank's copy of the arena",
+      [("start, length = held[holder]", "start, length = 0, n")]),
     # --- §4 delivery orders ---------------------------------------------------
     M("rotate-direction", "§4", "rotate:K: position i receives from (i + K) mod W", "(i - K) mod W",
       [("return [(i + k) % world for i in range(world)]", "return [(i - k) % world for i in range(world)]")]),

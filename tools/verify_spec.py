@@ -470,6 +470,27 @@ def arena_digest(case: "Case", arena: int, policy: str, chunk: int,
     return h.finish()
 
 
+def scatter_digest(case: "Case", arena: int, policy: str, chunk: int) -> ArenaDigest:
+    """SPEC §3, reduce-scatter: rank r ends with shard r, folded as the
+    all-reduce folds it (mean, then nothing else); the arena digest is over
+    what the ranks hold, concatenated in rank order."""
+    n = case.arenas[arena]
+    plan = shard_plan(n, case.world)
+    held = [plan[r] for r in range(case.world)]  # the shard rank r ends with
+    h = ChunkedSha()
+    for holder in range(case.world):
+        start, length = held[holder]
+        pos = start
+        while pos < start + length:
+            stop = min(pos + chunk, start + length)
+            blk = IndexBlock.range(pos, stop)
+            acc = Folder(case, arena, blk).fold(case.contract, case.sequence)
+            acc = apply_mean(acc, case.world) if case.mean else acc
+            h.update(le_bytes(nan_policy_bits(acc, policy)))
+            pos = stop
+    return h.finish()
+
+
 # ---------------------------------------------------------------------------
 # Order sensitivity (SPEC §7)
 
@@ -506,14 +527,17 @@ def sensitivity(case: "Case", chunk: int) -> Sensitivity:
 # ---------------------------------------------------------------------------
 # Experiments (EXPERIMENTS.md)
 
-PARAM_ORDER = ("world", "arenas", "order", "seed", "distribution", "contract", "mean", "rounds")
-SWEEPABLE = ("world", "arenas", "order", "seed", "distribution", "contract", "mean")
+PARAM_ORDER = ("world", "arenas", "order", "seed", "distribution", "contract", "mean", "collective",
+               "rounds")
+SWEEPABLE = ("world", "arenas", "order", "seed", "distribution", "contract", "mean", "collective")
+COLLECTIVES = ("all-reduce", "reduce-scatter")
 BUILTIN_DEFAULTS = {
     "order": "ascending",
     "seed": 0,
     "distribution": "mixed-magnitude",
     "contract": "fixed-order",
     "mean": False,
+    "collective": "all-reduce",
     "rounds": 1,
 }
 MAX_CASES = 4096
@@ -532,13 +556,16 @@ class Case:
     distribution: str
     contract: str
     mean: bool
+    collective: str
     rounds: int
     sequence: list[int] = field(default_factory=list)
 
     @property
     def key(self) -> str:
+        # SPEC §6: a reduce-scatter says so after the contract.
+        collective = "/reduce-scatter" if self.collective == "reduce-scatter" else ""
         return (
-            f"{self.contract}/{'mean' if self.mean else 'sum'}/W{self.world}/"
+            f"{self.contract}{collective}/{'mean' if self.mean else 'sum'}/W{self.world}/"
             f"n{'+'.join(str(x) for x in self.arenas)}/{self.distribution}/"
             f"s{self.seed}/{order_label(self.order)}"
         )
@@ -591,6 +618,9 @@ def _check_param(where: str, name: str, v):
     elif name == "mean":
         if not isinstance(v, bool):
             raise BadInput(f"{where}: field `mean`: expected a bool, got {v!r}")
+    elif name == "collective":
+        if v not in COLLECTIVES:
+            raise BadInput(f"{where}: field `collective`: unknown collective {v!r}")
     elif name == "rounds":
         if not _is_int(v) or not 1 <= v <= 1000:
             raise BadInput(f"{where}: field `rounds`: expected an integer 1 ..= 1000, got {v!r}")
@@ -805,7 +835,8 @@ def compare_case(name: str, case: "Case", g: dict, gf: GoldenFile, policy: str, 
     arena digests, chunk digests and roots (SPEC §5), sensitivity (§7).
     Appends one line per disagreement; returns whether the case matched."""
     where = f"{name}: {case.key}"
-    digests = [arena_digest(case, k, policy, chunk) for k in range(len(case.arenas))]
+    digest = scatter_digest if case.collective == "reduce-scatter" else arena_digest
+    digests = [digest(case, k, policy, chunk) for k in range(len(case.arenas))]
     want = g["arenas"]
     if len(want) != len(digests):
         problems.append(f"{where}: {len(digests)} arenas here, {len(want)} in golden")
