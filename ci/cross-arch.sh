@@ -70,6 +70,7 @@ EXCLUDED=(
     "reports::audit::the_library_check_accepts_the_requested_file_and_rejects_another  $reason_exec"
     "reports::audit::the_cpu_matrix_passes_and_records_every_configuration  $reason_exec"
     "reports::audit::the_oracle_reads_the_same_rank_files_and_tensors  $reason_exec"
+    "reports::audit::an_audit_matrix_over_16_bit_experiments_runs_on_the_cpu  $reason_exec"
     "cli::commands::launch_propagates_the_first_failure_and_names_the_rank  $reason_exec"
     "cli::exit_codes::a_closed_stdout_pipe_is_not_a_panic  $reason_exec"
     "cli::exit_codes::a_full_stdout_is_a_clear_error  $reason_exec"

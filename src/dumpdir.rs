@@ -1,6 +1,7 @@
 //! All-or-nothing dump directories. A run writes its arenas into a fresh
 //! hidden sibling directory (`.<name>.partial-XXXXXX`), adds SHA256SUMS
-//! and a manifest ([`MANIFEST`]: the tool and the format), and only then
+//! and a manifest ([`MANIFEST`]: the tool, the format and the dtype of
+//! every file that is not float32), and only then
 //! swaps it in for the target in one rename. A failed, interrupted or
 //! concurrent run never leaves a target whose SHA256SUMS disagrees with
 //! its files: readers see the old directory or the new one. An existing
@@ -8,6 +9,7 @@
 //! manifest is there and nothing but dump files beside it), so a mistyped
 //! `--dump` cannot delete someone's directory, even one of `*.bin` files.
 
+use crate::dtype::Dtype;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -26,11 +28,61 @@ fn refuse(message: String) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidInput, message)
 }
 
-fn manifest_text() -> String {
+/// The manifest. `dtypes` maps each file of a 16-bit dtype to it; a file
+/// it does not list holds float32, as every file of a manifest without the
+/// key does (those written before the dtypes), so an all-f32 directory's
+/// manifest is the same as before.
+fn manifest_text(files: &[(String, Dtype)]) -> String {
+    let narrow: Vec<String> = files
+        .iter()
+        .filter(|(_, d)| !d.is_f32())
+        .map(|(n, d)| {
+            format!(
+                "    {}: \"{d}\"",
+                serde_json::to_string(n).unwrap_or_default()
+            )
+        })
+        .collect();
+    let dtypes = if narrow.is_empty() {
+        String::new()
+    } else {
+        format!(",\n  \"dtypes\": {{\n{}\n  }}", narrow.join(",\n"))
+    };
     format!(
-        "{{\n  \"format\": \"{DUMP_FORMAT}\",\n  \"version\": {DUMP_VERSION},\n  \"tool\": \"foldprint {}\",\n  \"sums\": \"SHA256SUMS\"\n}}\n",
+        "{{\n  \"format\": \"{DUMP_FORMAT}\",\n  \"version\": {DUMP_VERSION},\n  \"tool\": \"foldprint {}\",\n  \"sums\": \"SHA256SUMS\"{dtypes}\n}}\n",
         env!("CARGO_PKG_VERSION")
     )
+}
+
+/// The dtype of each dump file `dir`'s manifest lists (files it does not
+/// list, and every file of a manifest without `dtypes`, are float32).
+pub fn manifest_dtypes(dir: &Path) -> Result<std::collections::BTreeMap<String, Dtype>, String> {
+    let path = dir.join(MANIFEST);
+    let bytes = crate::input::read_capped(&path, crate::input::MAX_REPORT_BYTES)
+        .map_err(|e| format!("{MANIFEST}: cannot be read: {e}"))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| format!("{MANIFEST}: not JSON: {e}"))?;
+    if v.get("format").and_then(|f| f.as_str()) != Some(DUMP_FORMAT) {
+        return Err(format!("{MANIFEST}: does not say format \"{DUMP_FORMAT}\""));
+    }
+    let mut out = std::collections::BTreeMap::new();
+    match v.get("dtypes") {
+        None => {}
+        Some(serde_json::Value::Object(m)) => {
+            for (name, d) in m {
+                let d: Dtype = d.as_str().and_then(|s| s.parse().ok()).ok_or_else(|| {
+                    format!("{MANIFEST}: dtypes.{name} is {d}, not \"bf16\", \"f16\" or \"f32\"")
+                })?;
+                out.insert(name.clone(), d);
+            }
+        }
+        Some(other) => {
+            return Err(format!(
+                "{MANIFEST}: dtypes is {other}, not an object of file names"
+            ))
+        }
+    }
+    Ok(out)
 }
 
 /// Whether `dir` holds a manifest foldprint wrote (any version of the tool).
@@ -202,8 +254,8 @@ pub struct DumpDir {
     target: PathBuf,
     /// `None` once committed.
     staging: Option<tempfile::TempDir>,
-    /// (sha256, file name) in write order.
-    files: Vec<(crate::digest::Sha256, String)>,
+    /// (sha256, file name, its elements' dtype) in write order.
+    files: Vec<(crate::digest::Sha256, String, Dtype)>,
     sealed: bool,
 }
 
@@ -232,8 +284,14 @@ impl DumpDir {
         &self.target
     }
 
-    /// Write one file; its SHA-256 goes into SHA256SUMS at commit.
+    /// Write one file of float32 values; its SHA-256 goes into SHA256SUMS
+    /// at commit.
     pub fn write(&mut self, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
+        self.write_as(name, bytes, Dtype::F32)
+    }
+
+    /// Write one file of `dtype`'s values (the manifest records it).
+    pub fn write_as(&mut self, name: &str, bytes: &[u8], dtype: Dtype) -> std::io::Result<PathBuf> {
         let path = self.staging_path().join(name);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
@@ -242,7 +300,7 @@ impl DumpDir {
         f.write_all(bytes)?;
         f.sync_all()?;
         self.files
-            .push((crate::digest::Sha256::of(bytes), name.to_string()));
+            .push((crate::digest::Sha256::of(bytes), name.to_string(), dtype));
         Ok(self.target.join(name))
     }
 
@@ -255,9 +313,11 @@ impl DumpDir {
         let sums: String = self
             .files
             .iter()
-            .map(|(h, n)| format!("{h}  {n}\n"))
+            .map(|(h, n, _)| format!("{h}  {n}\n"))
             .collect();
-        for (name, text) in [("SHA256SUMS", sums), (MANIFEST, manifest_text())] {
+        let dtypes: Vec<(String, Dtype)> =
+            self.files.iter().map(|(_, n, d)| (n.clone(), *d)).collect();
+        for (name, text) in [("SHA256SUMS", sums), (MANIFEST, manifest_text(&dtypes))] {
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -465,6 +525,38 @@ mod tests {
         drop(d);
         assert_eq!(listing(&t), [MANIFEST, "SHA256SUMS", "z.a0.bin"]);
         assert_eq!(listing(root.path()), ["d"]);
+    }
+
+    #[test]
+    fn the_manifest_names_each_16_bit_file_and_old_ones_read_as_f32() {
+        let root = tempfile::tempdir().unwrap();
+        let t = root.path().join("d");
+        let mut d = DumpDir::create(&t).unwrap();
+        d.write("x.a0.bin", b"1234").unwrap();
+        d.write_as("y\"q.a0.bin", b"12", Dtype::Bf16).unwrap();
+        d.write_as("z.a0.bin", b"12", Dtype::F16).unwrap();
+        d.commit().unwrap();
+        let got = manifest_dtypes(&t).unwrap();
+        let want: std::collections::BTreeMap<String, Dtype> = [
+            ("y\"q.a0.bin".to_string(), Dtype::Bf16),
+            ("z.a0.bin".to_string(), Dtype::F16),
+        ]
+        .into();
+        assert_eq!(got, want);
+        // Every float32 file: the manifest written before the dtypes.
+        assert_eq!(
+            manifest_text(&[("x.a0.bin".into(), Dtype::F32)]),
+            manifest_text(&[])
+        );
+        assert!(!manifest_text(&[]).contains("dtypes"));
+        std::fs::write(t.join(MANIFEST), manifest_text(&[])).unwrap();
+        assert!(manifest_dtypes(&t).unwrap().is_empty());
+        // Controls: a dtype foldprint does not write, and not an object.
+        for bad in [r#""dtypes": {"x.a0.bin": "f64"}"#, r#""dtypes": ["bf16"]"#] {
+            let text = format!("{{\"format\": \"{DUMP_FORMAT}\", {bad}}}");
+            std::fs::write(t.join(MANIFEST), text).unwrap();
+            assert!(manifest_dtypes(&t).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -157,7 +157,7 @@ pub fn run_staged(
         let values = values.unwrap_or_default();
         let expect = match case.expect() {
             Some(file) => Some(
-                ExpectOutcome::compare(file, &values, cfg.nan_policy)
+                ExpectOutcome::compare(file, &values, case.dtype(), cfg.nan_policy)
                     .map_err(addends_error(case))?,
             ),
             None => None,
@@ -173,7 +173,7 @@ pub fn run_staged(
                 })
                 .collect();
             expect_ranks.push(
-                ExpectOutcome::compare(file, &shards, cfg.nan_policy)
+                ExpectOutcome::compare(file, &shards, case.dtype(), cfg.nan_policy)
                     .map_err(addends_error(case))?,
             );
         }
@@ -183,10 +183,11 @@ pub fn run_staged(
                     let name = &names[&(case.experiment(), case.id(), a)];
                     let bytes = hashed_bytes_as(&values, case.dtype(), cfg.nan_policy);
                     drop(values);
-                    dir.write(name, &bytes).map_err(|source| RunError::Dump {
-                        path: dir.target().join(name),
-                        source,
-                    })?;
+                    dir.write_as(name, &bytes, case.dtype())
+                        .map_err(|source| RunError::Dump {
+                            path: dir.target().join(name),
+                            source,
+                        })?;
                 }
             }
         }

@@ -4,10 +4,13 @@
 //!
 //! Computed on the host from the addends alone, the generator's or the
 //! rank files' (it never looks at a backend's output), over every element
-//! when the case is small and a fixed stride sample otherwise.
+//! when the case is small and a fixed stride sample otherwise. A 16-bit
+//! case is judged on its result: both folds run in float32 and are
+//! rounded once to the dtype, and only bits of the dtype count.
 
 use crate::addends::AddendError;
 use crate::data::Lane;
+use crate::dtype::Dtype;
 use crate::experiment::{Addends, Case};
 use crate::fold::{fold_fixed, fold_in_order};
 use rayon::prelude::*;
@@ -85,6 +88,7 @@ pub fn picks(n: usize, stride: u64) -> u64 {
 pub fn measure(case: &Case) -> Result<Sensitivity, AddendError> {
     let stride = stride(case);
     let world = case.world();
+    let dtype = case.dtype();
     let mut counts = Vec::new();
     for (a, &n) in case.arenas().iter().enumerate() {
         let picks = picks(n, stride);
@@ -93,14 +97,14 @@ pub fn measure(case: &Case) -> Result<Sensitivity, AddendError> {
                 let lanes: Vec<Lane> = (0..world as u32)
                     .map(|r| Lane::new(*distribution, *seed, r, a as u32))
                     .collect();
-                count(world, picks, |r, p| lanes[r].value(p * stride))
+                count(world, picks, dtype, |r, p| lanes[r].value(p * stride))
             }
             Addends::Files(f) => {
                 let samples = (0..world)
                     .into_par_iter()
                     .map(|r| f.sample(r, a, stride, picks))
                     .collect::<Result<Vec<_>, _>>()?;
-                count(world, picks, |r, p| samples[r][p as usize])
+                count(world, picks, dtype, |r, p| samples[r][p as usize])
             }
         });
     }
@@ -114,14 +118,25 @@ pub fn of_samples(case: &Case, samples: &[Vec<Vec<f32>>]) -> Sensitivity {
         .iter()
         .map(|ranks| {
             let picks = ranks.first().map_or(0, |r| r.len() as u64);
-            count(ranks.len(), picks, |r, p| ranks[r][p as usize])
+            count(ranks.len(), picks, case.dtype(), |r, p| {
+                ranks[r][p as usize]
+            })
         })
         .collect();
     of_counts(&counts, stride(case))
 }
 
 /// (changed, checked) over `picks` positions whose rank values `value` gives.
-fn count(world: usize, picks: u64, value: impl Fn(usize, u64) -> f32 + Sync) -> (u64, u64) {
+/// In a 16-bit dtype the addends are the dtype's (the generator's value
+/// rounded once; a sample already in the dtype stays as it is) and both
+/// chains are compared as the dtype's bits, as the digests see them: a
+/// difference the one rounding erases cannot show in any digest.
+fn count(
+    world: usize,
+    picks: u64,
+    dtype: Dtype,
+    value: impl Fn(usize, u64) -> f32 + Sync,
+) -> (u64, u64) {
     let reversed: Vec<usize> = (0..world).rev().collect();
     (0..picks)
         .into_par_iter()
@@ -129,11 +144,11 @@ fn count(world: usize, picks: u64, value: impl Fn(usize, u64) -> f32 + Sync) -> 
             || (0u64, 0u64, vec![0f32; world]),
             |(c, k, mut slots), p| {
                 for (r, s) in slots.iter_mut().enumerate() {
-                    *s = value(r, p);
+                    *s = dtype.quantize(value(r, p));
                 }
-                let fwd = fold_fixed(&slots);
-                let rev = fold_in_order(&slots, &reversed);
-                let same = fwd.to_bits() == rev.to_bits() || (fwd.is_nan() && rev.is_nan());
+                let fwd = dtype.narrow(fold_fixed(&slots));
+                let rev = dtype.narrow(fold_in_order(&slots, &reversed));
+                let same = fwd == rev || (dtype.is_nan(fwd) && dtype.is_nan(rev));
                 (c + u64::from(!same), k + 1, slots)
             },
         )
@@ -191,13 +206,15 @@ pub fn sequences_differ(p: &crate::experiment::CaseParams, seqs: &[Vec<usize>]) 
         return None;
     };
     let scale = p.mean.then(|| crate::fold::mean_scale(world));
+    let dtype = p.dtype.unwrap_or_default();
     let bits = |v: f32| {
-        let v = scale.map_or(v, |k| v * k);
+        // The digests' bits: scaled, then rounded once to the dtype.
+        let b = dtype.narrow(scale.map_or(v, |k| v * k));
         // NaNs compare equal, as in the digests' default policy.
-        if v.is_nan() {
+        if dtype.is_nan(b) {
             u32::MAX
         } else {
-            v.to_bits()
+            b
         }
     };
     for (a, &n) in p.arenas.iter().enumerate() {
@@ -207,7 +224,7 @@ pub fn sequences_differ(p: &crate::experiment::CaseParams, seqs: &[Vec<usize>]) 
         let mut slots = vec![0f32; world];
         for i in 0..n as u64 {
             for (s, l) in slots.iter_mut().zip(&lanes) {
-                *s = l.value(i);
+                *s = dtype.quantize(l.value(i));
             }
             let first = bits(fold_in_order(&slots, &seqs[0]));
             if seqs[1..]
@@ -224,6 +241,90 @@ pub fn sequences_differ(p: &crate::experiment::CaseParams, seqs: &[Vec<usize>]) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The elements where the CPU oracle's fixed-order result and its
+    /// descending arrival-order result differ as the digests see them
+    /// (the dtype's bits, any NaN equal to any NaN).
+    fn oracle_count(case: &Case) -> u64 {
+        use crate::backend::{cpu::CpuBackend, Backend, RunOptions};
+        use crate::experiment::DeliveryOrder;
+        let opts = RunOptions {
+            nan_policy: crate::digest::NanPolicy::Canonical,
+            keep_values: true,
+        };
+        let values = |c: &Case| {
+            CpuBackend::new().run_case(c, &opts).unwrap().arenas[0]
+                .values
+                .clone()
+                .unwrap()
+        };
+        let fwd = values(case);
+        let rev = values(
+            &case
+                .clone()
+                .with_contract(crate::fold::Contract::ArrivalOrder)
+                .with_order(DeliveryOrder::Descending)
+                .unwrap(),
+        );
+        let d = case.dtype();
+        fwd.iter()
+            .zip(&rev)
+            .filter(|(x, y)| {
+                let (x, y) = (d.narrow(**x), d.narrow(**y));
+                x != y && !(d.is_nan(x) && d.is_nan(y))
+            })
+            .count() as u64
+    }
+
+    #[test]
+    fn a_16_bit_case_counts_what_its_digests_can_see() {
+        // W = 64: with float32 accumulation and one rounding, smaller
+        // worlds of this data are blind in bf16 (docs/SPEC.md §8.7).
+        let mut changed = Vec::new();
+        for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            let case = Case::builder(64, [20011])
+                .seed(4)
+                .dtype(Some(dtype))
+                .build()
+                .unwrap();
+            let s = measure(&case).unwrap();
+            assert_eq!(s.checked, 20011);
+            assert_eq!(s.changed, oracle_count(&case), "{dtype}");
+            let seqs = vec![(0..64).collect(), (0..64).rev().collect()];
+            assert_eq!(
+                sequences_differ(&case.params(), &seqs),
+                Some(s.changed > 0),
+                "{dtype}"
+            );
+            changed.push(s.changed);
+        }
+        // The one rounding hides most reorderings: counting float32 bits
+        // in a 16-bit case would report far more.
+        assert!(changed[1] > 0 && changed[2] > 0, "{changed:?}");
+        assert!(
+            changed[1] < changed[0] && changed[2] < changed[0],
+            "{changed:?}"
+        );
+    }
+
+    #[test]
+    fn a_16_bit_case_counts_only_orders_its_rounded_result_tells_apart() {
+        // 1 + 2^-24 + 2^-24: ascending rounds both halves away (1), reversed
+        // keeps them (1 + 2^-23); bf16 and f16 round both to 1.
+        let small = f32::from_bits(0x3380_0000);
+        let absorbed = [1.0, small, small];
+        let c = |dtype, v: [f32; 3]| count(3, 1, dtype, |r, _| v[r]);
+        assert_eq!(c(Dtype::F32, absorbed), (1, 1));
+        assert_eq!(c(Dtype::Bf16, absorbed), (0, 1));
+        assert_eq!(c(Dtype::F16, absorbed), (0, 1));
+        // Control: 2^15 + 2^-9 - 2^15 is 0 ascending (the tie goes to the
+        // even 2^15) and 2^-9 reversed, values every dtype holds.
+        let cancel = [32768.0, f32::from_bits(0x3B00_0000), -32768.0];
+        for d in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            assert!(cancel.iter().all(|x| d.holds(*x)));
+            assert_eq!(c(d, cancel), (1, 1), "{d}");
+        }
+    }
 
     #[test]
     fn verdicts_follow_the_counts() {

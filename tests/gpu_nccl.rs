@@ -1182,3 +1182,77 @@ fn rank_files_under_torchrun_equal_the_oracle() {
         cpu["cases"][0]["sensitivity"]
     );
 }
+
+/// The nccl-tests-style sweep on a world of 4 emulated hosts: every
+/// fixed-order result equals the CPU oracle in every element and on every
+/// rank, NCCL's own sum drifts from it (the negative control: the bitwise
+/// column can count), the output says it is not a bandwidth result, and
+/// the CSV has nccl-tests' columns, one row per size.
+#[test]
+fn the_sweep_checks_every_bit_and_says_emulated_hosts_are_not_bandwidth() {
+    let default = setting("default", &[]);
+    let sweep = [
+        "bench",
+        "--backend",
+        "nccl",
+        "-b",
+        "4K",
+        "-e",
+        "4M",
+        "-f",
+        "4",
+        "-n",
+        "3",
+    ];
+    let json: Vec<&str> = sweep.iter().copied().chain(["--json"]).collect();
+    let o = launch(4, &default, &json);
+    assert_eq!(o.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    save("sweep.json", &text);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["world"], 4);
+    assert_eq!(v["bandwidth_result"], false);
+    assert!(v["not_bandwidth"]
+        .as_str()
+        .unwrap()
+        .contains("emulated hosts"));
+    let rows = v["rows"].as_array().unwrap();
+    let bytes: Vec<u64> = rows.iter().map(|r| r["bytes"].as_u64().unwrap()).collect();
+    assert_eq!(
+        bytes,
+        [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
+    );
+    for r in rows {
+        assert_eq!(
+            r["count"].as_u64().unwrap() * 4,
+            r["bytes"].as_u64().unwrap()
+        );
+        assert_eq!(r["dtype"], "f32");
+        assert_eq!(r["fixed_vs_oracle"], 0, "{r}");
+        assert_eq!(r["fixed_ranks_differing"], 0, "{r}");
+        let busbw = r["fixed_algbw"].as_f64().unwrap() * 2.0 * 3.0 / 4.0;
+        assert!((r["fixed_busbw"].as_f64().unwrap() - busbw).abs() <= 1e-9 * busbw);
+    }
+    let drift = rows.last().unwrap()["allreduce_vs_fixed"].as_u64().unwrap();
+    assert!(
+        drift > 0,
+        "NCCL's ring sum of mixed magnitudes equals fixed-order"
+    );
+
+    let csv: Vec<&str> = sweep.iter().copied().chain(["--csv"]).collect();
+    let o = launch(4, &default, &csv);
+    assert_eq!(o.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    save("sweep.csv", &text);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("size_bytes,count,type,redop,world,fixed_time_us,"));
+    assert_eq!(lines.len(), 1 + 6, "{text}");
+    for l in &lines[1..] {
+        let cells: Vec<&str> = l.split(',').collect();
+        assert_eq!(cells.len(), 14, "{l}");
+        assert_eq!((cells[2], cells[3], cells[4]), ("f32", "sum", "4"));
+        assert_eq!(cells[8], "0", "{l}");
+        assert_eq!(cells[13], "false", "{l}");
+    }
+    assert!(String::from_utf8_lossy(&o.stderr).contains("NOT A BANDWIDTH RESULT"));
+}

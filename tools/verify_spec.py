@@ -2,12 +2,13 @@
 """Independent verifier for foldprint digests, written from docs/SPEC.md,
 docs/EXPERIMENTS.md and docs/REPORT.md alone (no foldprint source was read).
 
-It regenerates every addend of every case with the generator of SPEC §1,
-folds shard by shard (SPEC §2, §3) in binary32 with numpy, applies the NaN
-policy the golden names (SPEC §5), hashes the little-endian bytes of each
-arena and of each 65536-element chunk, computes the order sensitivity
-(SPEC §7), and compares all of it with experiments/golden/<experiment>.json
-by case key (SPEC §6). --strict also compares case ids and their order
+It regenerates every addend of every case with the generator of SPEC §1
+(rounded once to the case's dtype, SPEC §8), folds shard by shard (SPEC §2,
+§3) in binary32 with numpy, scales a mean, rounds once to the dtype,
+applies the NaN policy the golden names (SPEC §5, §8), hashes the
+little-endian bytes of each arena and of each 65536-element chunk, computes
+the order sensitivity (SPEC §7), and compares all of it with
+experiments/golden/<experiment>.json by case key (SPEC §6). --strict also compares case ids and their order
 (EXPERIMENTS.md). tools/mutate_spec.py mutates this file one rule at a time.
 
 Exit codes: 0 all digests match, 1 any mismatch (or missing / extra golden
@@ -53,6 +54,7 @@ DISTRIBUTIONS = (
     "exact-integers",
 )
 CONTRACTS = ("fixed-order", "arrival-order", "pairwise-tree")
+DTYPES = ("f32", "bf16", "f16")
 
 # numpy constants: every operand of a uint64 array op is a np.uint64 so that
 # nothing is promoted to float64 or int64 (numpy 1.x value-based casting).
@@ -69,6 +71,12 @@ _U32_NOT_FF = U32(0xFFFFFF00)
 _U32_SIGN = U32(0x80000000)
 _U32_EXP = U32(0x7F800000)
 _U32_QNAN = U32(0x7FC00000)
+
+_U32_LOW16 = U32(0xFFFF)
+
+# SPEC §8: the canonical NaN and the NaN test of each dtype, on its bits.
+CANONICAL_NAN = {"f32": 0x7FC00000, "bf16": 0x7FC0, "f16": 0x7E00}
+ELEMENT_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 
 DEFAULT_CHUNK = 1 << 20          # elements folded per numpy pass (any value gives the same digests)
 CHUNK_ELEMS = 1 << 16            # SPEC §5: elements per chunk digest
@@ -219,6 +227,95 @@ def generate_values(dist: str, seed: int, rank: int, arena: int, blk: IndexBlock
 
 
 # ---------------------------------------------------------------------------
+# Element types (SPEC §8): exact widening, one rounding to nearest-even
+
+def _round_up(rest: np.ndarray, half, kept: np.ndarray) -> np.ndarray:
+    """1 where the dropped part `rest` rounds the kept part up: above half
+    way, or exactly half way with the kept part odd (ties to even)."""
+    return ((rest > half) | ((rest == half) & ((kept & U32(1)) == U32(1)))).astype(np.uint32)
+
+
+def narrow_bf16(b: np.ndarray, rounding=_round_up) -> np.ndarray:
+    """binary32 bits -> bfloat16 bits (in uint32), SPEC §8."""
+    b = b.astype(np.uint32)
+    kept = b >> U32(16)
+    out = kept + rounding(b & _U32_LOW16, U32(0x8000), kept)  # a carry steps the exponent, up to infinity
+    nan = (b & U32(0x7FFFFFFF)) > _U32_EXP
+    return np.where(nan, kept | U32(0x0040), out).astype(np.uint32)
+
+
+def narrow_f16(b: np.ndarray, rounding=_round_up) -> np.ndarray:
+    """binary32 bits -> binary16 bits (in uint32), SPEC §8."""
+    b = b.astype(np.uint32)
+    sign = (b >> U32(16)) & U32(0x8000)
+    a = b & U32(0x7FFFFFFF)
+    out = np.zeros_like(a)
+    # NaN: sign, the top 10 bits of the payload, quiet bit set.
+    nan = a > _U32_EXP
+    out[nan] = U32(0x7E00) | ((a[nan] >> U32(13)) & U32(0x3FF))
+    # |x| >= 65520 (half way from 65504 to 2^16, a tie to the even infinity).
+    big = ~nan & (a >= U32(0x477FF000))
+    out[big] = U32(0x7C00)
+    normal = ~nan & ~big & (a >= U32(0x38800000))
+    an = a[normal]
+    kept = (an >> U32(13)) - U32(0x1C000)
+    out[normal] = kept + rounding(an & U32(0x1FFF), U32(0x1000), kept)
+    # Subnormal results: 2^-25 < |x| < 2^-14, in units of 2^-24.
+    sub = ~nan & ~big & ~normal & (a > U32(0x33000000))
+    asub = a[sub]
+    shift = U32(126) - (asub >> U32(23))  # 14 ..= 24
+    sig = (asub & _U32_7FFFFF) | U32(0x800000)
+    kept = sig >> shift
+    rest = sig & ((U32(1) << shift) - U32(1))
+    half = U32(1) << (shift - U32(1))
+    out[sub] = kept + rounding(rest, half, kept)
+    # The rest (|x| <= 2^-25) is a signed zero.
+    return (out | sign).astype(np.uint32)
+
+
+def widen_f16(h: np.ndarray) -> np.ndarray:
+    """binary16 bits -> binary32 bits, exactly (every NaN payload bit kept)."""
+    h = h.astype(np.uint32)
+    sign = (h & U32(0x8000)) << U32(16)
+    e = (h >> U32(10)) & U32(0x1F)
+    f = h & U32(0x3FF)
+    out = np.where(e == U32(31), _U32_EXP | (f << U32(13)), ((e + U32(112)) << U32(23)) | (f << U32(13)))
+    zero = (e == U32(0)) & (f == U32(0))
+    sub = (e == U32(0)) & (f != U32(0))
+    fs = f[sub]
+    top = np.zeros_like(fs)  # position of the leading one of f (0 ..= 9)
+    for t in range(1, 10):
+        top[fs >= U32(1 << t)] = U32(t)
+    out[sub] = ((top + U32(103)) << U32(23)) | ((fs << (U32(23) - top)) & _U32_7FFFFF)
+    out[zero] = U32(0)
+    return (out | sign).astype(np.uint32)
+
+
+def narrow(bits: np.ndarray, dtype: str, rounding=_round_up) -> np.ndarray:
+    """binary32 bits -> the dtype's bits (uint32; the identity for f32)."""
+    if dtype == "bf16":
+        return narrow_bf16(bits, rounding)
+    if dtype == "f16":
+        return narrow_f16(bits, rounding)
+    return bits
+
+
+def widen(bits: np.ndarray, dtype: str) -> np.ndarray:
+    """The dtype's bits -> binary32 bits, exactly."""
+    if dtype == "bf16":
+        return bits.astype(np.uint32) << U32(16)
+    if dtype == "f16":
+        return widen_f16(bits)
+    return bits
+
+
+def is_nan_bits(bits: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "f32":
+        return (bits & U32(0x7FFFFFFF)) > _U32_EXP
+    return (bits & U32(0x7FFF)) > U32(0x7F80 if dtype == "bf16" else 0x7C00)
+
+
+# ---------------------------------------------------------------------------
 # Generator vectors
 
 def load_vectors(path: str) -> list[tuple[str, int, int, int, int, int, int]]:
@@ -344,8 +441,12 @@ class Folder:
 
     def slot(self, s: int) -> np.ndarray:
         c = self.case
-        # The copy from source s lands in slot s: rank s's addends.
-        return generate_values(c.distribution, c.seed, s, self.arena, self.blk)
+        # The copy from source s lands in slot s: rank s's addends, the
+        # generator's binary32 value rounded once to the dtype (SPEC §8).
+        v = generate_values(c.distribution, c.seed, s, self.arena, self.blk)
+        if c.dtype == "f32":
+            return v
+        return widen(narrow(v.view(np.uint32), c.dtype), c.dtype).view(np.float32)
 
     def chain(self, sequence: list[int]) -> np.ndarray:
         acc = self.slot(sequence[0]).copy()  # starts from the first value, not 0.0
@@ -397,17 +498,31 @@ def nan_policy_bits(values: np.ndarray, policy: str) -> np.ndarray:
     return bits
 
 
+def nan_policy_bits16(bits: np.ndarray, dtype: str, policy: str) -> np.ndarray:
+    """The NaN policy on a 16-bit dtype's bits (SPEC §8): its own canonical NaN."""
+    bits = bits.copy()
+    if policy == "canonical":
+        bits[is_nan_bits(bits, dtype)] = U32(CANONICAL_NAN[dtype])
+    elif policy != "preserve":
+        raise BadInput(f"unknown nan_policy {policy!r}")
+    return bits
+
+
 def le_bytes(bits: np.ndarray) -> bytes:
     return bits.astype("<u4", copy=False).tobytes()
+
+
+def le_bytes16(bits: np.ndarray) -> bytes:
+    return bits.astype("<u2", copy=False).tobytes()
 
 
 class ChunkedSha:
     """SHA-256 of a byte stream, plus SHA-256 of each CHUNK_ELEMS-element
     piece of it (SPEC §5: chunk digests), fed in pieces of any size."""
 
-    def __init__(self, chunk_elems: int = CHUNK_ELEMS):
+    def __init__(self, chunk_elems: int = CHUNK_ELEMS, element_bytes: int = 4):
         self.whole = hashlib.sha256()
-        self.chunk_bytes = 4 * chunk_elems
+        self.chunk_bytes = element_bytes * chunk_elems  # a chunk counts elements, not bytes
         self.cur = hashlib.sha256()
         self.filled = 0
         self.chunks: list[str] = []
@@ -453,7 +568,7 @@ def arena_digest(case: "Case", arena: int, policy: str, chunk: int,
     n = case.arenas[arena]
     contract = contract or case.contract
     sequence = sequence if sequence is not None else case.sequence
-    h = ChunkedSha()
+    h = ChunkedSha(element_bytes=ELEMENT_BYTES[case.dtype])
     for start, length in shard_plan(n, case.world):
         pos = start
         while pos < start + length:
@@ -462,10 +577,17 @@ def arena_digest(case: "Case", arena: int, policy: str, chunk: int,
             acc = Folder(case, arena, blk).fold(contract, sequence)
             if case.mean:
                 acc = apply_mean(acc, case.world)
-            bits = nan_policy_bits(acc, policy)
-            if tamper is not None:
-                bits = tamper(pos, bits)
-            h.update(le_bytes(bits))
+            if case.dtype == "f32":
+                bits = nan_policy_bits(acc, policy)
+                if tamper is not None:
+                    bits = tamper(pos, bits)
+                h.update(le_bytes(bits))
+            else:
+                # One rounding to the dtype, after the chain and the mean (SPEC §8).
+                bits = nan_policy_bits16(narrow(acc.view(np.uint32), case.dtype), case.dtype, policy)
+                if tamper is not None:
+                    bits = tamper(pos, bits)
+                h.update(le_bytes16(bits))
             pos = stop
     return h.finish()
 
@@ -517,8 +639,10 @@ def sensitivity(case: "Case", chunk: int) -> Sensitivity:
             f = Folder(case, arena, IndexBlock(idx))
             fwd = f.chain(list(range(w)))
             rev = f.chain(list(range(w - 1, -1, -1)))
-            # compared before any mean scaling
-            same = (fwd.view(np.uint32) == rev.view(np.uint32)) | (np.isnan(fwd) & np.isnan(rev))
+            # compared before any mean scaling, as the dtype's bits (SPEC §8)
+            fb = narrow(fwd.view(np.uint32), case.dtype)
+            rb = narrow(rev.view(np.uint32), case.dtype)
+            same = (fb == rb) | (is_nan_bits(fb, case.dtype) & is_nan_bits(rb, case.dtype))
             changed += int(np.count_nonzero(~same))
             checked += int(idx.shape[0])
     return Sensitivity(changed, checked, "every element" if stride == 1 else f"stride {stride}")
@@ -527,9 +651,10 @@ def sensitivity(case: "Case", chunk: int) -> Sensitivity:
 # ---------------------------------------------------------------------------
 # Experiments (EXPERIMENTS.md)
 
-PARAM_ORDER = ("world", "arenas", "order", "seed", "distribution", "contract", "mean", "collective",
-               "rounds")
-SWEEPABLE = ("world", "arenas", "order", "seed", "distribution", "contract", "mean", "collective")
+PARAM_ORDER = ("world", "arenas", "order", "seed", "distribution", "contract", "mean", "dtype",
+               "collective", "rounds")
+SWEEPABLE = ("world", "arenas", "order", "seed", "distribution", "contract", "mean", "dtype",
+             "collective")
 COLLECTIVES = ("all-reduce", "reduce-scatter")
 BUILTIN_DEFAULTS = {
     "order": "ascending",
@@ -537,6 +662,7 @@ BUILTIN_DEFAULTS = {
     "distribution": "mixed-magnitude",
     "contract": "fixed-order",
     "mean": False,
+    "dtype": "f32",
     "collective": "all-reduce",
     "rounds": 1,
 }
@@ -556,17 +682,20 @@ class Case:
     distribution: str
     contract: str
     mean: bool
+    dtype: str
     collective: str
     rounds: int
     sequence: list[int] = field(default_factory=list)
 
     @property
     def key(self) -> str:
-        # SPEC §6: a reduce-scatter says so after the contract.
+        # SPEC §6: a reduce-scatter says so after the contract; §6, §8: the
+        # dtype after the lengths, absent for f32.
         collective = "/reduce-scatter" if self.collective == "reduce-scatter" else ""
+        dtype = "" if self.dtype == "f32" else f"/{self.dtype}"
         return (
             f"{self.contract}{collective}/{'mean' if self.mean else 'sum'}/W{self.world}/"
-            f"n{'+'.join(str(x) for x in self.arenas)}/{self.distribution}/"
+            f"n{'+'.join(str(x) for x in self.arenas)}{dtype}/{self.distribution}/"
             f"s{self.seed}/{order_label(self.order)}"
         )
 
@@ -618,6 +747,9 @@ def _check_param(where: str, name: str, v):
     elif name == "mean":
         if not isinstance(v, bool):
             raise BadInput(f"{where}: field `mean`: expected a bool, got {v!r}")
+    elif name == "dtype":
+        if v not in DTYPES:
+            raise BadInput(f"{where}: field `dtype`: unknown dtype {v!r}")
     elif name == "collective":
         if v not in COLLECTIVES:
             raise BadInput(f"{where}: field `collective`: unknown collective {v!r}")
@@ -1052,6 +1184,78 @@ def self_test(vectors: str, experiments_dir: str, golden_dir: str, chunk: int) -
     one = one.finish()
     report("one chunk: its digest is the arena's; the root hashes its 32 raw bytes",
            one.chunks == [one.sha256] and one.root == hashlib.sha256(bytes.fromhex(one.sha256)).hexdigest())
+
+    # SPEC §8: the conversions, against numpy's IEEE binary16 and an exact
+    # nearest-even rounding for bfloat16, on edges and a random sample.
+    rng = np.random.default_rng(33)
+    edges = np.concatenate([np.arange(a - 4096, a + 4096, dtype=np.int64) for a in (
+        0x477FE000, 0x477FF000, 0x38800000, 0x387FF000, 0x33000000, 0x33800000, 0x3F808000,
+        0x00008000, 0x7F7F8000, 0x7F800000, 0x33C00000, 0x00000000)])
+    edges = (edges & 0xFFFFFFFF).astype(np.uint32)
+    sample = np.concatenate([edges, edges | U32(0x80000000),
+                             rng.integers(0, 1 << 32, size=1 << 20, dtype=np.uint64).astype(np.uint32)])
+    finite = sample[~is_nan_bits(sample, "f32")]
+    want16 = finite.view(np.float32).astype(np.float16).view(np.uint16).astype(np.uint32)
+    report(f"f16 narrowing == numpy's binary16 conversion ({finite.shape[0]} inputs)",
+           bool(np.array_equal(narrow_f16(finite), want16)))
+    x = finite.view(np.float32).astype(np.float64)
+    lo = (finite & U32(0xFFFF0000))
+    up = lo + U32(0x10000)
+    dlo = np.abs(x - lo.view(np.float32).astype(np.float64))
+    with np.errstate(all="ignore"):
+        dup = np.where((up & _U32_EXP) == _U32_EXP, np.abs(x - np.sign(x) * 2.0 ** 128),
+                       np.abs(up.view(np.float32).astype(np.float64) - x))
+    pick_up = (dup < dlo) | ((dup == dlo) & (((lo >> U32(16)) & U32(1)) == U32(1)))
+    want_bf = np.where(pick_up, up, lo) >> U32(16)
+    report("bf16 narrowing == exact nearest-even (ties to even, overflow to infinity)",
+           bool(np.array_equal(narrow_bf16(finite), want_bf)))
+    every = np.arange(1 << 16, dtype=np.uint32)
+    real = ~is_nan_bits(every, "f16")
+    report("f16 widening == numpy's on every non-NaN pattern",
+           bool(np.array_equal(widen_f16(every[real]),
+                               every[real].astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32))))
+    nan16 = every[~real]
+    report("f16 widening keeps every NaN payload bit",
+           bool(np.all(((widen_f16(nan16) >> U32(13)) & U32(0x3FF)) == (nan16 & U32(0x3FF)))))
+    for d, quiet in (("bf16", 0x0040), ("f16", 0x0200)):
+        back = narrow(widen(every, d), d)
+        want = np.where(is_nan_bits(every, d), every | U32(quiet), every)
+        report(f"{d}: narrowing gives back every widened pattern (NaNs made quiet)",
+               bool(np.array_equal(back, want)))
+    nans = np.array([0x7F800001, 0xFFC12345, 0x7FFFFFFF], dtype=np.uint32)
+    report("NaN narrowing keeps the sign and the top of the payload, quiet",
+           narrow_bf16(nans).tolist() == [0x7FC0, 0xFFC1, 0x7FFF]
+           and narrow_f16(nans).tolist() == [0x7E00, 0xFE09, 0x7FFF])
+    report("canonical NaN per dtype",
+           nan_policy_bits16(np.array([0x7F81, 0xFFC1, 0x7F80], np.uint32), "bf16", "canonical").tolist()
+           == [0x7FC0, 0x7FC0, 0x7F80]
+           and nan_policy_bits16(np.array([0x7C01, 0xFE00, 0x7C00], np.uint32), "f16", "canonical").tolist()
+           == [0x7E00, 0x7E00, 0x7C00])
+    h16 = ChunkedSha(element_bytes=2)
+    h16.update(le_bytes16(np.arange(CHUNK_ELEMS + 1, dtype=np.uint32) & U32(0xFFFF)))
+    d16 = h16.finish()
+    report("16-bit chunks: 65536 elements of 2 bytes",
+           len(d16.chunks) == 2 and d16.chunks[1] == hashlib.sha256(b"\x00\x00").hexdigest())
+
+    # A 16-bit golden case: forward must match, reversed must not.
+    mp = os.path.join(experiments_dir, "mixed-precision.toml")
+    if os.path.exists(mp):
+        name, cases = load_experiment(mp)
+        gf = load_golden(os.path.join(golden_dir, f"{name}.json"), name)
+        for d in ("bf16", "f16"):
+            # The case whose data sees order most: with one rounding after a
+            # float32 chain, most 16-bit cases are blind (SPEC §8.7).
+            case = max((c for c in cases if c.dtype == d and c.contract == "fixed-order"
+                        and not c.mean and c.key in gf.cases),
+                       key=lambda c: gf.cases[c.key].get("sensitivity", {}).get("changed", 0))
+            want = gf.cases[case.key]["arenas"][0]
+            got = arena_digest(case, 0, gf.policy, chunk).sha256
+            report(f"positive control {case.key} arena 0 matches golden", got == want)
+            rev = arena_digest(case, 0, gf.policy, chunk, contract="arrival-order",
+                               sequence=list(range(case.world - 1, -1, -1))).sha256
+            report(f"negative control: {d} reversed chain differs from golden", rev != want)
+    else:
+        report("experiments/mixed-precision.toml present", False)
 
     print("self-test", "passed" if ok else "FAILED")
     return 0 if ok else 1

@@ -4,9 +4,12 @@
 //!
 //! A rank file is opened once, checked (a regular file, a valid header,
 //! every byte accounted for, the same arenas as every other rank's file),
-//! hashed, and then read by the backends straight into their arenas with
-//! positioned reads; before each read the open file is checked against
-//! what was hashed, so a report never names the digest of other bytes.
+//! then read once: each block hashed as the next is read, and the bytes
+//! kept, so the backends read their arenas from exactly the bytes the
+//! report's digest names (files too large to keep in memory are hashed,
+//! then read again with positioned reads). Before each read the open file
+//! is checked against what was hashed, and a file that changed between
+//! its opening and the end of the pass is refused.
 //! Under NCCL with one process per rank, each rank opens only its own file
 //! (as in a real job, where the others may be on other machines) and rank 0
 //! learns the others' digests in the rendezvous ([`AddendFiles::complete`]).
@@ -202,7 +205,13 @@ struct RankFile {
     shown: String,
     facts: Option<FileFacts>,
     opened: Option<Arc<Opened>>,
+    /// The file's bytes as the one pass read and hashed them; the tensors
+    /// are read from here, never from the file again.
+    held: Option<Arc<Vec<u8>>>,
 }
+
+/// A rank file's bytes as its one read pass saw and hashed them.
+type Held = Arc<Vec<u8>>;
 
 /// The rank files of a case: what each rank's arenas are read from.
 #[derive(Debug, Clone)]
@@ -347,6 +356,7 @@ impl AddendFiles {
                 shown: shown(r),
                 facts: None,
                 opened: None,
+                held: None,
             })
             .collect();
         // Open and read every header first (cheap), then hash in parallel.
@@ -424,24 +434,46 @@ impl AddendFiles {
             self.base.join(p)
         }
     }
-    /// Every file this process opened, hashed (in parallel; a file that
-    /// changed while it was read is refused). Until then the files' digests
-    /// are unknown and the case key says `pending`.
+    /// Every file this process opened, read once and hashed in the same
+    /// pass (the files in parallel; a file that changed since it was
+    /// opened is refused), its bytes kept for the backends when they fit
+    /// in a quarter of the memory left, else hashed alone and read again
+    /// later. Until then the files' digests are unknown and the case key
+    /// says `pending`.
     pub fn hashed(&self) -> Result<AddendFiles, AddendError> {
         use rayon::prelude::*;
-        let facts: Vec<Option<FileFacts>> = self
+        fn unread(f: &RankFile) -> Option<&Arc<Opened>> {
+            f.opened.as_ref().filter(|_| f.facts.is_none())
+        }
+        let total: u64 = self
             .files
-            .par_iter()
-            .map(|f| match (&f.opened, f.facts) {
-                (Some(o), None) => hash_file(&f.shown, &o.file, o.stamp).map(Some),
-                (_, known) => Ok(known),
-            })
-            .collect::<Result<_, _>>()?;
+            .iter()
+            .filter_map(unread)
+            .map(|o| o.stamp.size)
+            .sum();
+        let hold = crate::memory::available_memory().map_or(total <= 1 << 30, |m| total <= m / 4);
+        let done: Vec<(Option<FileFacts>, Option<Held>)> =
+            self.files
+                .par_iter()
+                .map(|f| match unread(f) {
+                    Some(o) if hold => read_file(&f.shown, &o.file, o.stamp)
+                        .map(|(x, b)| (Some(x), Some(Arc::new(b)))),
+                    Some(o) => hash_file(&f.shown, &o.file, o.stamp).map(|x| (Some(x), None)),
+                    None => Ok((f.facts, f.held.clone())),
+                })
+                .collect::<Result<_, _>>()?;
         let mut out = self.clone();
-        for (f, facts) in out.files.iter_mut().zip(facts) {
+        for (f, (facts, held)) in out.files.iter_mut().zip(done) {
             f.facts = facts;
+            f.held = held;
         }
         Ok(out)
+    }
+
+    /// Whether rank `rank`'s file was read in one pass and is read from
+    /// the bytes kept then.
+    pub fn is_held(&self, rank: usize) -> bool {
+        self.files.get(rank).is_some_and(|f| f.held.is_some())
     }
 
     /// Whether every file this process opened has been hashed.
@@ -461,6 +493,14 @@ impl AddendFiles {
             .iter()
             .find(|f| f.opened.is_some())
             .and_then(|f| f.facts)
+    }
+    /// The file the arenas were read from, as written: the first this
+    /// process opened (every other rank's holds the same arenas).
+    pub fn reference_path(&self) -> &str {
+        self.files
+            .iter()
+            .find(|f| f.opened.is_some())
+            .map_or(&self.template, |f| &f.shown)
     }
     /// Whether rank `rank`'s file is open here.
     pub fn is_open(&self, rank: usize) -> bool {
@@ -556,14 +596,15 @@ impl AddendFiles {
         &self,
         rank: usize,
         arena: usize,
-        how: impl FnOnce(&std::fs::File, &Tensor) -> std::io::Result<T>,
+        how: impl FnOnce(&dyn read::Source, &Tensor) -> std::io::Result<T>,
     ) -> Result<T, AddendError> {
         let f = &self.files[rank];
         let o = f.opened.as_deref().ok_or_else(|| AddendError::NotOpened {
             rank,
             path: f.shown.clone(),
         })?;
-        o.read(&f.shown, arena, "before it was read", how)
+        let held = f.held.as_deref().map(Vec::as_slice);
+        o.read(&f.shown, arena, "before it was read", held, how)
     }
 
     /// Rank `rank`'s arena `arena`, widened to float32, into `dst` (whose
@@ -601,16 +642,21 @@ impl Opened {
     /// wrote it), refused if the file changed since it was hashed: checked
     /// before the read (`when` says at which step) and again after it, so
     /// bytes written during the read are never reported under the digest.
+    /// `held`: the bytes the one pass kept, read instead of the file.
     fn read<T>(
         &self,
         shown: &str,
         arena: usize,
         when: &str,
-        how: impl FnOnce(&std::fs::File, &Tensor) -> std::io::Result<T>,
+        held: Option<&[u8]>,
+        how: impl FnOnce(&dyn read::Source, &Tensor) -> std::io::Result<T>,
     ) -> Result<T, AddendError> {
         self.unchanged(shown, when)?;
         let t = &self.tensors[arena];
-        let read = how(&self.file, t);
+        let read = match held {
+            Some(bytes) => how(&bytes, t),
+            None => how(&self.file, t),
+        };
         // A read cut short by a truncation is a change too, not an I/O error.
         self.unchanged(shown, "while it was read")?;
         read.map_err(|source| AddendError::Io {
@@ -661,6 +707,32 @@ fn open_file(
     Ok((file, stamp, all))
 }
 
+/// The one pass: an opened file's bytes, read once, and their SHA-256 and
+/// size; refused if the file changed after it was opened (the stamp taken
+/// then is compared once every byte is read).
+fn read_file(
+    shown: &str,
+    file: &std::fs::File,
+    stamp: Stamp,
+) -> Result<(FileFacts, Vec<u8>), AddendError> {
+    let (sha256, bytes) = read::hash_and_hold(file, stamp.size)
+        .map_err(|e| bad(shown, format!("cannot read it: {e}")))?;
+    let now = Stamp::of(file).map_err(|e| bad(shown, e.to_string()))?;
+    if now != stamp {
+        return Err(AddendError::Changed {
+            path: shown.into(),
+            what: "after it was opened, before its one read ended".into(),
+        });
+    }
+    Ok((
+        FileFacts {
+            sha256,
+            bytes: stamp.size,
+        },
+        bytes,
+    ))
+}
+
 /// The SHA-256 and size of an opened file, refused if it changed meanwhile.
 fn hash_file(shown: &str, file: &std::fs::File, stamp: Stamp) -> Result<FileFacts, AddendError> {
     let sha256 =
@@ -679,8 +751,8 @@ fn hash_file(shown: &str, file: &std::fs::File, stamp: Stamp) -> Result<FileFact
 }
 
 /// A framework's reduced result (`expect = "allreduced.safetensors"`):
-/// one float32 tensor per arena, named as the arenas are, compared bit for
-/// bit with the case's result.
+/// one tensor per arena in the case's dtype, named as the arenas are,
+/// compared bit for bit with the case's result.
 #[derive(Debug)]
 pub struct ExpectFile {
     shown: String,
@@ -697,11 +769,14 @@ impl PartialEq for ExpectFile {
 }
 
 impl ExpectFile {
-    /// Open `written` (relative to `base`), holding the case's `arenas`.
+    /// Open `written` (relative to `base`), holding the case's `arenas`
+    /// in the case's `dtype` (a result is never widened or rounded to be
+    /// compared: it is compared in the dtype the case reduced in).
     pub fn open(
         written: &str,
         base: &Path,
         arenas: &[ArenaSpec],
+        dtype: Dtype,
     ) -> Result<ExpectFile, AddendError> {
         let format =
             Format::of(written).ok_or_else(|| bad(written, "name it `.safetensors` or `.npy`"))?;
@@ -734,11 +809,13 @@ impl ExpectFile {
                     }
                 },
             };
-            if t.dtype != Dtype::F32 {
+            if t.dtype != dtype {
                 return Err(bad(
                     written,
                     format!(
-                        "tensor `{}` is {}; a reduced result is compared as float32, bit for bit",
+                        "tensor `{}` is {}, but the case reduces in {dtype}: a reduced result is \
+                         compared in the case's dtype, bit for bit (set the case's dtype, or \
+                         write the result in {dtype})",
                         t.name, t.dtype
                     ),
                 ));
@@ -801,10 +878,13 @@ impl ExpectFile {
             )
         })?;
         v.resize(t.len, 0f32);
-        self.opened
-            .read(&self.shown, arena, "before it was compared", |file, t| {
-                read::tensor(file, t, &mut v)
-            })?;
+        self.opened.read(
+            &self.shown,
+            arena,
+            "before it was compared",
+            None,
+            |file, t| read::tensor(file, t, &mut v),
+        )?;
         Ok(v)
     }
 }
@@ -930,6 +1010,37 @@ mod tests {
         std::fs::write(path, b).unwrap();
     }
 
+    /// Float16 bits widen as docs/SPEC.md defines, a signalling NaN's
+    /// payload kept (it is not quieted on the way in), subnormals exact.
+    #[test]
+    fn float16_files_widen_exactly_nan_payloads_included() {
+        let dir = tempfile::tempdir().unwrap();
+        let bits: [u16; 4] = [0x7C01, 0xFE03, 0x0001, 0x3C00];
+        let mut dict = "{'descr': '<f2', 'fortran_order': False, 'shape': (4,), }".to_string();
+        while !(10 + dict.len() + 1).is_multiple_of(64) {
+            dict.push(' ');
+        }
+        dict.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+        b.extend_from_slice(dict.as_bytes());
+        for h in bits {
+            b.extend_from_slice(&h.to_le_bytes());
+        }
+        std::fs::write(dir.path().join("h0.npy"), b).unwrap();
+        let f = AddendFiles::open("h{rank}.npy", dir.path(), None, None, Scope::AllRanks)
+            .unwrap()
+            .hashed()
+            .unwrap();
+        assert_eq!(f.arenas()[0].dtype, Dtype::F16);
+        let mut v = [0f32; 4];
+        f.read(0, 0, &mut v).unwrap();
+        assert_eq!(
+            v.map(f32::to_bits),
+            [0x7F80_2000, 0xFFC0_6000, 0x3380_0000, 0x3F80_0000]
+        );
+    }
+
     fn three(dir: &Path) {
         for r in 0..3 {
             npy(&dir.join(format!("r{r}.npy")), &[r as f32, 0.5, -2.0]);
@@ -979,19 +1090,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = three_hashed(dir.path());
         let o = f.files[1].opened.as_deref().unwrap();
-        let read = |file: &std::fs::File, t: &Tensor| -> std::io::Result<Vec<f32>> {
+        let read = |file: &dyn read::Source, t: &Tensor| -> std::io::Result<Vec<f32>> {
             let mut v = vec![0f32; t.len];
             read::tensor(file, t, &mut v)?;
             Ok(v)
         };
         // Control: nothing written, the read stands.
-        let v = o.read("r1.npy", 0, "before it was read", read).unwrap();
+        let v = o
+            .read("r1.npy", 0, "before it was read", None, read)
+            .unwrap();
         assert_eq!(v, [1.0, 0.5, -2.0]);
         // A write landing after the check before the read, while it reads:
         // the values read may be the new ones, so they are refused.
         let path = dir.path().join("r1.npy");
         let e = o
-            .read("r1.npy", 0, "before it was read", |file, t| {
+            .read("r1.npy", 0, "before it was read", None, |file, t| {
                 scribble(&path);
                 read(file, t)
             })
@@ -1002,18 +1115,60 @@ mod tests {
         );
         // The same for a framework's result (`expect`), through its reader.
         let arenas = f.arenas().to_vec();
-        let expect = ExpectFile::open("r2.npy", dir.path(), &arenas).unwrap();
+        let expect = ExpectFile::open("r2.npy", dir.path(), &arenas, Dtype::F32).unwrap();
         assert_eq!(expect.read(0).unwrap(), [2.0, 0.5, -2.0]);
         let path = dir.path().join("r2.npy");
         let e = expect
             .opened
-            .read("r2.npy", 0, "before it was compared", |file, t| {
+            .read("r2.npy", 0, "before it was compared", None, |file, t| {
                 scribble(&path);
                 read(file, t)
             })
             .unwrap_err();
         assert!(matches!(&e, AddendError::Changed { .. }), "{e}");
         assert!(matches!(expect.read(0), Err(AddendError::Changed { .. })));
+    }
+
+    /// The one pass: the digest is the SHA-256 of exactly the bytes the
+    /// tensors are then read from, and a file changed between its opening
+    /// and the end of its read is refused.
+    #[test]
+    fn one_pass_reads_what_it_hashed_and_refuses_a_file_changed_since_opening() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = three_hashed(dir.path());
+        for r in 0..3 {
+            assert!(f.is_held(r), "rank {r}'s file read in one pass");
+            let on_disk = std::fs::read(dir.path().join(format!("r{r}.npy"))).unwrap();
+            let facts = f.files[r].facts.unwrap();
+            assert_eq!(facts.sha256, Sha256::of(&on_disk));
+            assert_eq!(facts.bytes, on_disk.len() as u64);
+            assert_eq!(f.files[r].held.as_deref(), Some(&on_disk));
+            let mut v = [0f32; 3];
+            f.read(r, 0, &mut v).unwrap();
+            assert_eq!(v.map(f32::to_bits), [r as f32, 0.5, -2.0].map(f32::to_bits));
+        }
+        // Opened, then written before the pass: refused, never hashed.
+        let opened =
+            AddendFiles::open("r{rank}.npy", dir.path(), None, None, Scope::AllRanks).unwrap();
+        scribble(&dir.path().join("r2.npy"));
+        let e = opened.hashed().unwrap_err();
+        assert!(
+            matches!(&e, AddendError::Changed { path, .. } if path == "r2.npy"),
+            "{e}"
+        );
+        // Control: opened after the write, the same files pass.
+        let again = AddendFiles::open("r{rank}.npy", dir.path(), None, None, Scope::AllRanks)
+            .unwrap()
+            .hashed()
+            .unwrap();
+        assert_ne!(again.identity(), f.identity());
+        // The bytes kept are all a read may see: a tensor past them is an
+        // I/O error, not bytes from the file.
+        let held: &[u8] = &[1, 2, 3];
+        let mut buf = [0u8; 2];
+        assert!(read::Source::fill_at(&held, &mut buf, 2).is_err());
+        read::Source::fill_at(&held, &mut buf, 1).unwrap();
+        assert_eq!(buf, [2, 3]);
     }
 
     #[test]

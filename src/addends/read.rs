@@ -1,16 +1,105 @@
 //! Reading a rank file's bytes: its SHA-256, and a tensor straight into an
 //! arena with positioned reads (safe to share one descriptor between
 //! threads; no mapping, so a file truncated under us is an I/O error, not
-//! a SIGBUS).
+//! a SIGBUS). The one pass ([`hash_and_hold`]) reads a file once, hashing
+//! each block as the next one is read, and keeps its bytes: the tensors
+//! are then read from exactly the bytes that were hashed.
 
 use super::format::{Dtype, Tensor};
 use crate::digest::Sha256;
+use crate::dtype::{widen_bf16, widen_f16};
 use rayon::prelude::*;
 use sha2::Digest;
 use std::os::unix::fs::FileExt;
 
 /// Elements read per positioned read (4 MiB of float32).
 const BLOCK: usize = 1 << 20;
+
+/// Where a tensor's bytes are read from: the open file, or the bytes the
+/// one pass kept.
+pub(super) trait Source: Sync {
+    /// Exactly `buf.len()` bytes from offset `at`.
+    fn fill_at(&self, buf: &mut [u8], at: u64) -> std::io::Result<()>;
+}
+
+impl Source for std::fs::File {
+    fn fill_at(&self, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+        self.read_exact_at(buf, at)
+    }
+}
+
+impl Source for &[u8] {
+    fn fill_at(&self, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+        let from = usize::try_from(at)
+            .ok()
+            .and_then(|a| self.get(a..a.checked_add(buf.len())?))
+            .ok_or_else(|| {
+                std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "read past the bytes that were hashed",
+                )
+            })?;
+        buf.copy_from_slice(from);
+        Ok(())
+    }
+}
+
+/// Bytes per block of the one pass: the next block is read while this one
+/// is hashed.
+const PASS_BLOCK: usize = 8 << 20;
+
+/// The file's first `size` bytes, read once, and their SHA-256: block k+1
+/// is read (into its place in the kept bytes) while block k is hashed.
+pub(super) fn hash_and_hold(file: &std::fs::File, size: u64) -> std::io::Result<(Sha256, Vec<u8>)> {
+    let len = usize::try_from(size).map_err(std::io::Error::other)?;
+    let mut bytes = vec![0u8; len];
+    huge_pages(&mut bytes);
+    let mut h = sha2::Sha256::new();
+    let mut blocks = bytes.chunks_mut(PASS_BLOCK);
+    let mut at = 0u64;
+    let mut done: Option<&mut [u8]> = None;
+    loop {
+        let next = blocks.next();
+        let reading = next.map(|b| {
+            let from = at;
+            at += b.len() as u64;
+            (b, from)
+        });
+        let (read, ()) = rayon::join(
+            || match reading {
+                Some((b, from)) => file.read_exact_at(b, from).map(|()| Some(b)),
+                None => Ok(None),
+            },
+            || {
+                if let Some(d) = done.take() {
+                    h.update(&*d);
+                }
+            },
+        );
+        match read? {
+            Some(b) => done = Some(b),
+            None => break,
+        }
+    }
+    Ok((Sha256::from_bytes(h.finalize().into()), bytes))
+}
+
+/// Ask for transparent huge pages on a large fresh allocation: first-touch
+/// page faults otherwise cost as much as the reading.
+fn huge_pages(v: &mut [u8]) {
+    const HUGE: usize = 2 << 20;
+    let start = v.as_mut_ptr() as usize;
+    let end = start + v.len();
+    let aligned = start.next_multiple_of(HUGE);
+    if end > aligned + HUGE {
+        let len = (end - aligned) / HUGE * HUGE;
+        // SAFETY: the range lies inside this allocation; madvise only
+        // changes how the kernel backs it. Failure is harmless.
+        unsafe {
+            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+        }
+    }
+}
 
 /// SHA-256 of the file's first `size` bytes.
 pub(super) fn hash(file: &std::fs::File, size: u64) -> std::io::Result<Sha256> {
@@ -31,17 +120,18 @@ fn widen(t: &Tensor, b: &[u8]) -> f32 {
     match (t.dtype, t.big_endian) {
         (Dtype::F32, false) => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         (Dtype::F32, true) => f32::from_be_bytes([b[0], b[1], b[2], b[3]]),
-        // bfloat16 is the top half of a float32.
-        (Dtype::Bf16, false) => f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
-        (Dtype::Bf16, true) => f32::from_bits(u32::from(u16::from_be_bytes([b[0], b[1]])) << 16),
-        (Dtype::F16, false) => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
-        (Dtype::F16, true) => half::f16::from_be_bytes([b[0], b[1]]).to_f32(),
+        // The widening docs/SPEC.md defines: exact, a NaN's payload kept
+        // bit for bit (a signalling NaN stays one), as the devices widen.
+        (Dtype::Bf16, false) => f32::from_bits(widen_bf16(u16::from_le_bytes([b[0], b[1]]))),
+        (Dtype::Bf16, true) => f32::from_bits(widen_bf16(u16::from_be_bytes([b[0], b[1]]))),
+        (Dtype::F16, false) => f32::from_bits(widen_f16(u16::from_le_bytes([b[0], b[1]]))),
+        (Dtype::F16, true) => f32::from_bits(widen_f16(u16::from_be_bytes([b[0], b[1]]))),
     }
 }
 
 /// Elements `first .. first + dst.len()` of `t` into `dst`.
 fn block(
-    file: &std::fs::File,
+    file: &(impl Source + ?Sized),
     t: &Tensor,
     first: usize,
     dst: &mut [f32],
@@ -60,7 +150,7 @@ fn block(
                 std::mem::size_of_val(dst),
             )
         };
-        file.read_exact_at(bytes, at)?;
+        file.fill_at(bytes, at)?;
         if cfg!(target_endian = "big") {
             for v in dst.iter_mut() {
                 *v = f32::from_bits(u32::from_le(v.to_bits()));
@@ -69,7 +159,7 @@ fn block(
         return Ok(());
     }
     scratch.resize(dst.len() * width, 0);
-    file.read_exact_at(scratch, at)?;
+    file.fill_at(scratch, at)?;
     for (d, b) in dst.iter_mut().zip(scratch.chunks_exact(width)) {
         *d = widen(t, b);
     }
@@ -77,7 +167,11 @@ fn block(
 }
 
 /// All of `t` into `dst`, blocks read in parallel.
-pub(super) fn tensor(file: &std::fs::File, t: &Tensor, dst: &mut [f32]) -> std::io::Result<()> {
+pub(super) fn tensor(
+    file: &(impl Source + ?Sized),
+    t: &Tensor,
+    dst: &mut [f32],
+) -> std::io::Result<()> {
     if dst.len() != t.len {
         return Err(std::io::Error::other(format!(
             "{} elements asked for, the tensor has {}",
@@ -91,7 +185,7 @@ pub(super) fn tensor(file: &std::fs::File, t: &Tensor, dst: &mut [f32]) -> std::
 /// Elements `first .. first + dst.len()` of `t` into `dst`, blocks read
 /// in parallel.
 pub(super) fn range(
-    file: &std::fs::File,
+    file: &(impl Source + ?Sized),
     t: &Tensor,
     first: usize,
     dst: &mut [f32],
@@ -112,7 +206,7 @@ pub(super) fn range(
 
 /// Elements `0, stride, 2 stride ...` of `t`, `picks` of them.
 pub(super) fn sample(
-    file: &std::fs::File,
+    file: &(impl Source + ?Sized),
     t: &Tensor,
     stride: u64,
     picks: u64,

@@ -270,6 +270,48 @@ fn generate(case: &Case, a: u32, n: usize) -> Result<Vec<Vec<f32>>, AddendError>
         .collect()
 }
 
+/// Rank 0's reduced values of elements `first .. first + out.len()` of
+/// arena `a` of a generated case, computed column by column without the W
+/// arenas: the same generation, fold, mean scale and one rounding as
+/// [`reduce`], so a GPU result of any size can be checked against the
+/// oracle element by element in bounded memory. `None` for a case this
+/// cannot compute alone (rank files, NCCL's own sum, an element range past
+/// the arena).
+pub fn reduced_range(case: &Case, a: u32, first: usize, out: &mut [f32]) -> Option<()> {
+    let Addends::Generated { seed, distribution } = case.addends() else {
+        return None;
+    };
+    let n = *case.arenas().get(a as usize)?;
+    if case.contract() == Contract::NcclAllreduce || first.checked_add(out.len())? > n {
+        return None;
+    }
+    let world = case.world();
+    let order = case.order().sequence(world);
+    let scale = case.mean().then(|| mean_scale(world));
+    let dtype = case.dtype();
+    let lanes: Vec<Lane> = (0..world)
+        .map(|r| Lane::new(*distribution, *seed, r as u32, a))
+        .collect();
+    out.par_chunks_mut(CHUNK).enumerate().for_each_init(
+        Vec::new,
+        |stacked: &mut Vec<f32>, (c, piece)| {
+            let (len, at) = (piece.len(), first + c * CHUNK);
+            stacked.resize(world * len, 0.0);
+            for (r, lane) in lanes.iter().enumerate() {
+                let slot = &mut stacked[r * len..(r + 1) * len];
+                lane.fill(at as u64, slot);
+                dtype.quantize_all(slot);
+            }
+            fold_stacked(case.contract(), stacked, world, &order, piece);
+            if let Some(s) = scale {
+                scale_rows(piece, s);
+            }
+            dtype.quantize_all(piece);
+        },
+    );
+    Some(())
+}
+
 /// Ask for transparent huge pages on a fresh allocation: first-touch page
 /// faults otherwise dominate generating a large arena.
 fn advise_huge_pages(v: &mut Vec<f32>) {
@@ -444,5 +486,51 @@ mod tests {
             differing_chunks(&ranks),
             vec![(2, vec![0]), (3, vec![1, 2])]
         );
+    }
+
+    /// The column-by-column oracle gives the whole-arena oracle's bits, at
+    /// any offset, for f32 and the 16-bit dtypes, sum and mean; a range
+    /// shifted by one element (the negative control) does not.
+    #[test]
+    fn reduced_range_is_the_oracle_bit_for_bit() {
+        use crate::data::Distribution;
+        let n = 3 * CHUNK + 77;
+        for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+            for mean in [false, true] {
+                let case = Case::builder(5, [n])
+                    .experiment("t")
+                    .id("r")
+                    .seed(7)
+                    .distribution(Distribution::MixedMagnitude)
+                    .dtype(Some(dtype))
+                    .mean(mean)
+                    .build()
+                    .unwrap();
+                let whole = CpuBackend::new()
+                    .run_case(
+                        &case,
+                        &RunOptions {
+                            keep_values: true,
+                            ..Default::default()
+                        },
+                    )
+                    .unwrap()
+                    .arenas
+                    .remove(0)
+                    .values
+                    .unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let mut all = vec![0f32; n];
+                reduced_range(&case, 0, 0, &mut all).unwrap();
+                assert_eq!(bits(&all), bits(&whole), "{dtype} mean={mean}");
+                let (first, len) = (CHUNK - 5, CHUNK + 9);
+                let mut part = vec![0f32; len];
+                reduced_range(&case, 0, first, &mut part).unwrap();
+                assert_eq!(bits(&part), bits(&whole[first..first + len]));
+                reduced_range(&case, 0, first + 1, &mut part).unwrap();
+                assert_ne!(bits(&part), bits(&whole[first..first + len]));
+                assert!(reduced_range(&case, 0, n - 3, &mut part).is_none());
+            }
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! What reading addends from rank files costs: one case of W rank files
-//! (float32 npy, written here from the generator's values and read once so
-//! they sit in the page cache) next to the same case from the generator,
-//! on one backend. Both must give the same digests.
+//! (float32 npy, or bf16/f16 safetensors, written here from the
+//! generator's values and read once so they sit in the page cache) next to
+//! the same case from the generator, on one backend. Both must give the
+//! same digests.
 
 use super::{median, BenchError};
 use crate::addends::{AddendFiles, Scope};
@@ -16,11 +17,12 @@ pub struct InputsBench {
     pub backend: &'static str,
     pub world: usize,
     pub n: usize,
-    /// Bytes of addends in all (W x n x 4).
+    pub dtype: crate::dtype::Dtype,
+    /// Bytes of addends in all (W x n x the dtype's width).
     pub bytes: u64,
     pub rounds: u32,
-    /// Opening, checking and hashing the W rank files (once per run; a
-    /// `run` does it while its backend starts).
+    /// Opening, checking, reading and hashing the W rank files in one pass
+    /// (once per run; a `run` does it while its backend starts).
     pub files_load_ms: f64,
     /// The order-sensitivity measure (once per case): from the files'
     /// samples, and from the generator.
@@ -36,9 +38,11 @@ pub struct InputsBench {
     pub files_case_ms: f64,
     pub generator_case_ms: f64,
     pub ratio: f64,
-    /// Both gave the same arena digest and sensitivity (the files hold the
-    /// generator's values).
+    /// Both gave the same arena digest (the files hold the generator's
+    /// values).
     pub same_digests: bool,
+    /// And the same order-sensitivity measure.
+    pub same_sensitivity: bool,
 }
 
 /// The experiment files of the two cases, for whole `foldprint run`s
@@ -52,17 +56,23 @@ pub fn compare(
     backend: &mut dyn Backend,
     world: usize,
     n: usize,
+    dtype: crate::dtype::Dtype,
     rounds: u32,
     dir: &std::path::Path,
 ) -> Result<InputsBench, BenchError> {
     let (seed, distribution) = (1, Distribution::MixedMagnitude);
+    let template = if dtype.is_f32() {
+        "rank{rank}.npy"
+    } else {
+        "rank{rank}.safetensors"
+    };
     let experiment =
         |name: &str, inputs: &str| format!("name = \"{name}\"\n[[case]]\nid = \"c\"\n{inputs}\n");
     std::fs::write(
         dir.join(FILES_EXPERIMENT),
         experiment(
             "bench-files",
-            &format!("addends = \"rank{{rank}}.npy\"\nworld = {world}"),
+            &format!("addends = \"{template}\"\nworld = {world}"),
         ),
     )
     .map_err(BenchError::Io)?;
@@ -71,17 +81,19 @@ pub fn compare(
         experiment(
             "bench-generator",
             &format!(
-                "world = {world}\narenas = [{n}]\nseed = {seed}\ndistribution = \"{distribution}\""
+                "world = {world}\narenas = [{n}]\nseed = {seed}\ndistribution = \"{distribution}\"\ndtype = \"{dtype}\""
             ),
         ),
     )
     .map_err(BenchError::Io)?;
     for r in 0..world {
-        write_npy(
-            &dir.join(format!("rank{r}.npy")),
-            &Lane::new(distribution, seed, r as u32, 0),
-            n,
-        )
+        let lane = Lane::new(distribution, seed, r as u32, 0);
+        let path = dir.join(template.replace("{rank}", &r.to_string()));
+        if dtype.is_f32() {
+            write_npy(&path, &lane, n)
+        } else {
+            write_safetensors(&path, &lane, n, dtype)
+        }
         .map_err(BenchError::Io)?;
     }
     let generated = Case::builder(world, [n])
@@ -89,13 +101,14 @@ pub fn compare(
         .id("generator")
         .seed(seed)
         .distribution(distribution)
+        .dtype(Some(dtype))
         .rounds(rounds)
         .build()?;
     // A first open reads the files into the page cache; the timed one
     // finds them there.
     let open = || {
         AddendFiles::open(
-            "rank{rank}.npy",
+            template,
             dir,
             None,
             Some(generated.world_size()),
@@ -142,7 +155,8 @@ pub fn compare(
         backend: backend_name,
         world,
         n,
-        bytes: generated.addend_bytes(),
+        dtype,
+        bytes: generated.world() as u64 * n as u64 * dtype.bytes() as u64,
         rounds,
         files_load_ms,
         files_sensitivity_ms,
@@ -154,7 +168,8 @@ pub fn compare(
         files_case_ms,
         generator_case_ms,
         ratio: files_case_ms / generator_case_ms,
-        same_digests: f.arenas[0].digest() == g.arenas[0].digest() && fs == gs,
+        same_digests: f.arenas[0].digest() == g.arenas[0].digest(),
+        same_sensitivity: fs == gs,
     })
 }
 
@@ -177,6 +192,49 @@ fn write_npy(path: &std::path::Path, lane: &Lane, n: usize) -> std::io::Result<(
     f.write_all(b"\x93NUMPY\x01\x00")?;
     f.write_all(&(dict.len() as u16).to_le_bytes())?;
     f.write_all(dict.as_bytes())?;
+    f.write_all(&bytes)?;
+    f.flush()
+}
+
+/// A safetensors file of one 16-bit tensor `array`: a lane's first `n`
+/// values rounded once to `dtype`, as the generator makes them in a case
+/// of that dtype.
+fn write_safetensors(
+    path: &std::path::Path,
+    lane: &Lane,
+    n: usize,
+    dtype: crate::dtype::Dtype,
+) -> std::io::Result<()> {
+    use rayon::prelude::*;
+    use std::io::Write;
+    let name = match dtype {
+        crate::dtype::Dtype::Bf16 => "BF16",
+        crate::dtype::Dtype::F16 => "F16",
+        crate::dtype::Dtype::F32 => "F32",
+    };
+    let width = dtype.bytes();
+    let mut header = format!(
+        "{{\"array\":{{\"dtype\":\"{name}\",\"shape\":[{n}],\"data_offsets\":[0,{}]}}}}",
+        n * width
+    );
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut bytes = vec![0u8; n * width];
+    bytes
+        .par_chunks_mut(width << 16)
+        .enumerate()
+        .for_each(|(k, out)| {
+            let mut v = vec![0f32; out.len() / width];
+            lane.fill((k << 16) as u64, &mut v);
+            for (o, x) in out.chunks_exact_mut(width).zip(&v) {
+                // The 16-bit pattern of the value rounded once.
+                o.copy_from_slice(&(dtype.narrow(*x) as u16).to_le_bytes());
+            }
+        });
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    f.write_all(&(header.len() as u64).to_le_bytes())?;
+    f.write_all(header.as_bytes())?;
     f.write_all(&bytes)?;
     f.flush()
 }

@@ -42,6 +42,37 @@ pub struct BenchArgs {
     /// --backend cpu or cuda.
     #[arg(long)]
     inputs: bool,
+    /// NCCL sweep (as nccl-tests' -b): the smallest buffer per rank, in
+    /// bytes; K, M, G are powers of 1024 [default: 1M].
+    #[arg(short = 'b', long = "minbytes", value_parser = parse_size)]
+    minbytes: Option<u64>,
+    /// NCCL sweep (-e): the largest buffer per rank, in bytes [default: 1G].
+    #[arg(short = 'e', long = "maxbytes", value_parser = parse_size)]
+    maxbytes: Option<u64>,
+    /// NCCL sweep (-f): each size is the previous one times this (2 or more)
+    /// [default: 2].
+    #[arg(short = 'f', long = "stepfactor")]
+    stepfactor: Option<u64>,
+    /// The dtype reduced: f32, bf16 or f16 (NCCL sweep, and the rank files
+    /// of --inputs) [default: f32].
+    #[arg(short = 'd', long = "datatype", value_parser = parse_dtype)]
+    datatype: Option<foldprint::dtype::Dtype>,
+    /// NCCL sweep (-n): timed repetitions per size; each row is their median
+    /// [default: 20].
+    #[arg(short = 'n', long = "iters")]
+    iters: Option<usize>,
+    /// NCCL sweep: print the rows as CSV (one header line, then a row per
+    /// size) instead of the table.
+    #[arg(long)]
+    csv: bool,
+}
+
+fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    foldprint::bench::nccl::parse_bytes(s)
+}
+
+fn parse_dtype(s: &str) -> std::result::Result<foldprint::dtype::Dtype, String> {
+    s.parse()
 }
 
 /// The GPU fold benchmark and the end-to-end phases, printed.
@@ -181,68 +212,194 @@ fn run_cuda(json: bool, kernel_cache: bool, e2e_log2_len: u32) -> Result<i32> {
     })
 }
 
-/// Fixed-order reduction next to ncclAllReduce, 1 MiB to 1 GiB.
-fn run_nccl(gpus: usize, json: bool) -> Result<i32> {
-    let bench = foldprint::bench::nccl::run(gpus)?;
+/// The sweep the arguments ask for (nccl-tests' flags and defaults of
+/// this bench: 1M to 1G, factor 2, f32, 20 repetitions).
+fn sweep(a: &BenchArgs) -> Result<foldprint::bench::nccl::Sweep> {
+    use foldprint::bench::nccl::{Sweep, ITERS};
+    Sweep::new(
+        a.minbytes.unwrap_or(1 << 20),
+        a.maxbytes.unwrap_or(1 << 30),
+        a.stepfactor.unwrap_or(2),
+        a.datatype.unwrap_or_default(),
+        a.iters.unwrap_or(ITERS),
+    )
+    .map_err(Failure::Refused)
+}
+
+/// Fixed-order reduction next to ncclAllReduce over the sweep, in
+/// nccl-tests' columns, with the bits of both results counted.
+fn run_nccl(gpus: usize, a: &BenchArgs) -> Result<i32> {
+    use foldprint::bench::nccl::show_bytes;
+    let sweep = sweep(a)?;
+    let bench = foldprint::bench::nccl::run(gpus, &sweep)?;
     if !bench.reporting {
         return Ok(0);
     }
-    let emulated = &bench.emulated_hosts;
-    if json {
+    let not_bandwidth = bench.not_bandwidth();
+    let failed = bench
+        .rows
+        .iter()
+        .any(|r| r.fixed_vs_oracle != Some(0) || r.fixed_ranks_differing != 0);
+    let count = |c: Option<u64>| c.map_or("-".to_string(), |c| c.to_string());
+    if a.json {
         let v = serde_json::json!({
             "world": bench.world,
-            "emulated_hosts": emulated,
-            "bandwidth_result": emulated.is_none(),
+            "emulated_hosts": bench.emulated_hosts,
+            "bandwidth_result": not_bandwidth.is_none(),
+            "not_bandwidth": not_bandwidth,
             "rows": bench.rows,
         });
         outln!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(0);
-    }
-    if let Some(e) = emulated {
+    } else if a.csv {
+        if let Some(why) = &not_bandwidth {
+            eprintln!("NOT A BANDWIDTH RESULT: {why}");
+        }
+        outln!("size_bytes,count,type,redop,world,fixed_time_us,fixed_algbw_gbs,fixed_busbw_gbs,fixed_diff_vs_oracle,nccl_time_us,nccl_algbw_gbs,nccl_busbw_gbs,nccl_diff_vs_fixed,bandwidth_result");
+        for r in &bench.rows {
+            outln!(
+                "{},{},{},sum,{},{:.2},{:.3},{:.3},{},{:.2},{:.3},{:.3},{},{}",
+                r.bytes,
+                r.count,
+                r.dtype,
+                r.world,
+                r.fixed_ms * 1e3,
+                r.fixed_algbw,
+                r.fixed_busbw,
+                count(r.fixed_vs_oracle),
+                r.allreduce_ms * 1e3,
+                r.allreduce_algbw,
+                r.allreduce_busbw,
+                count(r.allreduce_vs_fixed),
+                not_bandwidth.is_none()
+            );
+        }
+    } else {
+        if let Some(why) = &not_bandwidth {
+            outln!("# NOT A BANDWIDTH RESULT: {why}");
+        }
         outln!(
-            "NOT A BANDWIDTH RESULT: emulated hosts ({}); NCCL moved every byte over its socket transport on loopback",
-            e["layout"].as_str().unwrap_or("?")
+            "# foldprint bench --backend nccl -b {} -e {} -f {} -d {} -n {}: {} rank(s), median of {} per size",
+            show_bytes(sweep.min_bytes),
+            show_bytes(sweep.max_bytes),
+            sweep.factor,
+            sweep.dtype,
+            sweep.iters,
+            bench.world,
+            sweep.iters
         );
-    }
-    outln!(
-        "NCCL world of {} rank(s); median of {}; busbw = algbw x 2(W-1)/W",
-        bench.world,
-        foldprint::bench::nccl::ITERS
-    );
-    outln!(
-        "{:>12} {:>12} {:>10} {:>10} {:>14} {:>10} {:>10}",
-        "BYTES",
-        "FIXED ms",
-        "algbw",
-        "busbw",
-        "ALLREDUCE ms",
-        "algbw",
-        "busbw"
-    );
-    for r in &bench.rows {
+        outln!("# busbw = algbw x 2(W-1)/W; #diff: fixed-order elements whose bits differ from the CPU oracle (must be 0), NCCL's elements whose bits differ from fixed-order (its drift)");
+        outln!("#");
         outln!(
-            "{:>12} {:>12.4} {:>10.2} {:>10.2} {:>14.4} {:>10.2} {:>10.2}",
-            r.bytes,
-            r.fixed_ms,
-            r.fixed_algbw,
-            r.fixed_busbw,
-            r.allreduce_ms,
-            r.allreduce_algbw,
-            r.allreduce_busbw
+            "# {:>10} {:>12} {:>6} {:>6}   {:^41}   {:^41}",
+            "",
+            "",
+            "",
+            "",
+            "fixed-order",
+            "ncclAllReduce (in-place)"
         );
+        outln!(
+            "# {:>10} {:>12} {:>6} {:>6}   {:>10} {:>8} {:>8} {:>11}   {:>10} {:>8} {:>8} {:>11}",
+            "size",
+            "count",
+            "type",
+            "redop",
+            "time",
+            "algbw",
+            "busbw",
+            "#diff",
+            "time",
+            "algbw",
+            "busbw",
+            "#diff"
+        );
+        outln!(
+            "# {:>10} {:>12} {:>6} {:>6}   {:>10} {:>8} {:>8} {:>11}   {:>10} {:>8} {:>8} {:>11}",
+            "(B)",
+            "(elements)",
+            "",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "vs oracle",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "vs fixed"
+        );
+        for r in &bench.rows {
+            let fixed = if r.fixed_ranks_differing > 0 {
+                format!("{} {}R", count(r.fixed_vs_oracle), r.fixed_ranks_differing)
+            } else {
+                count(r.fixed_vs_oracle)
+            };
+            outln!(
+                "  {:>10} {:>12} {:>6} {:>6}   {:>10.1} {:>8.2} {:>8.2} {:>11}   {:>10.1} {:>8.2} {:>8.2} {:>11}",
+                r.bytes,
+                r.count,
+                r.dtype.name(),
+                "sum",
+                r.fixed_ms * 1e3,
+                r.fixed_algbw,
+                r.fixed_busbw,
+                fixed,
+                r.allreduce_ms * 1e3,
+                r.allreduce_algbw,
+                r.allreduce_busbw,
+                count(r.allreduce_vs_fixed)
+            );
+        }
+        let avg = |f: fn(&foldprint::bench::nccl::NcclBenchRow) -> f64| {
+            bench.rows.iter().map(f).sum::<f64>() / bench.rows.len().max(1) as f64
+        };
+        outln!(
+            "# Avg bus bandwidth: fixed-order {:.3} GB/s, ncclAllReduce {:.3} GB/s",
+            avg(|r| r.fixed_busbw),
+            avg(|r| r.allreduce_busbw)
+        );
+        if failed {
+            outln!("# FAILED: a fixed-order result differs from the CPU oracle or between ranks (a suffix nR counts the ranks whose copy differs from rank 0's)");
+        }
     }
-    Ok(0)
+    Ok(if failed { 1 } else { 0 })
+}
+
+/// Flags of the NCCL sweep given to another backend: a usage error, so a
+/// sweep never silently measures something else.
+fn refuse_sweep_flags(a: &BenchArgs) -> Result<()> {
+    let given: Vec<&str> = [
+        (a.minbytes.is_some(), "-b"),
+        (a.maxbytes.is_some(), "-e"),
+        (a.stepfactor.is_some(), "-f"),
+        (a.iters.is_some(), "-n"),
+        (a.csv, "--csv"),
+        (a.datatype.is_some() && !a.inputs, "-d"),
+    ]
+    .into_iter()
+    .filter_map(|(on, f)| on.then_some(f))
+    .collect();
+    if given.is_empty() {
+        return Ok(());
+    }
+    Err(Failure::Refused(format!(
+        "{} belong(s) to the NCCL sweep: add --backend nccl (-d also picks the dtype of --inputs)",
+        given.join(", ")
+    )))
 }
 
 /// A thread pool the host cannot give us is `Unavailable`, as it was.
 pub fn run(a: BenchArgs) -> Result<i32> {
     use foldprint::backend::BackendChoice;
+    if a.backend != BackendChoice::Nccl || a.inputs {
+        refuse_sweep_flags(&a)?;
+    }
     if a.inputs {
         return run_inputs(&a);
     }
     match a.backend {
         BackendChoice::Cuda => return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len),
-        BackendChoice::Nccl => return run_nccl(a.gpus, a.json),
+        BackendChoice::Nccl => return run_nccl(a.gpus, &a),
         BackendChoice::Auto if foldprint::gpu::probe().usable => {
             return run_cuda(a.json, !a.no_kernel_cache, a.e2e_log2_len)
         }
@@ -329,9 +486,10 @@ fn run_inputs(a: &BenchArgs) -> Result<i32> {
     eprintln!(
         "bench: writing {} rank files of {} MiB ...",
         a.world,
-        (n as u64 * 4) >> 20
+        (n as u64 * a.datatype.unwrap_or_default().bytes() as u64) >> 20
     );
-    let r = inputs::compare(be.as_mut(), a.world as usize, n, 5, dir.path())?;
+    let dtype = a.datatype.unwrap_or_default();
+    let r = inputs::compare(be.as_mut(), a.world as usize, n, dtype, 5, dir.path())?;
     let name = be.name();
     drop(be);
     // Whole runs, each its own process, one after the other.
@@ -372,10 +530,11 @@ fn run_inputs(a: &BenchArgs) -> Result<i32> {
         outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         outln!(
-            "inputs: backend {} · W={} n=2^{} · {} MiB of addends · median of rounds 2..{}",
+            "inputs: backend {} · W={} n=2^{} {} · {} MiB of addends · median of rounds 2..{}",
             r.backend,
             r.world,
             a.log2_len,
+            r.dtype,
             r.bytes >> 20,
             r.rounds
         );
@@ -407,9 +566,14 @@ fn run_inputs(a: &BenchArgs) -> Result<i32> {
             r.generator_case_ms
         );
         outln!(
-            "files / generator: {:.2}x per case · digests {}",
+            "files / generator: {:.2}x per case · digests {} · sensitivity {}",
             r.ratio,
-            if r.same_digests { "equal" } else { "DIFFER" }
+            if r.same_digests { "equal" } else { "DIFFER" },
+            if r.same_sensitivity {
+                "equal"
+            } else {
+                "differs"
+            }
         );
         let show = |v: &[f64]| {
             v.iter()
@@ -427,5 +591,9 @@ fn run_inputs(a: &BenchArgs) -> Result<i32> {
             files_run / generator_run
         );
     }
-    Ok(if r.same_digests { 0 } else { 1 })
+    // The sensitivity of a generated 16-bit case is measured on the
+    // generator's float32 values, of the files on the dtype's: only f32
+    // sensitivities must be equal.
+    let same = r.same_digests && (r.same_sensitivity || !r.dtype.is_f32());
+    Ok(if same { 0 } else { 1 })
 }

@@ -55,14 +55,24 @@ fn arena_cells(c: &foldprint::report::CaseReport) -> (String, String) {
     if n <= DIGESTS_SHOWN {
         let lens: Vec<String> = c.params.arenas.iter().map(|n| n.to_string()).collect();
         let digests: Vec<String> = c.arenas.iter().map(|a| a.sha256.short(16)).collect();
-        return (truncate(&lens.join("+"), 16), digests.join(" "));
+        return (with_dtype(c, &lens.join("+")), digests.join(" "));
     }
     let mut digests: Vec<String> = c.arenas[..DIGESTS_SHOWN - 1]
         .iter()
         .map(|a| a.sha256.short(16))
         .collect();
     digests.push(format!("+{} more", n - (DIGESTS_SHOWN - 1)));
-    (format!("{n} arenas"), digests.join(" "))
+    (with_dtype(c, &format!("{n} arenas")), digests.join(" "))
+}
+
+/// The ARENAS cell: the lengths, then a 16-bit case's dtype (`1001+7
+/// bf16`; lengths cut first, so the dtype always shows). An f32 case's
+/// cell is its lengths alone, as before the dtypes.
+fn with_dtype(c: &foldprint::report::CaseReport, lens: &str) -> String {
+    match c.params.dtype.filter(|d| !d.is_f32()) {
+        None => truncate(lens, 16),
+        Some(d) => format!("{} {d}", truncate(lens, 16 - 1 - d.name().len())),
+    }
 }
 
 /// The title and column header of one experiment's rows; `width` is its
@@ -137,10 +147,14 @@ pub fn case_row_judged(c: &foldprint::report::CaseReport, width: usize, problems
     for e in c.expect_outcomes().filter(|e| !e.equal) {
         let n: usize = e.arenas.iter().map(|a| a.differing).sum();
         let ulp = e.arenas.iter().filter_map(|a| a.max_ulp).max();
+        let of = match c.params.dtype.filter(|d| !d.is_f32()) {
+            Some(d) => format!(" of {d}"),
+            None => String::new(),
+        };
         outln!(
             "       differs from {}: {n} element(s){}",
             e.path,
-            ulp.map_or(String::new(), |u| format!(", up to {u} ULP"))
+            ulp.map_or(String::new(), |u| format!(", up to {u} ULP{of}"))
         );
     }
 }
@@ -375,12 +389,28 @@ pub fn print_dump_comparison(
     for u in &cmp.unmatched {
         outln!("  only one side: {u}");
     }
+    use foldprint::report::localize::hex_bits;
     for d in &cmp.differing {
+        if let Some((l, r)) = d.dtypes {
+            outln!(
+                "  DIFFER {}: {l} on the left, {r} on the right ({} / {} elements): not compared element by element",
+                d.name,
+                d.lens.0,
+                d.lens.1
+            );
+            continue;
+        }
         let ulp = d
             .max_ulp
             .map_or("NaN involved".to_string(), |u| u.to_string());
+        // A 16-bit dtype says so; its ULPs are its own steps.
+        let of = if d.dtype.is_f32() {
+            String::new()
+        } else {
+            format!(" ({})", d.dtype)
+        };
         outln!(
-            "  DIFFER {}: {} of {} elements differ (lengths {} / {}), max ULP distance {ulp}",
+            "  DIFFER {}{of}: {} of {} elements differ (lengths {} / {}), max ULP distance {ulp}",
             d.name,
             d.differing,
             d.lens.0.max(d.lens.1),
@@ -398,12 +428,12 @@ pub fn print_dump_comparison(
         );
         for e in &d.first {
             outln!(
-                "    {:>12}  0x{:08x} {:>16e}  0x{:08x} {:>16e}  {:>8}",
+                "    {:>12}  {:>10} {:>16e}  {:>10} {:>16e}  {:>8}",
                 e.index,
-                e.left,
-                f32::from_bits(e.left),
-                e.right,
-                f32::from_bits(e.right),
+                hex_bits(d.dtype, e.left),
+                d.dtype.widen(e.left),
+                hex_bits(d.dtype, e.right),
+                d.dtype.widen(e.right),
                 e.ulp.map_or("-".into(), |u| u.to_string())
             );
         }

@@ -168,7 +168,11 @@ impl CaseBuilder {
     /// The case, or the first limit it breaks.
     pub fn build(self) -> Result<Case, CaseError> {
         let CaseBuilder { world, mut fields } = self;
-        fields.dtype = match resolve_dtype(fields.dtype, &fields.addends) {
+        let files = match &fields.addends {
+            Addends::Files(f) => Some(&**f),
+            Addends::Generated { .. } => None,
+        };
+        fields.dtype = match resolve_dtype(fields.dtype, files) {
             Ok(d) => Some(d),
             Err(m) => {
                 return Err(CaseError {
@@ -425,7 +429,7 @@ impl Case {
             distribution: _,   // likewise
             contract,
             mean,
-            dtype: _, // written always, below: f32 too, which rank files need
+            dtype: _, // below: f32 too where rank files are, which may be 16-bit
             collective,
             rounds,
             addends: _, // likewise
@@ -470,7 +474,9 @@ impl Case {
             distribution,
             contract: given(contract.name().to_string()),
             mean: given(mean),
-            dtype: given(self.dtype().name().to_string()),
+            // Generated f32 cases are written as before the dtypes.
+            dtype: (self.files().is_some() || !self.dtype().is_f32())
+                .then(|| Spanned::new(0..0, self.dtype().name().to_string())),
             // Left out for all-reduce, so an audit's files read as before.
             collective: collective.map(|c| Spanned::new(0..0, c.name().to_string())),
             rounds: given(rounds.into()),
@@ -656,10 +662,15 @@ pub fn shard_lens(arenas: &[usize], world: usize, rank: usize) -> Vec<usize> {
 /// The dtype a case reduces in: the declared one, held to the rank files
 /// (a file is widened to f32 exactly, never rounded to a narrower type),
 /// or else the files' own, which must agree; f32 for generated addends.
-fn resolve_dtype(declared: Option<Dtype>, addends: &Addends) -> Result<Dtype, String> {
-    let Addends::Files(f) = addends else {
+/// A refusal names the file the arenas were read from and the tensor.
+pub(super) fn resolve_dtype(
+    declared: Option<Dtype>,
+    files: Option<&AddendFiles>,
+) -> Result<Dtype, String> {
+    let Some(f) = files else {
         return Ok(declared.unwrap_or_default());
     };
+    let file = f.reference_path();
     let mut stored: Vec<(Dtype, &str)> = Vec::new();
     for a in f.arenas() {
         if !stored.iter().any(|(d, _)| *d == a.dtype) {
@@ -670,17 +681,24 @@ fn resolve_dtype(declared: Option<Dtype>, addends: &Addends) -> Result<Dtype, St
         Some(Dtype::F32) => Ok(Dtype::F32),
         Some(d) => match stored.iter().find(|(s, _)| *s != d) {
             None => Ok(d),
-            Some((s, name)) => Err(format!(
-                "{d}, but tensor `{name}` of the rank files is {s}: foldprint never rounds an addend \
-                 (set dtype = \"{s}\", or \"f32\" to widen every tensor exactly)"
-            )),
+            Some((s, name)) => {
+                let instead = if s.is_f32() {
+                    "set dtype = \"f32\" to reduce in float32".to_string()
+                } else {
+                    format!("set dtype = \"{s}\", or \"f32\" to widen every tensor exactly")
+                };
+                Err(format!(
+                    "{d}, but tensor `{name}` of {file} is {s}: foldprint never rounds an addend ({instead})"
+                ))
+            }
         },
         None => match stored.as_slice() {
             [] => Ok(Dtype::F32),
             [(d, _)] => Ok(*d),
             [(a, an), (b, bn), ..] => Err(format!(
-                "not set, and the rank files mix dtypes (`{an}` is {a}, `{bn}` is {b}); set dtype = \"f32\" \
-                 to widen every tensor exactly, or pick tensors of one dtype with `tensors`"
+                "not set, and the tensors of {file} mix dtypes (`{an}` is {a}, `{bn}` is {b}); \
+                 set dtype = \"f32\" to widen every tensor exactly, or pick tensors of one dtype \
+                 with `tensors`"
             )),
         },
     }
@@ -715,6 +733,21 @@ mod tests {
             .with_order(DeliveryOrder::Explicit(vec![0, 1]))
             .is_err());
         assert!(ok.to_builder().world(2).build().is_ok());
+    }
+
+    #[test]
+    fn a_written_case_names_its_dtype_only_where_it_is_not_the_default() {
+        let f32 = Case::builder(3, [5]).build().unwrap();
+        let bf16 = f32.to_builder().dtype(Some(Dtype::Bf16)).build().unwrap();
+        let cases = [("a".to_string(), &f32), ("b".to_string(), &bf16)];
+        let text = super::super::to_toml("x", &cases).unwrap();
+        // f32 cases are written as they were before the dtypes.
+        assert_eq!(text.matches("dtype").count(), 1, "{text}");
+        assert!(text.contains("dtype = \"bf16\""), "{text}");
+        let back = super::super::parse(std::path::Path::new("x.toml"), &text).unwrap();
+        let keys: Vec<String> = back.cases.iter().map(Case::key).collect();
+        assert_eq!(keys, [f32.key(), bf16.key()]);
+        assert!(keys[1].contains("/n5/bf16/"), "{}", keys[1]);
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub use order::DeliveryOrder;
 
 use crate::addends::{AddendFiles, ExpectFile, Scope};
 use crate::data::Distribution;
+use crate::dtype::Dtype;
 use crate::fold::{Collective, Contract};
 use crate::world_size::WorldSize;
 use schema::{RawCase, RawExperiment, RawParams, RawSweep};
@@ -68,7 +69,7 @@ struct FileCache {
     base: PathBuf,
     scope: Scope,
     rank_files: HashMap<RankFilesKey, Arc<AddendFiles>>,
-    expects: HashMap<(String, Vec<String>), Arc<ExpectFile>>,
+    expects: HashMap<(String, Vec<String>, Dtype), Arc<ExpectFile>>,
 }
 
 impl FileCache {
@@ -114,15 +115,17 @@ impl FileCache {
         &mut self,
         path: &str,
         arenas: &[crate::addends::ArenaSpec],
+        dtype: Dtype,
     ) -> Result<Arc<ExpectFile>, crate::addends::AddendError> {
         let key = (
             path.to_string(),
             arenas.iter().map(|a| a.name.clone()).collect(),
+            dtype,
         );
         if let Some(f) = self.expects.get(&key) {
             return Ok(f.clone());
         }
-        let f = Arc::new(ExpectFile::open(path, &self.base, arenas)?);
+        let f = Arc::new(ExpectFile::open(path, &self.base, arenas, dtype)?);
         self.expects.insert(key, f.clone());
         Ok(f)
     }
@@ -685,6 +688,23 @@ fn build_case(
             .map_err(|m| src.at(c.span(), format!("{}: {m}", ctx("collective"))))?,
     };
     let mut expect_ranks = Vec::new();
+    let dtype = match dtype {
+        None => None,
+        Some(d) => Some(
+            d.get_ref()
+                .parse()
+                .map_err(|m| src.at(d.span(), format!("{}: {m}", ctx("dtype"))))?,
+        ),
+    };
+    // The dtype the result is in, known before `expect` is opened in it
+    // (the builder resolves it again, to the same).
+    let dtype_span = || {
+        p.span("dtype")
+            .or_else(|| p.span("addends"))
+            .unwrap_or_else(|| id_span.clone())
+    };
+    let case_dtype = case::resolve_dtype(dtype, rank_files.as_deref())
+        .map_err(|m| src.at(dtype_span(), format!("{}: {m}", ctx("dtype"))))?;
     let expect = match (expect, &rank_files) {
         (None, _) => None,
         (Some(e), None) => {
@@ -724,7 +744,7 @@ fn build_case(
                     })
                     .collect();
                 let path = e.get_ref().replace("{rank}", &r.to_string());
-                expect_ranks.push(files.expect(&path, &shard).map_err(|m| {
+                expect_ranks.push(files.expect(&path, &shard, case_dtype).map_err(|m| {
                     src.at(
                         e.span(),
                         format!("{}: rank {r}'s shard: {m}", ctx("expect")),
@@ -735,7 +755,7 @@ fn build_case(
         }
         (Some(e), Some(f)) => Some(
             files
-                .expect(e.get_ref(), f.arenas())
+                .expect(e.get_ref(), f.arenas(), case_dtype)
                 .map_err(|m| src.at(e.span(), format!("{}: {m}", ctx("expect"))))?,
         ),
     };
@@ -800,14 +820,6 @@ fn build_case(
             .map_err(|m| src.at(c.span(), format!("{}: {m}", ctx("contract"))))?,
     };
     let mean = mean.as_ref().is_some_and(|m| *m.get_ref());
-    let dtype = match dtype {
-        None => None,
-        Some(d) => Some(
-            d.get_ref()
-                .parse()
-                .map_err(|m| src.at(d.span(), format!("{}: {m}", ctx("dtype"))))?,
-        ),
-    };
     let rounds = match rounds {
         None => 1,
         Some(r) => {

@@ -15,7 +15,11 @@ use std::collections::{BTreeMap, HashMap};
 fn check_case(c: &CaseReport, nan_policy: NanPolicy, problems: &mut Vec<String>) {
     let mut bad = |m: String| problems.push(format!("case `{}` ({}): {m}", c.id, c.key));
     if let Some(e) = &c.expect {
-        for m in e.problems(&c.params.arenas, nan_policy) {
+        for m in e.problems(
+            &c.params.arenas,
+            c.params.dtype.unwrap_or_default(),
+            nan_policy,
+        ) {
             bad(m);
         }
     }
@@ -145,7 +149,7 @@ fn check_expect_ranks(c: &CaseReport, nan_policy: NanPolicy, bad: &mut dyn FnMut
     }
     for (r, e) in c.expect_ranks.iter().enumerate() {
         let lens = crate::experiment::shard_lens(&c.params.arenas, c.params.world, r);
-        for m in e.problems(&lens, nan_policy) {
+        for m in e.problems(&lens, c.params.dtype.unwrap_or_default(), nan_policy) {
             bad(format!("rank {r}'s {m}"));
         }
     }

@@ -54,6 +54,23 @@ pub(super) fn params(c: &CaseReport, bad: &mut dyn FnMut(String)) -> Option<Case
             return None;
         }
     }
+    // f32 is written by leaving `dtype` out (every f32 report reads as
+    // before the dtypes); a 16-bit case reduces rank files of its dtype
+    // only (a file is never rounded to it).
+    if p.dtype.is_some_and(|d| d.is_f32()) {
+        bad("params.dtype is \"f32\", which a run writes by leaving `dtype` out".into());
+        return None;
+    }
+    if let (Some(d), Some(f)) = (p.dtype, addends) {
+        if let Some(a) = f.arenas.iter().find(|a| a.dtype != d) {
+            bad(format!(
+                "params.dtype is {d}, but params.addends.arenas names `{}` of {}: a run never rounds an addend",
+                super::printable(&a.name),
+                a.dtype
+            ));
+            return None;
+        }
+    }
     if let Some(f) = addends {
         let lens: Vec<usize> = f.arenas.iter().map(|a| a.len).collect();
         if f.files.len() != p.world {

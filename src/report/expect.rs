@@ -1,11 +1,12 @@
 //! `expect`: a framework's reduced result (e.g. what
 //! `torch.distributed.all_reduce` left in each rank's gradients) compared
-//! bit for bit with the case's, arena by arena, with the differing
-//! elements counted and their ULP distances.
+//! bit for bit with the case's, arena by arena, in the case's dtype, with
+//! the differing elements counted and their ULP distances in that dtype.
 
-use super::localize::{diff_bits, ulp_distance, ElementDiff};
+use super::localize::{diff_bits_in, held_bits, hex_bits, ulp_distance_in, ElementDiff};
 use crate::addends::{AddendError, ExpectFile};
 use crate::digest::{NanPolicy, Sha256};
+use crate::dtype::Dtype;
 use serde::{Deserialize, Serialize};
 
 /// Differences listed per arena, at most.
@@ -38,12 +39,13 @@ pub struct ExpectArena {
 
 impl ExpectOutcome {
     /// Compare `results` (the case's reduced arenas, rank 0's copy) with
-    /// the file, both sides under the run's NaN policy, as the digests are
-    /// (canonical: every NaN equals every NaN; the differences listed are
-    /// the bits as hashed).
+    /// the file, both as bits of the case's `dtype` under the run's NaN
+    /// policy, as the digests are (canonical: every NaN equals every NaN;
+    /// the differences listed are the dtype's bits as hashed).
     pub fn compare(
         file: &ExpectFile,
         results: &[&[f32]],
+        dtype: Dtype,
         policy: NanPolicy,
     ) -> Result<ExpectOutcome, AddendError> {
         let mut arenas = Vec::with_capacity(results.len());
@@ -51,10 +53,10 @@ impl ExpectOutcome {
             let theirs = file.read(index)?;
             let bits = |v: &[f32]| {
                 v.iter()
-                    .map(|x| policy.apply(x.to_bits()))
+                    .map(|x| policy.apply_in(dtype, held_bits(dtype, *x)))
                     .collect::<Vec<u32>>()
             };
-            let d = diff_bits(&bits(ours), &bits(&theirs), FIRST_KEPT);
+            let d = diff_bits_in(dtype, &bits(ours), &bits(&theirs), FIRST_KEPT);
             arenas.push(ExpectArena {
                 index,
                 len: ours.len(),
@@ -73,8 +75,8 @@ impl ExpectOutcome {
         })
     }
 
-    /// The failure it is, when it is one.
-    pub fn failure(&self, case: &str) -> Option<String> {
+    /// The failure it is, when it is one (ULPs counted in `dtype`).
+    pub fn failure(&self, case: &str, dtype: Dtype) -> Option<String> {
         if self.equal {
             return None;
         }
@@ -88,8 +90,11 @@ impl ExpectOutcome {
                     a.index,
                     a.differing,
                     a.len,
-                    a.max_ulp
-                        .map_or(String::new(), |u| format!(", up to {u} ULP"))
+                    a.max_ulp.map_or(String::new(), |u| if dtype.is_f32() {
+                        format!(", up to {u} ULP")
+                    } else {
+                        format!(", up to {u} ULP of {dtype}")
+                    })
                 )
             })
             .collect();
@@ -101,9 +106,10 @@ impl ExpectOutcome {
     }
 
     /// Every way the block contradicts itself, the case's arena lengths
-    /// `lens` or its NaN policy: whatever can be recomputed from the block
-    /// must agree (a forged count, distance or verdict is refused).
-    pub fn problems(&self, lens: &[usize], policy: NanPolicy) -> Vec<String> {
+    /// `lens`, its `dtype` or its NaN policy: whatever can be recomputed
+    /// from the block must agree (a forged count, distance or verdict is
+    /// refused).
+    pub fn problems(&self, lens: &[usize], dtype: Dtype, policy: NanPolicy) -> Vec<String> {
         let mut out = Vec::new();
         let have: Vec<usize> = self.arenas.iter().map(|a| a.len).collect();
         let indices = self.arenas.iter().enumerate().all(|(i, a)| a.index == i);
@@ -139,21 +145,27 @@ impl ExpectOutcome {
                     ));
                 }
                 last = Some(d.index);
-                if policy.apply(d.left) == policy.apply(d.right) {
+                let widest = if dtype.is_f32() { u32::MAX } else { 0xFFFF };
+                if d.left > widest || d.right > widest {
                     out.push(format!(
-                        "{at}: 0x{:08x} and 0x{:08x} are equal under NaN policy `{policy}`, yet listed as a difference",
+                        "{at}: 0x{:x} and 0x{:x} are not both {dtype} bits, the case's dtype",
                         d.left, d.right
                     ));
+                    continue;
                 }
-                let ulp = ulp_distance(d.left, d.right);
+                let (l, r) = (hex_bits(dtype, d.left), hex_bits(dtype, d.right));
+                if policy.apply_in(dtype, d.left) == policy.apply_in(dtype, d.right) {
+                    out.push(format!(
+                        "{at}: {l} and {r} are equal under NaN policy `{policy}`, yet listed as a difference"
+                    ));
+                }
+                let ulp = ulp_distance_in(dtype, d.left, d.right);
                 if d.ulp != ulp {
                     let say =
                         |u: Option<u64>| u.map_or("none (NaN)".to_string(), |u| u.to_string());
                     out.push(format!(
-                        "{at}: ULP distance {} but 0x{:08x} and 0x{:08x} are {} apart",
+                        "{at}: ULP distance {} but {l} and {r} are {} apart",
                         say(d.ulp),
-                        d.left,
-                        d.right,
                         say(ulp)
                     ));
                 }
@@ -206,7 +218,7 @@ mod tests {
             index,
             left,
             right,
-            ulp: ulp_distance(left, right),
+            ulp: ulp_distance_in(Dtype::F32, left, right),
         }
     }
 
@@ -214,9 +226,12 @@ mod tests {
     fn nan_pairs_are_differences_only_where_the_policy_keeps_payloads() {
         let (x86, quiet) = (0xffc0_0000u32, 0x7fc0_0000u32);
         let e = outcome(vec![pair(0, x86, quiet)], 1, None);
-        assert_eq!(e.problems(&[4], NanPolicy::Preserve), Vec::<String>::new());
         assert_eq!(
-            e.problems(&[4], NanPolicy::Canonical),
+            e.problems(&[4], Dtype::F32, NanPolicy::Preserve),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            e.problems(&[4], Dtype::F32, NanPolicy::Canonical),
             vec!["expect.arenas[0].first[0]: 0xffc00000 and 0x7fc00000 are equal under NaN policy `canonical`, yet listed as a difference".to_string()]
         );
     }
@@ -226,16 +241,20 @@ mod tests {
         let one = 1.0f32.to_bits();
         let listed = vec![pair(1, one, one + 2), pair(3, one, one + 5)];
         assert!(outcome(listed.clone(), 2, Some(5))
-            .problems(&[4], NanPolicy::Canonical)
+            .problems(&[4], Dtype::F32, NanPolicy::Canonical)
             .is_empty());
         for wrong in [None, Some(4), Some(6)] {
-            let p = outcome(listed.clone(), 2, wrong).problems(&[4], NanPolicy::Canonical);
+            let p =
+                outcome(listed.clone(), 2, wrong).problems(&[4], Dtype::F32, NanPolicy::Canonical);
             assert_eq!(p.len(), 1, "{wrong:?}: {p:?}");
             assert!(p[0].contains("max_ulp"), "{p:?}");
         }
         // Out of order, or twice the same element.
-        let p = outcome(vec![listed[1].clone(), listed[0].clone()], 2, Some(5))
-            .problems(&[4], NanPolicy::Canonical);
+        let p = outcome(vec![listed[1].clone(), listed[0].clone()], 2, Some(5)).problems(
+            &[4],
+            Dtype::F32,
+            NanPolicy::Canonical,
+        );
         assert!(p[0].contains("does not follow 3"), "{p:?}");
     }
 }

@@ -37,7 +37,10 @@ pub fn junit(
             .filter(|f| f.case().is_some_and(|at| at.index == i))
             .filter_map(|f| f.in_case())
             .collect();
-        for f in c.expect_outcomes().filter_map(|e| e.failure(&c.id)) {
+        for f in c
+            .expect_outcomes()
+            .filter_map(|e| e.failure(&c.id, c.params.dtype.unwrap_or_default()))
+        {
             problems.push(f);
         }
         for f in of_case(c) {

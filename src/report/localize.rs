@@ -2,6 +2,7 @@
 //! (index, both values, ULP distance, counts).
 
 use super::ReportError;
+use crate::dtype::Dtype;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -9,18 +10,39 @@ use std::path::Path;
 /// Distance in units in the last place between two f32 bit patterns, on the
 /// ordered line where -0.0 and +0.0 are adjacent-equal. `None` if either is NaN.
 pub fn ulp_distance(a: u32, b: u32) -> Option<u64> {
-    use crate::data::is_nan_bits;
-    if is_nan_bits(a) || is_nan_bits(b) {
+    ulp_distance_in(Dtype::F32, a, b)
+}
+
+/// [`ulp_distance`] between two bit patterns of `dtype`, counted in that
+/// dtype's steps (one bf16 step is one, not the 65,536 float32 steps it
+/// spans).
+pub fn ulp_distance_in(dtype: Dtype, a: u32, b: u32) -> Option<u64> {
+    if dtype.is_nan(a) || dtype.is_nan(b) {
         return None;
     }
-    let ordered = |x: u32| -> i64 {
-        if x & 0x8000_0000 != 0 {
-            -((x & 0x7FFF_FFFF) as i64)
-        } else {
-            x as i64
-        }
-    };
-    Some(ordered(a).abs_diff(ordered(b)))
+    Some(dtype.ordinal(a).abs_diff(dtype.ordinal(b)))
+}
+
+/// The bits of `dtype` a float32 carrier holds: the carrier was widened
+/// exactly from them, so nothing is rounded, and a NaN's payload (a
+/// signalling one's too) comes back whole.
+pub fn held_bits(dtype: Dtype, x: f32) -> u32 {
+    let b = x.to_bits();
+    let nan = b & 0x7FFF_FFFF > 0x7F80_0000;
+    match dtype {
+        Dtype::F32 => b,
+        _ if !nan => dtype.narrow(x),
+        Dtype::Bf16 => b >> 16,
+        Dtype::F16 => ((b >> 16) & 0x8000) | 0x7C00 | ((b >> 13) & 0x3FF),
+    }
+}
+
+/// `bits` of `dtype` in hex, as wide as the dtype (`0x3f800000`, `0x3f80`).
+pub fn hex_bits(dtype: Dtype, bits: u32) -> String {
+    match dtype {
+        Dtype::F32 => format!("0x{bits:08x}"),
+        Dtype::Bf16 | Dtype::F16 => format!("0x{bits:04x}"),
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -32,9 +54,20 @@ pub struct ElementDiff {
     pub ulp: Option<u64>,
 }
 
+fn is_f32(d: &Dtype) -> bool {
+    d.is_f32()
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct FileDiff {
     pub name: String,
+    /// The elements' dtype (both sides'); left out for float32.
+    #[serde(skip_serializing_if = "is_f32")]
+    pub dtype: Dtype,
+    /// Left's and right's dtypes when they differ: then nothing is
+    /// compared element by element.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dtypes: Option<(Dtype, Dtype)>,
     /// Elements compared (the shorter length) and lengths of both files.
     pub lens: (usize, usize),
     pub differing: usize,
@@ -123,29 +156,54 @@ fn read_sums_file(dir: &Path) -> Result<BTreeMap<String, crate::digest::Sha256>,
     Ok(out)
 }
 
-fn read_f32(path: &Path) -> Result<Vec<u32>, ReportError> {
+/// The dtype of every file of dump directory `dir` (float32 unless its
+/// manifest says otherwise; a directory without a manifest is float32).
+fn dtypes_of(dir: &Path) -> Result<BTreeMap<String, Dtype>, ReportError> {
+    let manifest = dir.join(crate::dumpdir::MANIFEST);
+    if std::fs::symlink_metadata(&manifest).is_err() {
+        return Ok(BTreeMap::new());
+    }
+    crate::dumpdir::manifest_dtypes(dir).map_err(|message| ReportError::Dump {
+        path: manifest,
+        message,
+    })
+}
+
+/// A dump file's elements as bits of `dtype`.
+fn read_elems(path: &Path, dtype: Dtype) -> Result<Vec<u32>, ReportError> {
     let bytes = crate::dumpdir::read_dump_file(path, None).map_err(|source| ReportError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    if bytes.len() % 4 != 0 {
+    let width = dtype.bytes();
+    if bytes.len() % width != 0 {
         return Err(ReportError::Dump {
             path: path.to_path_buf(),
-            message: format!("{} bytes is not a whole number of f32 values", bytes.len()),
+            message: format!(
+                "{} bytes is not a whole number of {dtype} values",
+                bytes.len()
+            ),
         });
     }
     let mut out = Vec::new();
     // Fallible: under a memory limit this is exit 3, not an abort.
-    out.try_reserve_exact(bytes.len() / 4)
+    out.try_reserve_exact(bytes.len() / width)
         .map_err(|_| ReportError::Io {
             path: path.to_path_buf(),
             source: std::io::Error::new(std::io::ErrorKind::OutOfMemory, "out of memory"),
         })?;
-    out.extend(
-        bytes
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-    );
+    match width {
+        4 => out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        ),
+        _ => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|c| u32::from(u16::from_le_bytes([c[0], c[1]]))),
+        ),
+    }
     Ok(out)
 }
 
@@ -161,11 +219,16 @@ pub struct BitsDiff {
 
 /// Element by element over the shorter of `left` and `right`.
 pub fn diff_bits(left: &[u32], right: &[u32], keep: usize) -> BitsDiff {
+    diff_bits_in(Dtype::F32, left, right, keep)
+}
+
+/// [`diff_bits`] of bit patterns of `dtype`, distances in its steps.
+pub fn diff_bits_in(dtype: Dtype, left: &[u32], right: &[u32], keep: usize) -> BitsDiff {
     let mut d = BitsDiff::default();
     for (i, (&x, &y)) in left.iter().zip(right).enumerate() {
         if x != y {
             d.differing += 1;
-            let ulp = ulp_distance(x, y);
+            let ulp = ulp_distance_in(dtype, x, y);
             d.max_ulp = d.max_ulp.max(ulp);
             if d.first.len() < keep {
                 d.first.push(ElementDiff {
@@ -183,6 +246,8 @@ pub fn diff_bits(left: &[u32], right: &[u32], keep: usize) -> BitsDiff {
 /// Compare two `--dump` directories file by file; `keep` first differences per file.
 pub fn compare_dumps(a: &Path, b: &Path, keep: usize) -> Result<DumpComparison, ReportError> {
     let (sa, sb) = (read_sums(a)?, read_sums(b)?);
+    let (da, db) = (dtypes_of(a)?, dtypes_of(b)?);
+    let dtype = |m: &BTreeMap<String, Dtype>, name: &str| m.get(name).copied().unwrap_or_default();
     let mut out = DumpComparison::default();
     for (name, ha) in &sa {
         let Some(hb) = sb.get(name) else {
@@ -194,10 +259,29 @@ pub fn compare_dumps(a: &Path, b: &Path, keep: usize) -> Result<DumpComparison, 
             out.identical += 1;
             continue;
         }
-        let (va, vb) = (read_f32(&a.join(name))?, read_f32(&b.join(name))?);
-        let bits = diff_bits(&va, &vb, keep);
+        let (ta, tb) = (dtype(&da, name), dtype(&db, name));
+        let (va, vb) = (
+            read_elems(&a.join(name), ta)?,
+            read_elems(&b.join(name), tb)?,
+        );
+        if ta != tb {
+            // Other element types: every element differs, none is compared.
+            out.differing.push(FileDiff {
+                name: name.clone(),
+                dtype: ta,
+                dtypes: Some((ta, tb)),
+                lens: (va.len(), vb.len()),
+                differing: va.len().max(vb.len()),
+                max_ulp: None,
+                first: Vec::new(),
+            });
+            continue;
+        }
+        let bits = diff_bits_in(ta, &va, &vb, keep);
         out.differing.push(FileDiff {
             name: name.clone(),
+            dtype: ta,
+            dtypes: None,
             lens: (va.len(), vb.len()),
             differing: bits.differing + va.len().abs_diff(vb.len()),
             max_ulp: bits.max_ulp,
@@ -214,6 +298,45 @@ pub fn compare_dumps(a: &Path, b: &Path, keep: usize) -> Result<DumpComparison, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_16_bit_value_comes_back_whole_from_its_carrier() {
+        // Every pattern, NaN payloads (signalling ones too) and subnormals.
+        for d in [Dtype::Bf16, Dtype::F16] {
+            for h in 0..=0xFFFFu32 {
+                assert_eq!(held_bits(d, d.widen(h)), h, "{d} {h:#06x}");
+            }
+        }
+        // Control: a float32 that is not a bf16 value is rounded, not kept.
+        assert_eq!(held_bits(Dtype::Bf16, f32::from_bits(0x3F80_8001)), 0x3F81);
+        assert_eq!(
+            held_bits(Dtype::F32, f32::from_bits(0x7F80_0001)),
+            0x7F80_0001
+        );
+    }
+
+    #[test]
+    fn ulp_distances_count_the_dtypes_own_steps() {
+        // 1.0 and its third neighbour up; -0 and +0; across zero; NaN.
+        assert_eq!(ulp_distance_in(Dtype::Bf16, 0x3F80, 0x3F83), Some(3));
+        assert_eq!(ulp_distance_in(Dtype::F16, 0x3C00, 0x3C03), Some(3));
+        assert_eq!(ulp_distance_in(Dtype::Bf16, 0x8000, 0x0000), Some(0));
+        assert_eq!(ulp_distance_in(Dtype::F16, 0x8001, 0x0001), Some(2));
+        assert_eq!(ulp_distance_in(Dtype::Bf16, 0x7FC0, 0x3F80), None);
+        assert_eq!(ulp_distance_in(Dtype::F16, 0x7E00, 0x3C00), None);
+        // Infinity is one step past the largest finite value.
+        assert_eq!(ulp_distance_in(Dtype::F16, 0x7BFF, 0x7C00), Some(1));
+        // Control: the same bf16 step read as float32 bits is 65,536.
+        assert_eq!(ulp_distance(0x3F80_0000, 0x3F81_0000), Some(65536));
+        let d = diff_bits_in(
+            Dtype::Bf16,
+            &[0x3F80, 0x4000, 0x7FC0],
+            &[0x3F82, 0x4000, 0x7FC1],
+            8,
+        );
+        assert_eq!((d.differing, d.max_ulp, d.first.len()), (2, Some(2), 2));
+        assert_eq!(d.first[1].ulp, None);
+    }
 
     #[test]
     fn ulp_distance_on_the_ordered_line() {

@@ -465,7 +465,10 @@ impl Report {
         let differs_from_expect = self
             .cases
             .iter()
-            .flat_map(|c| c.expect_outcomes().filter_map(|e| e.failure(&c.id)))
+            .flat_map(|c| {
+                c.expect_outcomes()
+                    .filter_map(|e| e.failure(&c.id, c.params.dtype.unwrap_or_default()))
+            })
             .collect();
         self.summary = Summary {
             cases: self.cases.len(),

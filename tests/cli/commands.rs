@@ -330,6 +330,7 @@ fn committed_goldens_verify() {
         "experiments/order-sweep.toml",
         "experiments/world-sweep.toml",
         "experiments/spec-rules.toml",
+        "experiments/mixed-precision.toml",
     ])
     .assert()
     .success();

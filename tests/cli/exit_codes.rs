@@ -75,6 +75,74 @@ fn bench_rejects_zero_sizes() {
     }
 }
 
+// 12. The NCCL sweep's flags: a bad size, factor or dtype, or -b past -e,
+// is a usage error named before any GPU or NCCL is touched.
+#[test]
+fn bench_sweep_flags_are_checked_before_nccl_starts() {
+    let cases: [(&[&str], &str); 9] = [
+        (&["-b", "1X"], "`1X` is not a size in bytes"),
+        (&["-e", "1.5G"], "`1.5G` is not a size in bytes"),
+        (&["--minbytes=-4K"], "`-4K` is not a size in bytes"),
+        (&["-f", "1"], "-f/--stepfactor 1"),
+        (&["-f", "two"], "--stepfactor"),
+        (
+            &["-d", "fp8"],
+            "unknown dtype `fp8` (expected f32, bf16 or f16)",
+        ),
+        (
+            &["-b", "2G", "-e", "1G"],
+            "-b/--minbytes 2G is larger than -e/--maxbytes 1G",
+        ),
+        (
+            &["-b", "6", "-e", "1K"],
+            "-b/--minbytes 6: a size is a positive whole number of f32 elements",
+        ),
+        (&["-b", "0", "-d", "bf16"], "-b/--minbytes 0"),
+    ];
+    for (args, says) in cases {
+        fp().args(["bench", "--backend", "nccl"])
+            .args(args)
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(says))
+            .stderr(no_panic());
+    }
+    // The sweep's flags on another backend are refused, not ignored.
+    fp().args(["bench", "--backend", "cpu", "-b", "1K", "--csv"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "-b, --csv belong(s) to the NCCL sweep",
+        ));
+    // Control: an odd size of 16-bit elements is fine for -d bf16 as far
+    // as the arguments go (what follows needs NCCL, absent or not here).
+    let o = fp()
+        .args([
+            "bench",
+            "--backend",
+            "nccl",
+            "-b",
+            "2",
+            "-e",
+            "6",
+            "-f",
+            "3",
+            "-d",
+            "bf16",
+        ])
+        .args(["-n", "1"])
+        .env("FOLDPRINT_NCCL_LIBRARY", "/nonexistent/libnccl.so.2")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(2), "{err}");
+    assert!(
+        !err.contains("--minbytes") && !err.contains("--maxbytes"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 // 12. A closed pipe ends the output quietly, with the run's own verdict.
 #[test]
 fn a_closed_stdout_pipe_is_not_a_panic() {

@@ -20,4 +20,5 @@ mod progress;
 mod rank_files;
 mod readme;
 mod reduce_scatter;
+mod sixteen_bit;
 mod verdicts;

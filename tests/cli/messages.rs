@@ -280,6 +280,24 @@ fn each_shape_of_the_parameter_table_names_its_keys_and_where_a_value_is() {
             "t.toml:6:10: case `c`: field `rounds`: must be 1 ..= 1000, got 0".to_string(),
         ),
         (
+            "name = \"t\"\n[[case]]\nid = \"c\"\nworld = 2\narenas = [3]\ndtype = \"fp16\"\n"
+                .to_string(),
+            "t.toml:6:9: case `c`: field `dtype`: unknown dtype `fp16` (expected f32, bf16 or f16)"
+                .to_string(),
+        ),
+        (
+            "name = \"t\"\n[defaults]\ndtype = \"BF16\"\n[[case]]\nid = \"c\"\nworld = 2\narenas = [3]\n"
+                .to_string(),
+            "t.toml:3:9: case `c`: field `dtype`: unknown dtype `BF16` (expected f32, bf16 or f16)"
+                .to_string(),
+        ),
+        (
+            "name = \"t\"\n[[sweep]]\nid = \"s\"\nworld = [2]\narenas = [[3]]\ndtype = [\"bf16\", \"fp8\"]\n"
+                .to_string(),
+            "t.toml:6:9: case `s[fp8]`: field `dtype`: unknown dtype `fp8` (expected f32, bf16 or f16)"
+                .to_string(),
+        ),
+        (
             "name = \"t\"\n[[sweep]]\nid = \"s\"\nworld = [2]\narenas = [[3]]\ncollective = [\"all-gather\"]\n"
                 .to_string(),
             "t.toml:6:14: case `s`: field `collective`: unknown collective `all-gather` \
@@ -346,5 +364,83 @@ fn a_sweep_is_the_product_of_its_lists_in_the_tables_order() {
         assert_eq!(c["params"]["rounds"], 2, "{c}");
         assert_eq!(c["params"]["mean"], true, "{c}");
         assert_eq!(c["params"]["distribution"], "uniform", "{c}");
+    }
+}
+
+/// `dtype` sweeps like any parameter (last in the table, its value alone in
+/// the id); an f32 case's key and params read as before dtypes existed, a
+/// 16-bit one's name the dtype after the lengths, and its digests and dump
+/// are of the dtype's 2-byte elements.
+#[test]
+fn a_swept_dtype_names_its_cases_and_keys_and_dumps_two_bytes_an_element() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = write(
+        dir.path(),
+        "d.toml",
+        "name = \"d\"\n[[sweep]]\nid = \"s\"\nworld = [3]\narenas = [[1001, 7]]\n\
+         mean = [false, true]\ndtype = [\"f32\", \"bf16\", \"f16\"]\n",
+    );
+    let dump = dir.path().join("dump");
+    let out = fp()
+        .args(["run", "--backend", "cpu", "--json", "--dump"])
+        .arg(&dump)
+        .arg(&p)
+        .assert()
+        .success();
+    let report: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    let cases = report["cases"].as_array().unwrap();
+    let ids: Vec<&str> = cases.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        ids,
+        [
+            "s[mean=false,f32]",
+            "s[mean=false,bf16]",
+            "s[mean=false,f16]",
+            "s[mean=true,f32]",
+            "s[mean=true,bf16]",
+            "s[mean=true,f16]"
+        ]
+    );
+    let mut digests = std::collections::BTreeSet::new();
+    for c in cases {
+        let key = c["key"].as_str().unwrap();
+        let dtype = c["id"]
+            .as_str()
+            .unwrap()
+            .trim_end_matches(']')
+            .rsplit(',')
+            .next()
+            .unwrap();
+        if dtype == "f32" {
+            assert!(c["params"].get("dtype").is_none(), "{c}");
+            assert!(key.contains("/n1001+7/mixed-magnitude/"), "{key}");
+        } else {
+            assert_eq!(c["params"]["dtype"], dtype, "{c}");
+            assert!(
+                key.contains(&format!("/n1001+7/{dtype}/mixed-magnitude/")),
+                "{key}"
+            );
+        }
+        assert_eq!(c["arenas"][0]["chunk_elems"], 65536, "{c}");
+        digests.insert(c["arenas"][0]["sha256"].as_str().unwrap().to_string());
+    }
+    // Six different sums: the dtype changes the bits.
+    assert_eq!(digests.len(), 6);
+    let mut sizes = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir(&dump).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().into_string().unwrap();
+        if name.ends_with(".a0.bin") {
+            sizes.insert(name, e.metadata().unwrap().len());
+        }
+    }
+    assert_eq!(sizes.len(), 6, "{sizes:?}");
+    for (name, len) in &sizes {
+        let want = if name.contains("f32") {
+            4 * 1001
+        } else {
+            2 * 1001
+        };
+        assert_eq!(*len, want, "{name}");
     }
 }

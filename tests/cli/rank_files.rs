@@ -131,6 +131,8 @@ fn f16_value(h: u16) -> f32 {
     }
 }
 
+/// `dtype = "f32"` keeps the widening: 16-bit tensors (here of two types
+/// in one file) are reduced in float32 and the result stays float32.
 #[test]
 fn sixteen_bit_and_npy_files_are_widened_exactly() {
     let dir = tempfile::tempdir().unwrap();
@@ -173,7 +175,7 @@ fn sixteen_bit_and_npy_files_are_widened_exactly() {
     let exp = write(
         dir.path(),
         "w.toml",
-        "name = \"w\"\n[[case]]\nid = \"st\"\naddends = \"rank{rank}.safetensors\"\n\
+        "name = \"w\"\n[[case]]\nid = \"st\"\naddends = \"rank{rank}.safetensors\"\ndtype = \"f32\"\n\
          [[case]]\nid = \"np\"\naddends = \"np{rank}.npy\"\n",
     );
     let dump = dir.path().join("d");
@@ -189,6 +191,133 @@ fn sixteen_bit_and_npy_files_are_widened_exactly() {
     ];
     for (name, sum) in want {
         assert_eq!(dumped(&dump.join(name)), bits(&sum), "{name}");
+    }
+}
+
+/// Without `dtype`, 16-bit files are a case of their dtype: the float32
+/// rank-order sum of their values, rounded once to the dtype (the `half`
+/// crate's nearest-even), dumped and hashed as 2-byte elements, keyed
+/// `/bf16` or `/f16`. `dtype = "f32"` widens them; an f32 tensor in a bf16
+/// case and files of two dtypes without a declaration are refused.
+#[test]
+fn sixteen_bit_files_reduce_in_their_dtype_unless_the_case_says_f32() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 1001;
+    let (mut bf, mut hf) = (Vec::new(), Vec::new());
+    for r in 0..3 {
+        let v = rank_files::mixed(7, r, 0, n);
+        let b: Vec<u16> = v
+            .iter()
+            .map(|&x| half::bf16::from_f32(x).to_bits())
+            .collect();
+        let h: Vec<u16> = v
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_bits())
+            .collect();
+        write_st(
+            dir.path(),
+            r,
+            &[
+                T::bf16("a", &[n], &b),
+                T::f16("b", &[n], &h),
+                T::f32("c", &[n], &v),
+            ],
+        );
+        bf.push(
+            b.iter()
+                .map(|&x| half::bf16::from_bits(x).to_f32())
+                .collect::<Vec<f32>>(),
+        );
+        hf.push(
+            h.iter()
+                .map(|&x| half::f16::from_bits(x).to_f32())
+                .collect::<Vec<f32>>(),
+        );
+    }
+    let exp = write(
+        dir.path(),
+        "d.toml",
+        "name = \"d\"\n[[case]]\nid = \"bf\"\naddends = \"rank{rank}.safetensors\"\ntensors = [\"a\"]\n\
+         [[case]]\nid = \"hf\"\naddends = \"rank{rank}.safetensors\"\ntensors = [\"b\"]\n\
+         [[case]]\nid = \"wide\"\naddends = \"rank{rank}.safetensors\"\ntensors = [\"a\"]\ndtype = \"f32\"\n",
+    );
+    let dump = dir.path().join("dump");
+    let out = dir.path().join("r.json");
+    fp().args(["run", "--backend", "cpu", "--dump"])
+        .arg(&dump)
+        .arg("--out")
+        .arg(&out)
+        .arg(&exp)
+        .assert()
+        .success();
+    let two_bytes = |name: &str| -> Vec<u16> {
+        std::fs::read(dump.join(name))
+            .unwrap()
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect()
+    };
+    let sum_bf = rank_files::rank_order_sum(&bf);
+    let sum_hf = rank_files::rank_order_sum(&hf);
+    let want_bf: Vec<u16> = sum_bf
+        .iter()
+        .map(|&x| half::bf16::from_f32(x).to_bits())
+        .collect();
+    let want_hf: Vec<u16> = sum_hf
+        .iter()
+        .map(|&x| half::f16::from_f32(x).to_bits())
+        .collect();
+    assert_eq!(two_bytes("d.bf.a0.bin"), want_bf);
+    assert_eq!(two_bytes("d.hf.a0.bin"), want_hf);
+    assert_eq!(dumped(&dump.join("d.wide.a0.bin")), bits(&sum_bf));
+    // Control: the rounding is seen (a float32 sum is not a bf16 value).
+    assert!(sum_bf
+        .iter()
+        .any(|x| half::bf16::from_f32(*x).to_f32() != *x));
+    let r = report(&out);
+    let keys: Vec<&str> = r["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["key"].as_str().unwrap())
+        .collect();
+    assert!(
+        keys[0].starts_with("fixed-order/sum/W3/n1001/bf16/files:"),
+        "{}",
+        keys[0]
+    );
+    assert!(
+        keys[1].starts_with("fixed-order/sum/W3/n1001/f16/files:"),
+        "{}",
+        keys[1]
+    );
+    assert!(
+        keys[2].starts_with("fixed-order/sum/W3/n1001/files:"),
+        "{}",
+        keys[2]
+    );
+    assert_eq!(r["cases"][0]["params"]["dtype"], "bf16");
+    assert!(r["cases"][2]["params"].get("dtype").is_none());
+
+    // Refused, never rounded: exit 2 naming the case, the field and the tensor.
+    for (case, want) in [
+        (
+            "tensors = [\"c\"]\ndtype = \"bf16\"\n",
+            "case `x`: field `dtype`: bf16, but tensor `c` of rank0.safetensors is f32: foldprint never rounds an addend (set dtype = \"f32\" to reduce in float32)",
+        ),
+        (
+            "tensors = [\"a\", \"b\"]\n",
+            "case `x`: field `dtype`: not set, and the tensors of rank0.safetensors mix dtypes (`a` is bf16, `b` is f16)",
+        ),
+    ] {
+        let bad = write(
+            dir.path(),
+            "bad.toml",
+            &format!("name = \"bad\"\n[[case]]\nid = \"x\"\naddends = \"rank{{rank}}.safetensors\"\n{case}"),
+        );
+        let o = fp().args(["run", "--backend", "cpu"]).arg(&bad).assert().code(2);
+        let err = String::from_utf8_lossy(&o.get_output().stderr).to_string();
+        assert!(err.contains("bad.toml:") && err.contains(want), "{err}");
     }
 }
 
@@ -420,7 +549,7 @@ fn fields_that_do_not_go_with_rank_files_are_refused() {
         ("tensors = [\"nope\"]", "rank0.safetensors: has no tensor `nope` (it has `b`, `w`)"),
         ("tensors = []", "`tensors` is empty"),
         ("expect = \"short.safetensors\"", "short.safetensors: tensor `b` has 6 elements, the arena 7"),
-        ("expect = \"half.safetensors\"", "half.safetensors: tensor `b` is bf16; a reduced result is compared as float32, bit for bit"),
+        ("expect = \"half.safetensors\"", "half.safetensors: tensor `b` is bf16, but the case reduces in f32: a reduced result is compared in the case's dtype, bit for bit"),
         ("expect = \"none.safetensors\"", "none.safetensors: not found"),
         ("addends = \"rank.safetensors\"", "rank.safetensors: needs `{rank}` where the rank number goes"),
         ("addends = \"rank{rank}.pt\"", "rank{rank}.pt: name files `.safetensors` or `.npy`"),
@@ -620,4 +749,269 @@ fn goldens_of_rank_files_catch_a_changed_file() {
         "{}",
         String::from_utf8_lossy(&o.stdout)
     );
+}
+
+/// 16-bit addends whose result, rounded once, depends on the fold order
+/// at every other element: there rank 0 holds a large L and rank 2 holds
+/// -L, so the float32 partial sums absorb the other ranks' mixed values
+/// differently by order. Between them, mixed values alone, whose float32
+/// sums may change with the order while their rounded results (almost)
+/// never do.
+fn cancelling16(dt: rank_files::Dt, w: usize, n: usize) -> Vec<Vec<u16>> {
+    let mut ranks: Vec<Vec<u16>> = (0..w)
+        .map(|r| rank_files::mixed16(dt, 21, r, 0, n))
+        .collect();
+    for i in (0..n).step_by(2) {
+        // Exact in both types (six fraction bits, below f16's largest).
+        let l = 32768.0 * (1.0 + (i % 64) as f32 / 64.0);
+        ranks[0][i] = rank_files::narrow16(dt, l);
+        ranks[2][i] = rank_files::narrow16(dt, -l);
+    }
+    ranks
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// Rank files in bf16 and f16 are reduced in their dtype: float32 in rank
+/// order, rounded once. The digest, the dump and the sensitivity are those
+/// of that result computed here (with the `half` crate, not foldprint's
+/// conversions); `dtype = "f32"` keeps today's widening, equal to f32
+/// files of the same values.
+#[test]
+fn sixteen_bit_rank_files_reduce_in_their_dtype_rounded_once() {
+    use rank_files::{le16, narrow16, rank_order_sum16, widen16, Dt};
+    let dir = tempfile::tempdir().unwrap();
+    let (w, n) = (4, 3001);
+    let mut addends = Vec::new();
+    for (dt, prefix) in [(Dt::Bf16, "bf"), (Dt::F16, "hf")] {
+        let ranks = cancelling16(dt, w, n);
+        for (r, bits) in ranks.iter().enumerate() {
+            let t = match dt {
+                Dt::Bf16 => T::bf16("g", &[n], bits),
+                _ => T::f16("g", &[n], bits),
+            };
+            rank_files::write_safetensors(
+                &dir.path().join(format!("{prefix}{r}.safetensors")),
+                &[t],
+            );
+            // The same values as float32, for the widening's baseline.
+            if dt == Dt::Bf16 {
+                let wide: Vec<f32> = bits.iter().map(|&h| widen16(dt, h)).collect();
+                rank_files::write_safetensors(
+                    &dir.path().join(format!("wf{r}.safetensors")),
+                    &[T::f32("g", &[n], &wide)],
+                );
+            }
+        }
+        addends.push((dt, prefix, ranks));
+    }
+    let exp = write(
+        dir.path(),
+        "x.toml",
+        "name = \"x\"\n\
+         [[case]]\nid = \"bf\"\naddends = \"bf{rank}.safetensors\"\n\
+         [[case]]\nid = \"hf\"\naddends = \"hf{rank}.safetensors\"\n\
+         [[case]]\nid = \"bfw\"\naddends = \"bf{rank}.safetensors\"\ndtype = \"f32\"\n\
+         [[case]]\nid = \"wf\"\naddends = \"wf{rank}.safetensors\"\n",
+    );
+    let out = dir.path().join("r.json");
+    let dump = dir.path().join("d");
+    let o = fp()
+        .args(["run", "--backend", "cpu", "--out"])
+        .arg(&out)
+        .arg("--dump")
+        .arg(&dump)
+        .arg(&exp)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let r = report(&out);
+    let case = |id: &str| {
+        r["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    for (dt, prefix, ranks) in &addends {
+        let c = case(prefix);
+        let name = if *dt == Dt::Bf16 { "bf16" } else { "f16" };
+        let want = rank_order_sum16(*dt, ranks);
+        let bytes = le16(&want);
+        assert_eq!(c["params"]["dtype"], name, "{prefix}");
+        assert!(
+            c["key"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("fixed-order/sum/W4/n3001/{name}/files:")),
+            "{}",
+            c["key"]
+        );
+        assert_eq!(c["arenas"][0]["sha256"], sha256_hex(&bytes), "{prefix}");
+        assert_eq!(c["ranks_identical"], true);
+        assert_eq!(
+            std::fs::read(dump.join(format!("x.{prefix}.a0.bin"))).unwrap(),
+            bytes
+        );
+        // Negative control: rounding after every add gives other bits on
+        // this data, so the digest above tells the one rounding apart.
+        let every_add: Vec<u16> = (0..n)
+            .map(|i| {
+                let mut acc = ranks[0][i];
+                for rank in &ranks[1..] {
+                    acc = narrow16(*dt, widen16(*dt, acc) + widen16(*dt, rank[i]));
+                }
+                acc
+            })
+            .collect();
+        assert_ne!(
+            every_add, want,
+            "{prefix}: the data cannot tell the roundings apart"
+        );
+        // Sensitivity counts the elements whose reversed fold, rounded once,
+        // has other bits in the dtype.
+        let reversed: Vec<Vec<u16>> = ranks.iter().rev().cloned().collect();
+        let changed = rank_order_sum16(*dt, &reversed)
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a != b)
+            .count();
+        assert!(changed > 0, "{prefix}: order-blind data");
+        // Control: the float32 folds, not rounded, change at more elements;
+        // the report counts the result's.
+        let wide = |rs: &[Vec<u16>]| -> Vec<u32> {
+            let v: Vec<Vec<f32>> = rs
+                .iter()
+                .map(|r| r.iter().map(|&h| widen16(*dt, h)).collect())
+                .collect();
+            bits(&rank_files::rank_order_sum(&v))
+        };
+        let changed_f32 = wide(&reversed)
+            .iter()
+            .zip(&wide(ranks))
+            .filter(|(a, b)| a != b)
+            .count();
+        assert!(
+            changed_f32 > changed,
+            "{prefix}: {changed_f32} vs {changed}"
+        );
+        assert_eq!(c["sensitivity"]["changed"], changed, "{prefix}");
+        assert_eq!(c["sensitivity"]["checked"], n, "{prefix}");
+    }
+    // The widening, declared: f32 from end to end, equal to f32 files of
+    // the same values (what 16-bit files gave before the dtypes).
+    let (bfw, wf) = (case("bfw"), case("wf"));
+    let wide: Vec<Vec<f32>> = addends[0]
+        .2
+        .iter()
+        .map(|r| r.iter().map(|&h| widen16(Dt::Bf16, h)).collect())
+        .collect();
+    let f32_bytes: Vec<u8> = rank_files::rank_order_sum(&wide)
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    assert!(bfw["params"].get("dtype").is_none(), "{}", bfw["params"]);
+    assert_eq!(bfw["arenas"][0]["sha256"], sha256_hex(&f32_bytes));
+    assert_eq!(bfw["arenas"][0]["sha256"], wf["arenas"][0]["sha256"]);
+    assert_ne!(
+        bfw["arenas"][0]["sha256"],
+        case("bf")["arenas"][0]["sha256"]
+    );
+    // The table says which cases are 16-bit; an f32 row shows lengths only.
+    let row = |id: &str| {
+        stdout
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(id))
+            .unwrap_or_else(|| panic!("no row {id}: {stdout}"))
+            .to_string()
+    };
+    assert!(row("bf").contains(" 3001 bf16 "), "{}", row("bf"));
+    assert!(row("hf").contains(" 3001 f16 "), "{}", row("hf"));
+    assert!(
+        row("bfw").contains(" 3001 ") && !row("bfw").contains("f32"),
+        "{}",
+        row("bfw")
+    );
+}
+
+/// A 16-bit case never rounds an addend: a tensor of another dtype is
+/// refused (exit 2) naming the file, the tensor, both dtypes and where the
+/// experiment says it; nothing is written. Each refusal has a control that
+/// runs.
+#[test]
+fn a_tensor_of_another_dtype_is_refused_by_file_tensor_and_place() {
+    let dir = tempfile::tempdir().unwrap();
+    rank_files::grads(dir.path(), 3, 10);
+    for r in 0..3 {
+        let a = rank_files::mixed16(rank_files::Dt::Bf16, 5, r, 0, 4);
+        let b = rank_files::mixed16(rank_files::Dt::F16, 5, r, 1, 4);
+        rank_files::write_safetensors(
+            &dir.path().join(format!("mix{r}.safetensors")),
+            &[T::bf16("a", &[4], &a), T::f16("b", &[4], &b)],
+        );
+    }
+    let cases: [(&str, &str, Option<&str>); 5] = [
+        (
+            "addends = \"rank{rank}.safetensors\"\ndtype = \"bf16\"",
+            "e.toml:5:9: case `c`: field `dtype`: bf16, but tensor `b` of rank0.safetensors is f32: foldprint never rounds an addend",
+            None,
+        ),
+        (
+            "addends = \"mix{rank}.safetensors\"",
+            "e.toml:4:11: case `c`: field `dtype`: not set, and the tensors of mix0.safetensors mix dtypes (`a` is bf16, `b` is f16)",
+            None,
+        ),
+        (
+            "addends = \"mix{rank}.safetensors\"\ndtype = \"f16\"",
+            "e.toml:5:9: case `c`: field `dtype`: f16, but tensor `a` of mix0.safetensors is bf16",
+            None,
+        ),
+        // Controls: the same files, a dtype they hold or the widening.
+        ("addends = \"rank{rank}.safetensors\"", "", Some("")),
+        ("addends = \"mix{rank}.safetensors\"\ndtype = \"f32\"", "", Some("")),
+    ];
+    for (lines, wanted, runs) in cases {
+        let exp = write(
+            dir.path(),
+            "e.toml",
+            &format!("name = \"e\"\n[[case]]\nid = \"c\"\n{lines}\n"),
+        );
+        let out = dir.path().join("r.json");
+        let _ = std::fs::remove_file(&out);
+        let o = run_cpu(&exp, &out);
+        let err = String::from_utf8_lossy(&o.stderr);
+        if runs.is_some() {
+            assert_eq!(o.status.code(), Some(0), "{lines}: {err}");
+            continue;
+        }
+        assert_eq!(o.status.code(), Some(2), "{lines}: {err}");
+        assert!(err.contains(wanted), "{lines}: wanted `{wanted}` in: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(!out.exists(), "{lines}: nothing may be written");
+    }
+    // Picking the tensors of one dtype runs in that dtype.
+    let exp = write(
+        dir.path(),
+        "e.toml",
+        "name = \"e\"\n[[case]]\nid = \"c\"\naddends = \"mix{rank}.safetensors\"\ntensors = [\"b\"]\n",
+    );
+    let out = dir.path().join("r.json");
+    let o = run_cpu(&exp, &out);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(report(&out)["cases"][0]["params"]["dtype"], "f16");
 }

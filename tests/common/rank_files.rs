@@ -156,3 +156,49 @@ pub fn grads(dir: &Path, world: usize, n: usize) -> Vec<Vec<Vec<f32>>> {
     );
     vec![b, w]
 }
+
+/// A 16-bit value's float32, by the `half` crate (independent of
+/// foldprint's conversions).
+pub fn widen16(dt: Dt, h: u16) -> f32 {
+    match dt {
+        Dt::Bf16 => half::bf16::from_bits(h).to_f32(),
+        Dt::F16 => half::f16::from_bits(h).to_f32(),
+        Dt::F32 => panic!("widen16 of f32"),
+    }
+}
+
+/// `x` rounded to nearest-even in a 16-bit type, by the `half` crate.
+pub fn narrow16(dt: Dt, x: f32) -> u16 {
+    match dt {
+        Dt::Bf16 => half::bf16::from_f32(x).to_bits(),
+        Dt::F16 => half::f16::from_f32(x).to_bits(),
+        Dt::F32 => panic!("narrow16 to f32"),
+    }
+}
+
+/// Order-sensitive 16-bit addends: [`mixed`] (2^-12 .. 2^11, normal in
+/// both types) rounded to `dt`.
+pub fn mixed16(dt: Dt, seed: u64, rank: usize, tensor: u32, n: usize) -> Vec<u16> {
+    mixed(seed, rank, tensor, n)
+        .iter()
+        .map(|&x| narrow16(dt, x))
+        .collect()
+}
+
+/// The 16-bit fixed-order result by its definition: every addend widened,
+/// rank 0's plus rank 1's plus ... in float32, then rounded once to `dt`.
+pub fn rank_order_sum16(dt: Dt, ranks: &[Vec<u16>]) -> Vec<u16> {
+    let wide: Vec<Vec<f32>> = ranks
+        .iter()
+        .map(|r| r.iter().map(|&h| widen16(dt, h)).collect())
+        .collect();
+    rank_order_sum(&wide)
+        .iter()
+        .map(|&s| narrow16(dt, s))
+        .collect()
+}
+
+/// Little-endian bytes of 16-bit values (what a dump of them holds).
+pub fn le16(bits: &[u16]) -> Vec<u8> {
+    bits.iter().flat_map(|b| b.to_le_bytes()).collect()
+}

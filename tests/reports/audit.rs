@@ -673,3 +673,121 @@ fn the_oracle_reads_the_same_rank_files_and_tensors() {
         assert_eq!(names, ["b", "a"], "{c}");
     }
 }
+
+/// An audit matrix over 16-bit experiments runs on the CPU: the oracle's
+/// child is written the cases' dtypes (`Case::to_raw`), gives the
+/// baseline's digests, and its controls (arrival order reversed, the
+/// pairwise tree) change a bf16 case whose rounded result sees the order;
+/// the NaN-policy control changes a bf16 case of NaNs.
+#[test]
+fn an_audit_matrix_over_16_bit_experiments_runs_on_the_cpu() {
+    use crate::common::rank_files::{narrow16, write_safetensors, Dt, T};
+    let dir = tempfile::tempdir().unwrap();
+    let n = 2049;
+    // Rank 0 holds L and rank 4 -L at every other element, the others
+    // values near L's float32 step: the partial sums absorb them by order
+    // and grouping, and one rounding to bf16 keeps the difference.
+    let mut ranks: Vec<Vec<u16>> = (0..5)
+        .map(|r| {
+            crate::common::rank_files::mixed(9, r, 0, n)
+                .iter()
+                .map(|x| narrow16(Dt::Bf16, x / 4096.0))
+                .collect()
+        })
+        .collect();
+    for i in (0..n).step_by(2) {
+        let l = 4096.0 * (1.0 + (i % 64) as f32 / 64.0);
+        ranks[0][i] = narrow16(Dt::Bf16, l);
+        ranks[4][i] = narrow16(Dt::Bf16, -l);
+    }
+    for (r, bits) in ranks.iter().enumerate() {
+        write_safetensors(
+            &dir.path().join(format!("bf{r}.safetensors")),
+            &[T::bf16("g", &[n], bits)],
+        );
+    }
+    write(
+        dir.path(),
+        "h.toml",
+        "name = \"h\"\n\
+         [[case]]\nid = \"files\"\naddends = \"bf{rank}.safetensors\"\n\
+         [[case]]\nid = \"nan\"\nworld = 6\narenas = [4099, 3]\nseed = 5\ndistribution = \"specials\"\ndtype = \"bf16\"\n\
+         [[case]]\nid = \"half\"\nworld = 3\narenas = [100]\ndtype = \"f16\"\nmean = true\n",
+    );
+    let m = write(
+        dir.path(),
+        "m.toml",
+        "experiments = [\"h.toml\"]\n[defaults]\nbackend = \"cpu\"\n\
+         [[config]]\nname = \"baseline\"\n\
+         [[config]]\nname = \"threads-1\"\nenv = { RAYON_NUM_THREADS = \"1\" }\n\
+         [[config]]\nname = \"nan-preserve\"\ncontrol = true\nnan_policy = \"preserve\"\n",
+    );
+    let out = dir.path().join("audit.json");
+    let keep = dir.path().join("keep");
+    let a = fp()
+        .arg("audit")
+        .arg(&m)
+        .arg("--out")
+        .arg(&out)
+        .arg("--keep")
+        .arg(&keep)
+        .output()
+        .unwrap();
+    assert_eq!(
+        a.status.code(),
+        Some(0),
+        "{}{}",
+        text(&a.stdout),
+        text(&a.stderr)
+    );
+    let v = json(&out);
+    assert_eq!(v["ok"], true, "{v}");
+    for id in ["files", "nan", "half"] {
+        assert_eq!(cell(&v, id, "threads-1")["state"], "equal", "{id}");
+        let row = v["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .unwrap();
+        assert_eq!(
+            row["oracle"]["vs_baseline"]["state"], "equal",
+            "{id}: {row}"
+        );
+    }
+    // Negative controls: each changes what it must.
+    assert_eq!(cell(&v, "nan", "nan-preserve")["state"], "changed");
+    let files = v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == "files")
+        .unwrap();
+    assert_eq!(
+        files["oracle"]["arrival_reversed"]["state"], "changed",
+        "{files}"
+    );
+    assert_eq!(
+        files["oracle"]["pairwise_tree"]["state"], "changed",
+        "{files}"
+    );
+    // The oracle ran the cases in their dtypes.
+    let oracle = json(&keep.join(".oracle/report.json"));
+    let dtypes: std::collections::BTreeSet<String> = oracle["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["params"]["dtype"].as_str().unwrap_or("f32").to_string())
+        .collect();
+    assert_eq!(dtypes, ["bf16", "f16"].map(String::from).into(), "{oracle}");
+    let written: String = std::fs::read_dir(keep.join(".oracle/experiments"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    assert!(
+        written.contains("dtype = \"bf16\"") && written.contains("dtype = \"f16\""),
+        "{written}"
+    );
+}
