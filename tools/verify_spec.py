@@ -577,29 +577,34 @@ def arena_digest(case: "Case", arena: int, policy: str, chunk: int,
             acc = Folder(case, arena, blk).fold(contract, sequence)
             if case.mean:
                 acc = apply_mean(acc, case.world)
-            if case.dtype == "f32":
-                bits = nan_policy_bits(acc, policy)
-                if tamper is not None:
-                    bits = tamper(pos, bits)
-                h.update(le_bytes(bits))
-            else:
-                # One rounding to the dtype, after the chain and the mean (SPEC §8).
-                bits = nan_policy_bits16(narrow(acc.view(np.uint32), case.dtype), case.dtype, policy)
-                if tamper is not None:
-                    bits = tamper(pos, bits)
-                h.update(le_bytes16(bits))
+            h.update(result_bytes(case, acc, policy, pos, tamper))
             pos = stop
     return h.finish()
+
+
+def result_bytes(case: "Case", acc: np.ndarray, policy: str, pos: int = 0, tamper=None) -> bytes:
+    """The hashed bytes of a block of reduced binary32 sums (SPEC §5, §8)."""
+    if case.dtype == "f32":
+        bits = nan_policy_bits(acc, policy)
+        if tamper is not None:
+            bits = tamper(pos, bits)
+        return le_bytes(bits)
+    # One rounding to the dtype, after the chain and the mean (SPEC §8).
+    bits = nan_policy_bits16(narrow(acc.view(np.uint32), case.dtype), case.dtype, policy)
+    if tamper is not None:
+        bits = tamper(pos, bits)
+    return le_bytes16(bits)
 
 
 def scatter_digest(case: "Case", arena: int, policy: str, chunk: int) -> ArenaDigest:
     """SPEC §3, reduce-scatter: rank r ends with shard r, folded as the
     all-reduce folds it (mean, then nothing else); the arena digest is over
-    what the ranks hold, concatenated in rank order."""
+    what the ranks hold, concatenated in rank order. A 16-bit shard is
+    rounded once, after the mean, and hashed in the dtype (SPEC §8.4)."""
     n = case.arenas[arena]
     plan = shard_plan(n, case.world)
     held = [plan[r] for r in range(case.world)]  # the shard rank r ends with
-    h = ChunkedSha()
+    h = ChunkedSha(element_bytes=ELEMENT_BYTES[case.dtype])
     for holder in range(case.world):
         start, length = held[holder]
         pos = start
@@ -608,7 +613,7 @@ def scatter_digest(case: "Case", arena: int, policy: str, chunk: int) -> ArenaDi
             blk = IndexBlock.range(pos, stop)
             acc = Folder(case, arena, blk).fold(case.contract, case.sequence)
             acc = apply_mean(acc, case.world) if case.mean else acc
-            h.update(le_bytes(nan_policy_bits(acc, policy)))
+            h.update(result_bytes(case, acc, policy))
             pos = stop
     return h.finish()
 

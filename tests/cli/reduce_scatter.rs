@@ -398,3 +398,224 @@ fn per_rank_expect_files_on_an_all_reduce_and_an_unknown_collective_are_refused(
         "{err}"
     );
 }
+
+/// bf16 cases of both collectives, long enough (two chunks and a bit) for
+/// some bf16 sums to move with the order after the one rounding; an f32
+/// twin of each, and arrival-order in descending order as controls.
+const BF16: &str = r#"
+name = "rs16"
+[defaults]
+arenas = [131075, 7, 0]
+seed = 1
+
+[[sweep]]
+id = "x"
+world = [3, 7]
+mean = [false, true]
+dtype = ["bf16", "f32"]
+collective = ["all-reduce", "reduce-scatter"]
+
+[[sweep]]
+id = "arrival"
+world = [3, 7]
+mean = [false, true]
+dtype = ["bf16"]
+contract = ["arrival-order"]
+order = ["descending"]
+collective = ["reduce-scatter"]
+"#;
+
+#[test]
+fn a_bf16_reduce_scatter_gathers_the_bf16_all_reduce() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = write(dir.path(), "rs16.toml", BF16);
+    let out = dir.path().join("r.json");
+    let dump = dir.path().join("dump");
+    fp().args(["run", "--backend", "cpu", "--out"])
+        .arg(&out)
+        .arg("--dump")
+        .arg(&dump)
+        .arg(&exp)
+        .assert()
+        .success();
+    let r = report(&out);
+    let cases = by_key(&r);
+    assert_eq!(cases.len(), 2 * 2 * 2 * 2 + 4);
+    let mut checked = 0;
+    for w in [3usize, 7] {
+        for mean in ["sum", "mean"] {
+            let key = |collective: &str, dtype: &str| {
+                format!("fixed-order{collective}/{mean}/W{w}/n131075+7+0{dtype}/mixed-magnitude/s1/ascending")
+            };
+            let all = &cases[&key("", "/bf16")];
+            let scatter = &cases[&key("/reduce-scatter", "/bf16")];
+            let f32_scatter = &cases[&key("/reduce-scatter", "")];
+            assert_eq!(scatter["params"]["dtype"], "bf16");
+            assert_eq!(scatter["params"]["collective"], "reduce-scatter");
+            // The data sees the order in bf16 too, or the controls below
+            // would say nothing.
+            assert!(all["sensitivity"]["changed"].as_u64().unwrap() > 0, "{all}");
+            let id = all["id"].as_str().unwrap().replace([',', '[', ']'], "_");
+            for a in 0..3 {
+                let (aa, sa) = (&all["arenas"][a], &scatter["arenas"][a]);
+                // The cross-check: the gathered digest and its chunks are
+                // the bf16 all-reduce's.
+                assert_eq!(sa["sha256"], aa["sha256"], "W{w} {mean} arena {a}");
+                assert_eq!(sa["chunk_sha256"], aa["chunk_sha256"]);
+                assert_eq!(sa["chunk_root"], aa["chunk_root"]);
+                assert_eq!(sa["chunk_elems"], 65536);
+                // Each shard digest is over rank r's slice of the bf16
+                // all-reduce's dump: 2 bytes an element.
+                let bytes = std::fs::read(dump.join(format!("rs16.{id}.a{a}.bin"))).unwrap();
+                let n = bytes.len() / 2;
+                assert_eq!(n as u64, aa["len"].as_u64().unwrap());
+                let want: Vec<String> = (0..w)
+                    .map(|r| {
+                        let s = shard(n, w, r);
+                        sha(&bytes[s.start * 2..s.end * 2])
+                    })
+                    .collect();
+                let got: Vec<&str> = sa["shard_sha256"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_str().unwrap())
+                    .collect();
+                assert_eq!(got, want, "W{w} {mean} arena {a}");
+                if n > 0 {
+                    // Negative controls: the f32 reduce-scatter of the same
+                    // data is other bytes, and so are bf16 shards gathered
+                    // in reverse rank order.
+                    assert_ne!(f32_scatter["arenas"][a]["sha256"], sa["sha256"]);
+                    let mut reversed = Vec::new();
+                    for r in (0..w).rev() {
+                        let s = shard(n, w, r);
+                        reversed.extend_from_slice(&bytes[s.start * 2..s.end * 2]);
+                    }
+                    if n >= w {
+                        assert_ne!(sha(&reversed), sa["sha256"].as_str().unwrap());
+                    }
+                }
+                checked += 1;
+            }
+            // Negative control of the comparison: a bf16 reduce-scatter
+            // folded in another order does not gather to the all-reduce.
+            let arrival = &cases[&format!(
+                "arrival-order/reduce-scatter/{mean}/W{w}/n131075+7+0/bf16/mixed-magnitude/s1/descending"
+            )];
+            assert_ne!(
+                arrival["arenas"][0]["sha256"], all["arenas"][0]["sha256"],
+                "W{w} {mean}"
+            );
+        }
+    }
+    assert_eq!(checked, 2 * 2 * 3);
+}
+
+/// W = 4 bf16 rank files of two tensors; returns each tensor's bf16
+/// rank-order result (the float32 sum rounded once).
+fn bf16_rank_files(dir: &Path) -> Vec<Vec<u16>> {
+    let lens = [7usize, 15];
+    let mut sums = Vec::new();
+    let mut ranks: Vec<Vec<T>> = (0..4).map(|_| Vec::new()).collect();
+    for (t, (&n, name)) in lens.iter().zip(["b", "w"]).enumerate() {
+        let addends: Vec<Vec<u16>> = (0..4)
+            .map(|r| rank_files::mixed16(rank_files::Dt::Bf16, 13, r, t as u32, n))
+            .collect();
+        sums.push(rank_files::rank_order_sum16(rank_files::Dt::Bf16, &addends));
+        for (r, a) in addends.iter().enumerate() {
+            ranks[r].push(T::bf16(name, &[n], a));
+        }
+    }
+    for (r, tensors) in ranks.iter().enumerate() {
+        rank_files::write_safetensors(&dir.join(format!("rank{r}.safetensors")), tensors);
+    }
+    std::fs::create_dir_all(dir.join("out")).unwrap();
+    for r in 0..4 {
+        write_bf16_shard(dir, r, &sums, |_, _| ());
+    }
+    sums
+}
+
+fn write_bf16_shard(dir: &Path, r: usize, sums: &[Vec<u16>], edit: impl Fn(usize, &mut Vec<u16>)) {
+    let tensors: Vec<T> = ["b", "w"]
+        .iter()
+        .enumerate()
+        .map(|(t, name)| {
+            let mut s = sums[t][shard(sums[t].len(), 4, r)].to_vec();
+            edit(t, &mut s);
+            T::bf16(name, &[s.len()], &s)
+        })
+        .collect();
+    rank_files::write_safetensors(&dir.join(format!("out/rank{r}.safetensors")), &tensors);
+}
+
+#[test]
+fn bf16_per_rank_expect_files_are_compared_in_bf16() {
+    let dir = tempfile::tempdir().unwrap();
+    let sums = bf16_rank_files(dir.path());
+    let exp = write(dir.path(), "pr.toml", PER_RANK);
+    let out = dir.path().join("r.json");
+    let run = || {
+        fp().args(["run", "--backend", "cpu", "--out"])
+            .arg(&out)
+            .arg(&exp)
+            .output()
+            .unwrap()
+    };
+    let o = run();
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(0), "{stdout}");
+    let v = report(&out);
+    assert_eq!(v["cases"][0]["params"]["dtype"], "bf16");
+    assert!(v["cases"][0]["key"]
+        .as_str()
+        .unwrap()
+        .starts_with("fixed-order/reduce-scatter/sum/W4/n7+15/bf16/files:"));
+    let equal: Vec<bool> = v["cases"][0]["expect_ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["equal"].as_bool().unwrap())
+        .collect();
+    assert_eq!(equal, [true; 4]);
+
+    // Negative control: one bf16 step off in rank 3's shard of `b` is one
+    // ULP of bf16, found on rank 3's file.
+    write_bf16_shard(dir.path(), 3, &sums, |t, s| {
+        if t == 0 {
+            s[0] += 1;
+        }
+    });
+    let o = run();
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{stdout}");
+    let v = report(&out);
+    assert_eq!(
+        v["summary"]["differs_from_expect"][0],
+        "case `c`: differs from expect out/rank3.safetensors: arena 0: 1 of 1 elements, up to 1 ULP of bf16"
+    );
+
+    // A shard written in float32 is refused: a bf16 result is compared in
+    // bf16, never widened to be compared.
+    let tensors: Vec<T> = ["b", "w"]
+        .iter()
+        .enumerate()
+        .map(|(t, name)| {
+            let s: Vec<f32> = sums[t][shard(sums[t].len(), 4, 1)]
+                .iter()
+                .map(|&h| rank_files::widen16(rank_files::Dt::Bf16, h))
+                .collect();
+            T::f32(name, &[s.len()], &s)
+        })
+        .collect();
+    rank_files::write_safetensors(&dir.path().join("out/rank1.safetensors"), &tensors);
+    let o = run();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("case `c`: field `expect`: rank 1's shard: ")
+            && err.contains("tensor `b` is f32, but the case reduces in bf16"),
+        "{err}"
+    );
+}
