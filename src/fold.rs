@@ -142,6 +142,51 @@ fn contract_names() -> String {
     }
 }
 
+/// What each rank ends with: the whole reduced arena (all-reduce), or
+/// only its own shard of it (reduce-scatter: rank r keeps shard r of
+/// [`shard_plan`], and nothing is redistributed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Collective {
+    #[default]
+    AllReduce,
+    ReduceScatter,
+}
+
+pub const ALL_COLLECTIVES: [Collective; 2] = [Collective::AllReduce, Collective::ReduceScatter];
+
+impl Collective {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all-reduce",
+            Collective::ReduceScatter => "reduce-scatter",
+        }
+    }
+
+    pub const fn is_all_reduce(self) -> bool {
+        matches!(self, Collective::AllReduce)
+    }
+}
+
+impl fmt::Display for Collective {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Collective {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ALL_COLLECTIVES
+            .iter()
+            .copied()
+            .find(|c| c.name() == s)
+            .ok_or_else(|| {
+                format!("unknown collective `{s}` (expected all-reduce or reduce-scatter)")
+            })
+    }
+}
+
 /// The fixed-order fold of one element: `slots[0] + slots[1] + ... ` left to right.
 #[inline(always)]
 pub fn fold_fixed(slots: &[f32]) -> f32 {

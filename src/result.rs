@@ -49,11 +49,16 @@ impl fmt::Display for BackendChoice {
 #[derive(Debug, Clone)]
 pub struct ReducedArena {
     pub len: usize,
-    /// SHA-256 of each rank's copy, rank order.
+    /// SHA-256 of each rank's copy, rank order; empty for a reduce-scatter
+    /// (no rank holds a copy of the whole arena).
     pub rank_digests: Vec<crate::digest::Sha256>,
-    /// Rank 0's per-chunk digests (`digest::CHUNK_ELEMS` elements each).
+    /// A reduce-scatter's shards; `None` for an all-reduce.
+    pub scattered: Option<Scattered>,
+    /// Rank 0's per-chunk digests (`digest::CHUNK_ELEMS` elements each);
+    /// of a reduce-scatter, the gathered arena's.
     pub chunks: Vec<crate::digest::Sha256>,
-    /// Rank 0's values when `keep_values` was asked for.
+    /// Rank 0's values when `keep_values` was asked for; of a
+    /// reduce-scatter, the shards gathered in rank order.
     pub values: Option<Vec<f32>>,
     /// Ranks whose copy differs from rank 0's, with the differing chunks
     /// (`digest::CHUNK_ELEMS` elements each); empty when all agree.
@@ -65,12 +70,34 @@ impl ReducedArena {
         self.rank_digests.windows(2).all(|w| w[0] == w[1])
     }
 
-    /// The arena's digest: rank 0's (every rank's, when they agree).
+    /// The arena's digest: rank 0's (every rank's, when they agree); of a
+    /// reduce-scatter, the gathered arena's.
     pub fn digest(&self) -> crate::digest::Sha256 {
+        if let Some(s) = &self.scattered {
+            return s.gathered;
+        }
         // A world has at least one rank; an arena without digests is a
         // backend's bug, and the all-zero value never matches a real one.
         self.rank_digests.first().copied().unwrap_or_default()
     }
+
+    /// Each rank's shard digest, rank order; empty for an all-reduce.
+    pub fn shard_digests(&self) -> &[crate::digest::Sha256] {
+        self.scattered
+            .as_ref()
+            .map_or(&[], |s| s.shard_digests.as_slice())
+    }
+}
+
+/// What a reduce-scatter leaves: rank r's shard r, and the arena those
+/// shards make when concatenated in rank order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scattered {
+    /// SHA-256 of rank r's shard, rank order.
+    pub shard_digests: Vec<crate::digest::Sha256>,
+    /// SHA-256 of the shards concatenated in rank order (the gathered
+    /// arena): for fixed-order, the all-reduce's arena digest.
+    pub gathered: crate::digest::Sha256,
 }
 
 /// Wall-clock milliseconds of one round's phases.

@@ -76,7 +76,9 @@ pub fn run_staged(
     };
     // A case with `expect` needs its values to compare them.
     let opts_for = |case: &Case| RunOptions {
-        keep_values: dump_opts.keep_values || case.expect().is_some(),
+        keep_values: dump_opts.keep_values
+            || case.expect().is_some()
+            || !case.expect_ranks().is_empty(),
         ..dump_opts
     };
     let all: Vec<&Case> = experiments.iter().flat_map(|e| &e.cases).collect();
@@ -138,24 +140,43 @@ pub fn run_staged(
             None => crate::sensitivity::measure(case).map_err(addends_error(case))?,
         };
         let sensitivity_ms = s0.elapsed().as_secs_f64() * 1e3;
+        let compared = case.expect().is_some() || !case.expect_ranks().is_empty();
+        let values: Option<Vec<&[f32]>> = out
+            .arenas
+            .iter()
+            .map(|a| a.values.as_deref())
+            .collect::<Option<_>>()
+            .filter(|_| compared);
+        if compared && values.is_none() {
+            return Err(RunError::Backend(crate::backend::infrastructure(
+                case.id(),
+                "expect",
+                "the backend returned no values to compare",
+            )));
+        }
+        let values = values.unwrap_or_default();
         let expect = match case.expect() {
-            Some(file) => {
-                let values: Option<Vec<&[f32]>> =
-                    out.arenas.iter().map(|a| a.values.as_deref()).collect();
-                let values = values.ok_or_else(|| {
-                    RunError::Backend(crate::backend::infrastructure(
-                        case.id(),
-                        "expect",
-                        "the backend returned no values to compare",
-                    ))
-                })?;
-                Some(
-                    ExpectOutcome::compare(file, &values, case.dtype(), cfg.nan_policy)
-                        .map_err(addends_error(case))?,
-                )
-            }
+            Some(file) => Some(
+                ExpectOutcome::compare(file, &values, case.dtype(), cfg.nan_policy)
+                    .map_err(addends_error(case))?,
+            ),
             None => None,
         };
+        // Each rank's file against its shard of the gathered arenas.
+        let mut expect_ranks = Vec::with_capacity(case.expect_ranks().len());
+        for (r, file) in case.expect_ranks().iter().enumerate() {
+            let shards: Vec<&[f32]> = values
+                .iter()
+                .map(|v| {
+                    let plan = crate::fold::shard_plan(v.len(), case.world());
+                    plan.map_or(&v[..0], |p| &v[p[r].range()])
+                })
+                .collect();
+            expect_ranks.push(
+                ExpectOutcome::compare(file, &shards, case.dtype(), cfg.nan_policy)
+                    .map_err(addends_error(case))?,
+            );
+        }
         if let Some(dir) = dump.as_mut().filter(|_| dump_opts.keep_values) {
             for (a, arena) in out.arenas.iter_mut().enumerate() {
                 if let Some(values) = arena.values.take() {
@@ -179,6 +200,7 @@ pub fn run_staged(
         );
         report.timings.sensitivity_ms = sensitivity_ms;
         report.expect = expect;
+        report.expect_ranks = expect_ranks;
         progress.done(case, Some(&report));
         cases.push(report);
     }

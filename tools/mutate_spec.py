@@ -51,6 +51,7 @@ EXPERIMENTS = [
     "experiments/world-sweep.toml",
     "experiments/edge-cases.toml",
     "experiments/mixed-precision.toml",
+    "experiments/reduce-scatter.toml",
 ]
 GOLDEN = "experiments/golden"
 VECTORS = "tests/data/generator-vectors.tsv"
@@ -162,6 +163,23 @@ MUTATIONS: list[Mutation] = [
         f"np.multiply(acc, scale, out=acc); acc[np.abs(acc) < {FLUSH}] *= np.float32(0)")]),
     M("mean-ignored", "§3", "mean = true scales", "mean ignored",
       [("            if case.mean:\n                acc = apply_mean", "            if False:\n                acc = apply_mean")]),
+    # --- §3 reduce-scatter ---------------------------------------------------
+    M("scatter-shard-to-next-rank", "§3", "reduce-scatter: rank r ends with shard r",
+      "rank r + 1 ends with shard r",
+      [("held = [plan[r] for r in range(case.world)]",
+        "held = [plan[(r - 1) % case.world] for r in range(case.world)]")]),
+    M("scatter-reverse-ranks", "§3, §5", "reduce-scatter digest: shards concatenated in rank order",
+      "in reverse rank order",
+      [("for holder in range(case.world):", "for holder in reversed(range(case.world)):")]),
+    M("scatter-mean-twice", "§3", "reduce-scatter mean: one multiply by the rounded 1/W",
+      "the mean applied twice",
+      [("acc = apply_mean(acc, case.world) if case.mean else acc",
+        "acc = apply_mean(apply_mean(acc, case.world), case.world) if case.mean else acc")]),
+    M("scatter-mean-ignored", "§3", "reduce-scatter with mean = true scales", "mean ignored",
+      [("acc = apply_mean(acc, case.world) if case.mean else acc", "acc = acc")]),
+    M("scatter-redistributes", "§3, §5", "reduce-scatter: no redistribution; the digest covers one copy of each shard",
+      "redistributed anyway: the digest covers every rank's copy of the arena",
+      [("start, length = held[holder]", "start, length = 0, n")]),
     # --- §4 delivery orders ---------------------------------------------------
     M("rotate-direction", "§4", "rotate:K: position i receives from (i + K) mod W", "(i - K) mod W",
       [("return [(i + k) % world for i in range(world)]", "return [(i - k) % world for i in range(world)]")]),
@@ -262,7 +280,7 @@ MUTATIONS: list[Mutation] = [
       [("self.chunk_bytes = element_bytes * chunk_elems", "self.chunk_bytes = 4 * chunk_elems")]),
     M("dtype-4-bytes", "§8", "a 16-bit element is hashed as 2 little-endian bytes",
       "as its widened float32's 4 bytes",
-      [("h.update(le_bytes16(bits))", "h.update(le_bytes(widen(bits, case.dtype)))")]),
+      [("return le_bytes16(bits)", "return le_bytes(widen(bits, case.dtype))")]),
     M("key-f32-written", "§6, §8", "f32 keys have no dtype part", "say /f32",
       [('dtype = "" if self.dtype == "f32" else f"/{self.dtype}"', 'dtype = f"/{self.dtype}"')]),
     M("key-dtype-last", "§6, §8", "the dtype follows the lengths in the key", "ends the key",
@@ -279,6 +297,28 @@ MUTATIONS: list[Mutation] = [
        ("rb = narrow(rev.view(np.uint32), case.dtype)", "rb = rev.view(np.uint32)"),
        ("(is_nan_bits(fb, case.dtype) & is_nan_bits(rb, case.dtype))",
         '(is_nan_bits(fb, "f32") & is_nan_bits(rb, "f32"))')]),
+    # --- §3 reduce-scatter in a 16-bit dtype (§8.4) ---------------------------
+    M("scatter-dtype-unrounded", "§3, §8", "a 16-bit reduce-scatter's shards are rounded once to the dtype",
+      "hashed as their float32 sums",
+      [("h.update(result_bytes(case, acc, policy))", "h.update(le_bytes(nan_policy_bits(acc, policy)))")]),
+    M("scatter-dtype-narrow-before-mean", "§3, §8",
+      "a 16-bit reduce-scatter's mean scales the float32 sum, then the one rounding",
+      "rounds to the dtype, then scales and rounds again",
+      [("acc = apply_mean(acc, case.world) if case.mean else acc",
+        "acc = apply_mean(widen(narrow(acc.view(np.uint32), case.dtype), case.dtype).view(np.float32), "
+        "case.world) if case.mean else acc")]),
+    M("scatter-dtype-chunk-bytes", "§5, §8", "a 16-bit reduce-scatter's chunk is 65536 elements",
+      "262144 bytes (131072 16-bit elements)",
+      [("held = [plan[r] for r in range(case.world)]  # the shard rank r ends with\n"
+        "    h = ChunkedSha(element_bytes=ELEMENT_BYTES[case.dtype])",
+        "held = [plan[r] for r in range(case.world)]  # the shard rank r ends with\n"
+        "    h = ChunkedSha()")]),
+    M("key-collective-after-dtype", "§6", "the key says reduce-scatter after the contract",
+      "after the dtype",
+      [("f\"{self.contract}{collective}/{'mean' if self.mean else 'sum'}/W{self.world}/\"\n"
+        "            f\"n{'+'.join(str(x) for x in self.arenas)}{dtype}/",
+        "f\"{self.contract}/{'mean' if self.mean else 'sum'}/W{self.world}/\"\n"
+        "            f\"n{'+'.join(str(x) for x in self.arenas)}{dtype}{collective}/")]),
     # --- §6 case key, EXPERIMENTS.md expansion --------------------------------
     M("key-sum-label", "§6", "key says sum or mean", "says add",
       [("'mean' if self.mean else 'sum'", "'mean' if self.mean else 'add'")]),

@@ -577,17 +577,43 @@ def arena_digest(case: "Case", arena: int, policy: str, chunk: int,
             acc = Folder(case, arena, blk).fold(contract, sequence)
             if case.mean:
                 acc = apply_mean(acc, case.world)
-            if case.dtype == "f32":
-                bits = nan_policy_bits(acc, policy)
-                if tamper is not None:
-                    bits = tamper(pos, bits)
-                h.update(le_bytes(bits))
-            else:
-                # One rounding to the dtype, after the chain and the mean (SPEC §8).
-                bits = nan_policy_bits16(narrow(acc.view(np.uint32), case.dtype), case.dtype, policy)
-                if tamper is not None:
-                    bits = tamper(pos, bits)
-                h.update(le_bytes16(bits))
+            h.update(result_bytes(case, acc, policy, pos, tamper))
+            pos = stop
+    return h.finish()
+
+
+def result_bytes(case: "Case", acc: np.ndarray, policy: str, pos: int = 0, tamper=None) -> bytes:
+    """The hashed bytes of a block of reduced binary32 sums (SPEC §5, §8)."""
+    if case.dtype == "f32":
+        bits = nan_policy_bits(acc, policy)
+        if tamper is not None:
+            bits = tamper(pos, bits)
+        return le_bytes(bits)
+    # One rounding to the dtype, after the chain and the mean (SPEC §8).
+    bits = nan_policy_bits16(narrow(acc.view(np.uint32), case.dtype), case.dtype, policy)
+    if tamper is not None:
+        bits = tamper(pos, bits)
+    return le_bytes16(bits)
+
+
+def scatter_digest(case: "Case", arena: int, policy: str, chunk: int) -> ArenaDigest:
+    """SPEC §3, reduce-scatter: rank r ends with shard r, folded as the
+    all-reduce folds it (mean, then nothing else); the arena digest is over
+    what the ranks hold, concatenated in rank order. A 16-bit shard is
+    rounded once, after the mean, and hashed in the dtype (SPEC §8.4)."""
+    n = case.arenas[arena]
+    plan = shard_plan(n, case.world)
+    held = [plan[r] for r in range(case.world)]  # the shard rank r ends with
+    h = ChunkedSha(element_bytes=ELEMENT_BYTES[case.dtype])
+    for holder in range(case.world):
+        start, length = held[holder]
+        pos = start
+        while pos < start + length:
+            stop = min(pos + chunk, start + length)
+            blk = IndexBlock.range(pos, stop)
+            acc = Folder(case, arena, blk).fold(case.contract, case.sequence)
+            acc = apply_mean(acc, case.world) if case.mean else acc
+            h.update(result_bytes(case, acc, policy))
             pos = stop
     return h.finish()
 
@@ -630,8 +656,11 @@ def sensitivity(case: "Case", chunk: int) -> Sensitivity:
 # ---------------------------------------------------------------------------
 # Experiments (EXPERIMENTS.md)
 
-PARAM_ORDER = ("world", "arenas", "order", "seed", "distribution", "contract", "mean", "dtype", "rounds")
-SWEEPABLE = ("world", "arenas", "order", "seed", "distribution", "contract", "mean", "dtype")
+PARAM_ORDER = ("world", "arenas", "order", "seed", "distribution", "contract", "mean", "dtype",
+               "collective", "rounds")
+SWEEPABLE = ("world", "arenas", "order", "seed", "distribution", "contract", "mean", "dtype",
+             "collective")
+COLLECTIVES = ("all-reduce", "reduce-scatter")
 BUILTIN_DEFAULTS = {
     "order": "ascending",
     "seed": 0,
@@ -639,6 +668,7 @@ BUILTIN_DEFAULTS = {
     "contract": "fixed-order",
     "mean": False,
     "dtype": "f32",
+    "collective": "all-reduce",
     "rounds": 1,
 }
 MAX_CASES = 4096
@@ -658,14 +688,18 @@ class Case:
     contract: str
     mean: bool
     dtype: str
+    collective: str
     rounds: int
     sequence: list[int] = field(default_factory=list)
 
     @property
     def key(self) -> str:
-        dtype = "" if self.dtype == "f32" else f"/{self.dtype}"  # SPEC §6, §8: absent for f32
+        # SPEC §6: a reduce-scatter says so after the contract; §6, §8: the
+        # dtype after the lengths, absent for f32.
+        collective = "/reduce-scatter" if self.collective == "reduce-scatter" else ""
+        dtype = "" if self.dtype == "f32" else f"/{self.dtype}"
         return (
-            f"{self.contract}/{'mean' if self.mean else 'sum'}/W{self.world}/"
+            f"{self.contract}{collective}/{'mean' if self.mean else 'sum'}/W{self.world}/"
             f"n{'+'.join(str(x) for x in self.arenas)}{dtype}/{self.distribution}/"
             f"s{self.seed}/{order_label(self.order)}"
         )
@@ -721,6 +755,9 @@ def _check_param(where: str, name: str, v):
     elif name == "dtype":
         if v not in DTYPES:
             raise BadInput(f"{where}: field `dtype`: unknown dtype {v!r}")
+    elif name == "collective":
+        if v not in COLLECTIVES:
+            raise BadInput(f"{where}: field `collective`: unknown collective {v!r}")
     elif name == "rounds":
         if not _is_int(v) or not 1 <= v <= 1000:
             raise BadInput(f"{where}: field `rounds`: expected an integer 1 ..= 1000, got {v!r}")
@@ -935,7 +972,8 @@ def compare_case(name: str, case: "Case", g: dict, gf: GoldenFile, policy: str, 
     arena digests, chunk digests and roots (SPEC §5), sensitivity (§7).
     Appends one line per disagreement; returns whether the case matched."""
     where = f"{name}: {case.key}"
-    digests = [arena_digest(case, k, policy, chunk) for k in range(len(case.arenas))]
+    digest = scatter_digest if case.collective == "reduce-scatter" else arena_digest
+    digests = [digest(case, k, policy, chunk) for k in range(len(case.arenas))]
     want = g["arenas"]
     if len(want) != len(digests):
         problems.append(f"{where}: {len(digests)} arenas here, {len(want)} in golden")

@@ -2,7 +2,8 @@
 //! dataflow the GPU backends run. Each rank owns a full arena of its
 //! addends; owner o collects every rank's copy of shard o in delivery
 //! order into slots by source rank, folds into its own arena, and the
-//! reduced shard is copied over every other rank's shard o. Parallel over
+//! reduced shard is copied over every other rank's shard o (a
+//! reduce-scatter stops before that copy: rank o keeps shard o). Parallel over
 //! (owner, chunk) with rayon; nothing beyond the W arenas is allocated
 //! except per-thread scratch.
 
@@ -14,8 +15,10 @@ use crate::dtype::Dtype;
 use crate::experiment::Addends;
 use crate::experiment::Case;
 use crate::fold::{
-    fold_rows_in_order, fold_rows_pairwise, mean_scale, scale_rows, shard_plan, Contract,
+    fold_rows_in_order, fold_rows_pairwise, mean_scale, scale_rows, shard_plan, Collective,
+    Contract,
 };
+use crate::result::Scattered;
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -128,6 +131,11 @@ fn run_round(
         t.reduce_ms += ms(r);
 
         let d = Instant::now();
+        if case.collective() == Collective::ReduceScatter {
+            out.push(scattered(&mut ranks, case.dtype(), opts));
+            t.digest_ms += ms(d);
+            continue;
+        }
         let (rank_digests, chunks) = rank_digests(&ranks, case.dtype(), opts);
         // Only differences the digests see (the NaN policy may merge some);
         // when every digest agrees there is nothing to locate, and the
@@ -142,6 +150,7 @@ fn run_round(
         out.push(ReducedArena {
             len: n,
             rank_digests,
+            scattered: None,
             chunks,
             values,
             differing,
@@ -149,6 +158,36 @@ fn run_round(
     }
     t.total_ms = ms(start);
     Ok((out, t))
+}
+
+/// A reduce-scatter's arena: each rank's own shard hashed where it lies,
+/// then the shards gathered in rank order into rank 0's arena (whose other
+/// shards are its unreduced addends until then) and hashed whole and per
+/// chunk. Rank 0's arena, gathered, is the values kept.
+fn scattered(ranks: &mut [Vec<f32>], dtype: Dtype, opts: &RunOptions) -> ReducedArena {
+    let n = ranks[0].len();
+    let plan = shard_plan(n, ranks.len()).expect("world >= 1 is validated");
+    let shard_digests = plan
+        .par_iter()
+        .enumerate()
+        .map(|(r, s)| digest_arena_as(&ranks[r][s.range()], dtype, opts.nan_policy))
+        .collect();
+    let (gathered, others) = ranks.split_first_mut().expect("world >= 1 is validated");
+    for (peer, s) in others.iter().zip(&plan[1..]) {
+        gathered[s.range()].copy_from_slice(&peer[s.range()]);
+    }
+    let (digest, chunks) = rank_digests(&ranks[..1], dtype, opts);
+    ReducedArena {
+        len: n,
+        rank_digests: Vec::new(),
+        scattered: Some(Scattered {
+            shard_digests,
+            gathered: digest[0],
+        }),
+        chunks,
+        values: opts.keep_values.then(|| std::mem::take(&mut ranks[0])),
+        differing: Vec::new(),
+    }
 }
 
 /// For each rank whose bits differ from rank 0's, the differing chunks.
@@ -297,7 +336,7 @@ struct Column<'a> {
 }
 
 /// Exchange, fold and redistribute in place: afterwards every rank's arena
-/// holds the reduced values.
+/// holds the reduced values (of a reduce-scatter, rank r's shard r only).
 fn reduce(case: &Case, ranks: &mut [Vec<f32>]) {
     let world = case.world();
     let n = ranks[0].len();
@@ -305,6 +344,7 @@ fn reduce(case: &Case, ranks: &mut [Vec<f32>]) {
     let order = case.order().sequence(world);
     let scale = case.mean().then(|| mean_scale(world));
     let dtype = case.dtype();
+    let redistribute = case.collective() == Collective::AllReduce;
 
     // Cut every rank's arena at the same chunk boundaries inside each shard.
     let mut columns: Vec<Column<'_>> = Vec::new();
@@ -349,6 +389,9 @@ fn reduce(case: &Case, ranks: &mut [Vec<f32>]) {
             }
             // The one rounding to a 16-bit dtype, after the float32 chain.
             dtype.quantize_all(mine);
+            if !redistribute {
+                return;
+            }
             // Redistribute: the owner's reduced shard overwrites every peer's.
             let (before, rest) = col.ranks.split_at_mut(col.owner);
             let (mine, after) = rest.split_first_mut().expect("owner is a rank");
@@ -381,6 +424,53 @@ fn fold_stacked(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rank r of a reduce-scatter holds the all-reduce's shard r and, in
+    /// its other shards, its own addends untouched: nothing is
+    /// redistributed. Shards of 5 over W = 3 are 2, 2, 1.
+    #[test]
+    fn a_reduce_scatter_leaves_each_rank_its_own_shard_only() {
+        let case = |collective| {
+            Case::builder(3, [5])
+                .seed(3)
+                .contract(Contract::FixedOrder)
+                .collective(collective)
+                .build()
+                .unwrap()
+        };
+        let (all, scatter) = (case(Collective::AllReduce), case(Collective::ReduceScatter));
+        let addends = generate(&all, 0, 5).unwrap();
+        let mut reduced = addends.clone();
+        reduce(&all, &mut reduced);
+        let mut scattered = addends.clone();
+        reduce(&scatter, &mut scattered);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        let plan = shard_plan(5, 3).unwrap();
+        for (r, arena) in scattered.iter().enumerate() {
+            for (o, s) in plan.iter().enumerate() {
+                let want = if o == r { &reduced[0] } else { &addends[r] };
+                assert_eq!(
+                    bits(&arena[s.range()]),
+                    bits(&want[s.range()]),
+                    "rank {r} shard {o}"
+                );
+            }
+            // Control: the sum changed every shard it reduced.
+            assert_ne!(
+                bits(&arena[plan[r].range()]),
+                bits(&addends[r][plan[r].range()])
+            );
+        }
+        // The gathered arena is the all-reduce's, and its digest too.
+        let opts = RunOptions::default();
+        let a = super::scattered(&mut scattered, Dtype::F32, &opts);
+        assert_eq!(
+            a.digest(),
+            digest_arena_as(&reduced[0], Dtype::F32, opts.nan_policy)
+        );
+        assert_eq!(a.rank_digests.len(), 0);
+        assert_eq!(a.shard_digests().len(), 3);
+    }
 
     #[test]
     fn differing_chunks_name_the_rank_and_the_chunk() {

@@ -161,6 +161,13 @@ pub(crate) fn nccl_only(case: &Case) -> Option<String> {
         .then(|| format!("{} runs only on the NCCL backend", case.contract()))
 }
 
+/// Why a GPU backend skips `case`: a reduce-scatter runs on the CPU oracle
+/// alone in this build (the device dataflow and NCCL's own are to come).
+pub(crate) fn scatter_on_cpu_only(case: &Case) -> Option<String> {
+    (!case.collective().is_all_reduce())
+        .then(|| format!("{} runs on the CPU oracle in this build", case.collective()))
+}
+
 /// The device fold mode and program of `case`, as both GPU backends run
 /// it (`gpu::kernels::fold_program` chooses them); a contract the device
 /// cannot fold is unsupported.
@@ -243,13 +250,17 @@ pub(crate) fn repeat_rounds(
     mut round: impl FnMut() -> Result<(Vec<ReducedArena>, RoundTimings), BackendError>,
 ) -> Result<CaseRun, BackendError> {
     let mut timings = Vec::new();
-    let mut first: Option<Vec<Vec<crate::digest::Sha256>>> = None;
+    type Digests = Vec<(Vec<crate::digest::Sha256>, Vec<crate::digest::Sha256>)>;
+    let mut first: Option<Digests> = None;
     let mut identical = true;
     let mut last = Vec::new();
     for _ in 0..rounds.max(1) {
         let (arenas, t) = round()?;
-        let digests: Vec<Vec<crate::digest::Sha256>> =
-            arenas.iter().map(|a| a.rank_digests.clone()).collect();
+        // A reduce-scatter has no rank copies: its shards are compared.
+        let digests: Digests = arenas
+            .iter()
+            .map(|a| (a.rank_digests.clone(), a.shard_digests().to_vec()))
+            .collect();
         match &first {
             None => first = Some(digests),
             Some(f) => identical &= *f == digests,
@@ -290,5 +301,22 @@ pub(crate) fn addends_error(
     move |source| BackendError::Addends {
         case: case.id().to_string(),
         source,
+    }
+}
+
+#[cfg(test)]
+mod scatter_tests {
+    use super::*;
+    use crate::fold::Collective;
+
+    /// The CUDA loopback and NCCL backends ask this for their skip reason.
+    #[test]
+    fn a_gpu_backend_skips_a_reduce_scatter_with_its_reason() {
+        let case = |c| Case::builder(3, [7]).collective(c).build().unwrap();
+        assert_eq!(
+            scatter_on_cpu_only(&case(Collective::ReduceScatter)).as_deref(),
+            Some("reduce-scatter runs on the CPU oracle in this build")
+        );
+        assert_eq!(scatter_on_cpu_only(&case(Collective::AllReduce)), None);
     }
 }

@@ -103,7 +103,7 @@ pub fn case_row(c: &foldprint::report::CaseReport, width: usize) {
 /// golden, under `verify`): its row is `FAIL`, with one line each.
 pub fn case_row_judged(c: &foldprint::report::CaseReport, width: usize, problems: &[String]) {
     let ok = c.ranks_identical && c.rounds_identical && problems.is_empty();
-    let differs = c.expect.as_ref().is_some_and(|e| !e.equal);
+    let differs = c.expect_outcomes().any(|e| !e.equal);
     let (lens, digests) = arena_cells(c);
     let sens = match c.sensitivity.verdict {
         Verdict::Blind => Verdict::Blind.name().to_string(),
@@ -144,7 +144,7 @@ pub fn case_row_judged(c: &foldprint::report::CaseReport, width: usize, problems
     for p in problems {
         outln!("       {p}");
     }
-    if let Some(e) = c.expect.as_ref().filter(|e| !e.equal) {
+    for e in c.expect_outcomes().filter(|e| !e.equal) {
         let n: usize = e.arenas.iter().map(|a| a.differing).sum();
         let ulp = e.arenas.iter().filter_map(|a| a.max_ulp).max();
         let of = match c.params.dtype.filter(|d| !d.is_f32()) {
@@ -241,7 +241,7 @@ pub fn print_tail_judged(
         outln!("NOT A GPU RESULT: {n}");
     }
     for c in &r.cases {
-        if let Some(e) = c.expect.as_ref().filter(|e| e.equal) {
+        for e in c.expect_outcomes().filter(|e| e.equal) {
             outln!(
                 "expect: case `{}` equals {} bit for bit ({} arenas)",
                 c.id,

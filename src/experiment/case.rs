@@ -6,7 +6,7 @@ use super::MAX_CASE_BYTES;
 use crate::addends::{AddendFiles, AddendParams, ExpectFile};
 use crate::data::Distribution;
 use crate::dtype::Dtype;
-use crate::fold::Contract;
+use crate::fold::{shard_plan, Collective, Contract};
 use crate::world_size::WorldSize;
 use serde::Serialize;
 use std::sync::Arc;
@@ -55,10 +55,15 @@ struct Fields {
     /// The element type: as declared in a builder (`None`: the rank
     /// files', else f32), resolved in a built case.
     dtype: Option<Dtype>,
+    /// What each rank ends with: the whole arena, or its own shard.
+    collective: Collective,
     /// Independent repetitions; every round must give the same bits.
     rounds: u32,
     /// A framework's reduced result to compare with this case's.
     expect: Option<Arc<ExpectFile>>,
+    /// A reduce-scatter's result as one file per rank (`{rank}` in
+    /// `expect`), rank order, each holding that rank's shard.
+    expect_ranks: Vec<Arc<ExpectFile>>,
 }
 
 /// Most rounds a case may ask for.
@@ -132,6 +137,11 @@ impl CaseBuilder {
         self.fields.expect = expect;
         self
     }
+    /// A reduce-scatter's expected shards, one file per rank in rank order.
+    pub fn expect_ranks(mut self, files: Vec<Arc<ExpectFile>>) -> Self {
+        self.fields.expect_ranks = files;
+        self
+    }
     pub fn contract(mut self, contract: Contract) -> Self {
         self.fields.contract = contract;
         self
@@ -148,6 +158,10 @@ impl CaseBuilder {
     }
     pub fn rounds(mut self, rounds: u32) -> Self {
         self.fields.rounds = rounds;
+        self
+    }
+    pub fn collective(mut self, collective: Collective) -> Self {
+        self.fields.collective = collective;
         self
     }
 
@@ -178,6 +192,8 @@ impl CaseBuilder {
             addends,
             rounds,
             expect,
+            expect_ranks,
+            collective,
             ..
         } = &fields;
         if arenas.is_empty() {
@@ -222,6 +238,27 @@ impl CaseBuilder {
                 return bad("expect", m);
             }
         }
+        if !expect_ranks.is_empty() {
+            if collective.is_all_reduce() {
+                return bad(
+                    "expect",
+                    "one file per rank holds a reduce-scatter's shards; an all-reduce is compared \
+                     with one file"
+                        .into(),
+                );
+            }
+            if expect_ranks.len() != world.get() {
+                return bad(
+                    "expect",
+                    format!("{} files for W = {world} ranks", expect_ranks.len()),
+                );
+            }
+            for (r, e) in expect_ranks.iter().enumerate() {
+                if let Err(m) = e.matches(&shard_lens(arenas, world.get(), r)) {
+                    return bad("expect", format!("rank {r}'s shard: {m}"));
+                }
+            }
+        }
         Ok(Case { world, fields })
     }
 }
@@ -243,8 +280,10 @@ impl Case {
                 contract: Contract::default(),
                 mean: false,
                 dtype: None,
+                collective: Collective::default(),
                 rounds: 1,
                 expect: None,
+                expect_ranks: Vec::new(),
             },
         }
     }
@@ -322,6 +361,11 @@ impl Case {
     pub fn expect(&self) -> Option<&Arc<ExpectFile>> {
         self.fields.expect.as_ref()
     }
+    /// A reduce-scatter's expected shards, one file per rank (rank order);
+    /// empty when there are none.
+    pub fn expect_ranks(&self) -> &[Arc<ExpectFile>] {
+        &self.fields.expect_ranks
+    }
     pub fn contract(&self) -> Contract {
         self.fields.contract
     }
@@ -334,6 +378,9 @@ impl Case {
     }
     pub fn rounds(&self) -> u32 {
         self.fields.rounds
+    }
+    pub fn collective(&self) -> Collective {
+        self.fields.collective
     }
 
     /// Stable identifier derived from the numeric parameters only (never the
@@ -383,6 +430,7 @@ impl Case {
             contract,
             mean,
             dtype: _, // below: f32 too where rank files are, which may be 16-bit
+            collective,
             rounds,
             addends: _, // likewise
         } = self.params();
@@ -429,6 +477,8 @@ impl Case {
             // Generated f32 cases are written as before the dtypes.
             dtype: (self.files().is_some() || !self.dtype().is_f32())
                 .then(|| Spanned::new(0..0, self.dtype().name().to_string())),
+            // Left out for all-reduce, so an audit's files read as before.
+            collective: collective.map(|c| Spanned::new(0..0, c.name().to_string())),
             rounds: given(rounds.into()),
             addends,
             tensors,
@@ -447,8 +497,10 @@ impl Case {
             contract,
             mean,
             dtype: _, // resolved by `Case::dtype`
+            collective,
             rounds,
             expect: _, // judged in the report, not a parameter of the sum
+            expect_ranks: _,
         } = fields;
         let (seed, distribution, files) = match addends {
             Addends::Generated { seed, distribution } => (Some(*seed), Some(*distribution), None),
@@ -464,6 +516,7 @@ impl Case {
             contract: *contract,
             mean: *mean,
             dtype: (!self.dtype().is_f32()).then_some(self.dtype()),
+            collective: (!collective.is_all_reduce()).then_some(*collective),
             rounds: *rounds,
             addends: files,
         }
@@ -490,6 +543,10 @@ pub struct CaseParams {
     /// The element type; absent for f32, so f32 reports read as before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dtype: Option<Dtype>,
+    /// What each rank ends with; absent for all-reduce, so all-reduce
+    /// reports read as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective: Option<Collective>,
     pub rounds: u32,
     /// The rank files, when the addends come from files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -513,6 +570,7 @@ impl CaseParams {
             contract,
             mean,
             dtype,
+            collective,
             rounds: _, // repetitions, not numeric identity
             addends,
         } = self;
@@ -538,9 +596,15 @@ impl CaseParams {
             Some(d) if !d.is_f32() => format!("/{d}"),
             _ => String::new(),
         };
+        // All-reduce is left out, so every all-reduce key reads as before.
+        let collective = match collective {
+            Some(c) if !c.is_all_reduce() => format!("/{c}"),
+            _ => String::new(),
+        };
         format!(
-            "{}/{}/W{}/n{}{}/{}",
+            "{}{}/{}/W{}/n{}{}/{}",
             contract,
+            collective,
             if *mean { "mean" } else { "sum" },
             world,
             lens.join("+"),
@@ -571,6 +635,7 @@ impl CaseParams {
             contract,
             mean,
             dtype,
+            collective,
             rounds,
             addends: _, // a generated case of the same shape, above
         } = self;
@@ -581,8 +646,17 @@ impl CaseParams {
             .contract(*contract)
             .mean(*mean)
             .dtype(Some(dtype.unwrap_or_default()))
+            .collective(collective.unwrap_or_default())
             .rounds(*rounds)
     }
+}
+
+/// Rank `rank`'s shard length of each arena (docs/SPEC.md §2).
+pub fn shard_lens(arenas: &[usize], world: usize, rank: usize) -> Vec<usize> {
+    arenas
+        .iter()
+        .map(|&n| shard_plan(n, world).map_or(0, |p| p.get(rank).map_or(0, |s| s.len)))
+        .collect()
 }
 
 /// The dtype a case reduces in: the declared one, held to the rank files

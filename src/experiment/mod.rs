@@ -6,13 +6,13 @@ mod case;
 mod order;
 mod schema;
 
-pub use case::{Addends, Case, CaseBuilder, CaseError, CaseParams, MAX_ROUNDS};
+pub use case::{shard_lens, Addends, Case, CaseBuilder, CaseError, CaseParams, MAX_ROUNDS};
 pub use order::DeliveryOrder;
 
 use crate::addends::{AddendFiles, ExpectFile, Scope};
 use crate::data::Distribution;
 use crate::dtype::Dtype;
-use crate::fold::Contract;
+use crate::fold::{Collective, Contract};
 use crate::world_size::WorldSize;
 use schema::{RawCase, RawExperiment, RawParams, RawSweep};
 use std::collections::HashMap;
@@ -226,7 +226,7 @@ pub fn input_files(experiments: &[Experiment]) -> Vec<(String, PathBuf)> {
     for e in experiments
         .iter()
         .flat_map(|e| &e.cases)
-        .filter_map(Case::expect)
+        .flat_map(|c| c.expect().into_iter().chain(c.expect_ranks()))
     {
         if !expects.iter().any(|x| Arc::ptr_eq(x, e)) {
             expects.push(e);
@@ -623,6 +623,7 @@ fn build_case(
         contract,
         mean,
         dtype,
+        collective,
         rounds,
         addends,
         tensors,
@@ -679,6 +680,14 @@ fn build_case(
             None
         }
     };
+    let collective = match collective {
+        None => Collective::default(),
+        Some(c) => c
+            .get_ref()
+            .parse()
+            .map_err(|m| src.at(c.span(), format!("{}: {m}", ctx("collective"))))?,
+    };
+    let mut expect_ranks = Vec::new();
     let dtype = match dtype {
         None => None,
         Some(d) => Some(
@@ -709,6 +718,41 @@ fn build_case(
         }
         // Only the reporting rank compares (the file may be on its host alone).
         (Some(_), Some(_)) if !files.reports() => None,
+        (Some(e), Some(f)) if e.get_ref().contains("{rank}") => {
+            if collective.is_all_reduce() {
+                return Err(src.at(
+                    e.span(),
+                    format!(
+                        "{}: `{{rank}}` names one file per rank, each holding its shard of a \
+                         reduce-scatter; an all-reduce's result is one file (set collective = \
+                         \"reduce-scatter\", or name one file)",
+                        ctx("expect")
+                    ),
+                ));
+            }
+            let lens: Vec<usize> = f.arenas().iter().map(|a| a.len).collect();
+            for r in 0..f.world() {
+                let shard: Vec<crate::addends::ArenaSpec> = f
+                    .arenas()
+                    .iter()
+                    .zip(case::shard_lens(&lens, f.world(), r))
+                    .map(|(a, len)| crate::addends::ArenaSpec {
+                        name: a.name.clone(),
+                        dtype: a.dtype,
+                        shape: vec![len as u64],
+                        len,
+                    })
+                    .collect();
+                let path = e.get_ref().replace("{rank}", &r.to_string());
+                expect_ranks.push(files.expect(&path, &shard, case_dtype).map_err(|m| {
+                    src.at(
+                        e.span(),
+                        format!("{}: rank {r}'s shard: {m}", ctx("expect")),
+                    )
+                })?);
+            }
+            None
+        }
         (Some(e), Some(f)) => Some(
             files
                 .expect(e.get_ref(), f.arenas(), case_dtype)
@@ -805,8 +849,10 @@ fn build_case(
         .contract(contract)
         .mean(mean)
         .dtype(dtype)
+        .collective(collective)
         .rounds(rounds)
         .expect(expect)
+        .expect_ranks(expect_ranks)
         .build()
         .map_err(|e| src.at(span_of(e.field), format!("case `{ctx_id}`: {e}")))
 }

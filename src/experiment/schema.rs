@@ -175,6 +175,7 @@ params! {
     contract: String = swept "",
     mean: bool = swept "mean",
     dtype: String = swept "",
+    collective: String = swept "",
     /// Not swept: one value for every case of the sweep.
     rounds: i64 = fixed,
     /// Not swept: the same rank files for every case of the sweep.

@@ -23,6 +23,7 @@ fn check_case(c: &CaseReport, nan_policy: NanPolicy, problems: &mut Vec<String>)
             bad(m);
         }
     }
+    check_expect_ranks(c, nan_policy, &mut bad);
     // A tensor's shape gives its length (an empty shape: one element).
     for (i, a) in c.params.addends.iter().flat_map(|f| &f.arenas).enumerate() {
         let product = a
@@ -67,12 +68,22 @@ fn check_case(c: &CaseReport, nan_policy: NanPolicy, problems: &mut Vec<String>)
                 bad_arena(format!("len {} but the parameters say {n}", a.len));
             }
         }
-        if a.rank_sha256.len() != c.params.world {
-            bad_arena(format!(
-                "{} rank digests for W={}",
-                a.rank_sha256.len(),
-                c.params.world
-            ));
+        if c.params.collective.is_some_and(|k| !k.is_all_reduce()) {
+            check_shards(a, c.params.world, &mut bad_arena);
+        } else {
+            if a.rank_sha256.len() != c.params.world {
+                bad_arena(format!(
+                    "{} rank digests for W={}",
+                    a.rank_sha256.len(),
+                    c.params.world
+                ));
+            }
+            if !a.shard_sha256.is_empty() {
+                bad_arena(format!(
+                    "{} shard digests, but an all-reduce has none",
+                    a.shard_sha256.len()
+                ));
+            }
         }
         if a.rank_sha256.first().is_some_and(|r0| *r0 != a.sha256) {
             bad_arena("sha256 is not rank 0's digest".into());
@@ -112,6 +123,69 @@ fn check_case(c: &CaseReport, nan_policy: NanPolicy, problems: &mut Vec<String>)
             "ranks_identical is {} but its arenas say {identical}",
             c.ranks_identical
         ));
+    }
+}
+
+/// A reduce-scatter's per-rank `expect` results: one per rank, each of
+/// that rank's shard lengths, and none on an all-reduce.
+fn check_expect_ranks(c: &CaseReport, nan_policy: NanPolicy, bad: &mut dyn FnMut(String)) {
+    if c.expect_ranks.is_empty() {
+        return;
+    }
+    if c.params.collective.is_none_or(|k| k.is_all_reduce()) {
+        bad(format!(
+            "{} per-rank expect results, but an all-reduce is compared with one file",
+            c.expect_ranks.len()
+        ));
+        return;
+    }
+    if c.expect_ranks.len() != c.params.world {
+        bad(format!(
+            "{} per-rank expect results for W={}",
+            c.expect_ranks.len(),
+            c.params.world
+        ));
+        return;
+    }
+    for (r, e) in c.expect_ranks.iter().enumerate() {
+        let lens = crate::experiment::shard_lens(&c.params.arenas, c.params.world, r);
+        for m in e.problems(&lens, c.params.dtype.unwrap_or_default(), nan_policy) {
+            bad(format!("rank {r}'s {m}"));
+        }
+    }
+}
+
+/// A reduce-scatter's arena: W shard digests, no rank copies, and what the
+/// shard plan lets a reader recompute: an empty shard's digest, and with
+/// one shard holding every element, the arena digest itself.
+fn check_shards(a: &ArenaReport, world: usize, bad: &mut dyn FnMut(String)) {
+    if !a.rank_sha256.is_empty() {
+        bad(format!(
+            "{} rank digests, but no rank of a reduce-scatter holds the whole arena",
+            a.rank_sha256.len()
+        ));
+    }
+    if a.shard_sha256.len() != world {
+        bad(format!(
+            "{} shard digests for W={world}",
+            a.shard_sha256.len()
+        ));
+        return;
+    }
+    let Some(plan) = crate::fold::shard_plan(a.len, world) else {
+        return;
+    };
+    let empty = crate::digest::Sha256::of(&[]);
+    for (r, (s, d)) in plan.iter().zip(&a.shard_sha256).enumerate() {
+        if s.len == 0 && *d != empty {
+            bad(format!(
+                "rank {r}'s shard is empty, but its digest is not SHA-256 of no bytes"
+            ));
+        } else if s.len == a.len && *d != a.sha256 {
+            bad(format!(
+                "rank {r}'s shard is the whole arena, but its digest is not the arena's sha256"
+            ));
+        }
     }
 }
 

@@ -404,6 +404,15 @@ fn compare_case(key: &str, l: (&String, &View), r: (&String, &View), out: &mut C
                 y.rank_sha256.len().to_string(),
             ));
         }
+        for (rank, (p, q)) in x.shard_sha256.iter().zip(&y.shard_sha256).enumerate() {
+            if p != q && a == b {
+                out.mismatches.push(field(
+                    format!("arena {i} rank {rank} shard digest"),
+                    p.to_string(),
+                    q.to_string(),
+                ));
+            }
+        }
         if x.ranks_identical != y.ranks_identical {
             out.mismatches.push(field(
                 format!("arena {i} ranks_identical"),

@@ -245,6 +245,7 @@ mod tests {
             .build()
             .unwrap();
         let arena = ReducedArena {
+            scattered: None,
             len: 10,
             // Distinct names, distinct digests.
             rank_digests: vec![crate::digest::Sha256::of(digest.as_bytes()); 4],
@@ -421,6 +422,7 @@ mod tests {
             let sens = sensitivity::measure(&case).unwrap();
             assert_eq!(sens.verdict, Verdict::Sensitive);
             let arena = ReducedArena {
+                scattered: None,
                 len: 1,
                 rank_digests: vec![crate::digest::Sha256::of(b"aa"); 4],
                 chunks: vec![],

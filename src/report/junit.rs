@@ -37,10 +37,9 @@ pub fn junit(
             .filter(|f| f.case().is_some_and(|at| at.index == i))
             .filter_map(|f| f.in_case())
             .collect();
-        if let Some(f) = c
-            .expect
-            .as_ref()
-            .and_then(|e| e.failure(&c.id, c.params.dtype.unwrap_or_default()))
+        for f in c
+            .expect_outcomes()
+            .filter_map(|e| e.failure(&c.id, c.params.dtype.unwrap_or_default()))
         {
             problems.push(f);
         }

@@ -151,10 +151,16 @@ pub struct ArenaReport {
     pub index: usize,
     pub len: usize,
     /// SHA-256 of the reduced arena (rank 0's copy; equal on every rank when
-    /// `ranks_identical`).
+    /// `ranks_identical`); of a reduce-scatter, of the shards concatenated
+    /// in rank order.
     pub sha256: Sha256,
     pub ranks_identical: bool,
+    /// Each rank's copy; empty for a reduce-scatter (no rank holds one).
     pub rank_sha256: Vec<Sha256>,
+    /// A reduce-scatter's shard digests, rank r's shard r in rank order;
+    /// absent for an all-reduce.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shard_sha256: Vec<Sha256>,
     /// Localization: SHA-256 of each `chunk_elems`-element chunk of rank
     /// 0's hashed bytes, and of their concatenation (`chunk_root`).
     #[serde(default)]
@@ -190,6 +196,10 @@ pub struct CaseReport {
     /// The framework result the case names (`expect`), compared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expect: Option<expect::ExpectOutcome>,
+    /// A reduce-scatter's per-rank `expect` files, rank order, each
+    /// compared with that rank's shard (element indices within the shard).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expect_ranks: Vec<expect::ExpectOutcome>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -204,6 +214,11 @@ pub struct Timings {
 }
 
 impl CaseReport {
+    /// Every `expect` comparison of the case: the one file, or each rank's.
+    pub fn expect_outcomes(&self) -> impl Iterator<Item = &expect::ExpectOutcome> {
+        self.expect.iter().chain(&self.expect_ranks)
+    }
+
     pub fn new(
         case: &Case,
         arenas: &[ReducedArena],
@@ -220,6 +235,7 @@ impl CaseReport {
                 sha256: a.digest(),
                 ranks_identical: a.ranks_identical(),
                 rank_sha256: a.rank_digests.clone(),
+                shard_sha256: a.shard_digests().to_vec(),
                 chunk_elems: crate::digest::CHUNK_ELEMS,
                 chunk_root: crate::digest::chunk_root(&a.chunks),
                 chunk_sha256: a.chunks.clone(),
@@ -259,6 +275,7 @@ impl CaseReport {
                 },
             },
             expect: None,
+            expect_ranks: Vec::new(),
         }
     }
 
@@ -448,10 +465,9 @@ impl Report {
         let differs_from_expect = self
             .cases
             .iter()
-            .filter_map(|c| {
-                c.expect
-                    .as_ref()
-                    .and_then(|e| e.failure(&c.id, c.params.dtype.unwrap_or_default()))
+            .flat_map(|c| {
+                c.expect_outcomes()
+                    .filter_map(|e| e.failure(&c.id, c.params.dtype.unwrap_or_default()))
             })
             .collect();
         self.summary = Summary {

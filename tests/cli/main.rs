@@ -19,5 +19,6 @@ mod outputs;
 mod progress;
 mod rank_files;
 mod readme;
+mod reduce_scatter;
 mod sixteen_bit;
 mod verdicts;

@@ -251,7 +251,7 @@ fn invalid_utf8_says_where() {
 fn each_shape_of_the_parameter_table_names_its_keys_and_where_a_value_is() {
     let dir = tempfile::tempdir().unwrap();
     let keys = "`world`, `arenas`, `order`, `seed`, `distribution`, `contract`, `mean`, \
-                `dtype`, `rounds`, `addends`, `tensors`, `expect`";
+                `dtype`, `collective`, `rounds`, `addends`, `tensors`, `expect`";
     let cases = [
         (
             "name = \"t\"\n[defaults]\nid = \"a\"\n".to_string(),
@@ -295,6 +295,13 @@ fn each_shape_of_the_parameter_table_names_its_keys_and_where_a_value_is() {
             "name = \"t\"\n[[sweep]]\nid = \"s\"\nworld = [2]\narenas = [[3]]\ndtype = [\"bf16\", \"fp8\"]\n"
                 .to_string(),
             "t.toml:6:9: case `s[fp8]`: field `dtype`: unknown dtype `fp8` (expected f32, bf16 or f16)"
+                .to_string(),
+        ),
+        (
+            "name = \"t\"\n[[sweep]]\nid = \"s\"\nworld = [2]\narenas = [[3]]\ncollective = [\"all-gather\"]\n"
+                .to_string(),
+            "t.toml:6:14: case `s`: field `collective`: unknown collective `all-gather` \
+             (expected all-reduce or reduce-scatter)"
                 .to_string(),
         ),
         (

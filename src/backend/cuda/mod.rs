@@ -341,6 +341,7 @@ impl CudaBackend {
         t.digest_ms += d.elapsed().as_secs_f64() * 1e3;
         self.profiles.push(got.profile);
         Ok(ReducedArena {
+            scattered: None,
             len: n,
             rank_digests: got.digests,
             chunks: got.chunks,
@@ -649,7 +650,7 @@ impl Backend for CudaBackend {
     }
 
     fn skip_reason(&self, case: &Case) -> Option<String> {
-        super::nccl_only(case)
+        super::nccl_only(case).or_else(|| super::scatter_on_cpu_only(case))
     }
 
     /// Host memory for kept values, and each arena's buffers against the
@@ -683,6 +684,9 @@ impl Backend for CudaBackend {
     }
 
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
+        if let Some(why) = super::scatter_on_cpu_only(case) {
+            return Err(super::unsupported(case.id(), why));
+        }
         self.check_case(case, opts)?;
         // Keep only this case's buffers: other shapes would pin memory.
         self.worlds

@@ -375,7 +375,7 @@ impl Backend for NcclBackend {
         if case.contract() == Contract::NcclAllreduce && case.mean() {
             return Some("nccl-allreduce has no mean variant".into());
         }
-        None
+        super::scatter_on_cpu_only(case)
     }
 
     fn platform_facts(&self) -> serde_json::Map<String, serde_json::Value> {
@@ -452,6 +452,7 @@ impl Backend for NcclBackend {
                 let rank_digests = self.gather(&mine).map_err(|e| e.into_backend(case.id()))?;
                 t.digest_ms += ranks_digest_ms + d.elapsed().as_secs_f64() * 1e3;
                 arenas.push(ReducedArena {
+                    scattered: None,
                     len: n,
                     rank_digests,
                     chunks,
