@@ -1343,12 +1343,17 @@ fn bf16_and_f16_rank_files_equal_the_oracle() {
     }
     let dtypes: std::collections::HashSet<Dtype> = seen.values().map(|(d, _)| *d).collect();
     assert_eq!(dtypes.len(), 3, "{seen:?}");
-    let digests: std::collections::BTreeSet<_> = seen.values().map(|(_, g)| *g).collect();
-    assert_eq!(
-        digests.len(),
-        seen.len(),
-        "every case its own digest: {seen:?}"
+    // One rounding after the float32 chain hides the fold order in this
+    // data (pairwise-tree and arrival-order give fixed-order's bits, on the
+    // CPU as on the device: measured on an H100); the mean and the dtype
+    // still show, so the digests above can differ.
+    let digest = |id: &str| seen[id].1;
+    assert_ne!(
+        digest("b[fixed-order,mean=false]"),
+        digest("b[fixed-order,mean=true]"),
+        "{seen:?}"
     );
+    assert_ne!(digest("b[fixed-order,mean=false]"), digest("w"), "{seen:?}");
 }
 
 /// The device rank check of 16-bit arenas agrees with the host's, and

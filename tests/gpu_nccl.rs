@@ -1089,9 +1089,9 @@ fn rank_files_under_launch_each_rank_reading_its_own() {
         "{all}"
     );
     assert!(!bad_out.exists());
-    // Rank 2's file valid but of another element type: no rank reads
-    // another's file, so the ranks find it in the rendezvous, before any
-    // collective, and name the tensor (exit 2, nothing written).
+    // Rank 2's file valid but mixing element types where the others hold
+    // f32 alone: rank 2 refuses it before the rendezvous, naming the file
+    // and both tensors' dtypes (exit 2, nothing written).
     let w = rank_files::mixed(11, 2, 1, 3 * 100_003);
     let h: Vec<u16> = (0..7).collect();
     rank_files::write_safetensors(
@@ -1120,7 +1120,7 @@ fn rank_files_under_launch_each_rank_reading_its_own() {
     );
     assert_eq!(o.status.code(), Some(2), "{all}");
     assert!(
-        all.contains("rank files differ between ranks: rank<rank>.safetensors holds b:bf16[7] on rank 2 but b:f32[7] on rank 0"),
+        all.contains("the tensors of rank2.safetensors mix dtypes (`b` is bf16, `w` is f32)"),
         "{all}"
     );
     assert!(!bad_out.exists());
