@@ -111,9 +111,11 @@ impl NcclProbe {
 
 /// The file that holds `sym` in this process (`dladdr`).
 fn file_of(sym: *const c_void) -> Option<String> {
-    // SAFETY: dladdr only reads the loader's tables; Dl_info is plain data.
+    // SAFETY: Dl_info is plain data (pointers and integers); all zero is valid.
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-    if unsafe { libc::dladdr(sym, &mut info) } == 0 || info.dli_fname.is_null() {
+    // SAFETY: dladdr only reads the loader's tables and fills `info`.
+    let found = unsafe { libc::dladdr(sym, &mut info) };
+    if found == 0 || info.dli_fname.is_null() {
         return None;
     }
     // SAFETY: a NUL-terminated string the loader owns while the library is open.
