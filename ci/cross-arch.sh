@@ -98,6 +98,7 @@ EXCLUDED=(
     "cli::launchers::world_under_launch_lists_every_rank  $reason_exec"
     "cli::launchers::a_rank_killed_mid_rendezvous_ends_the_others_in_seconds  $reason_exec"
     "cli::launchers::a_stopped_rank_zero_stops_waiting_and_its_peer_hears_of_it  $reason_exec"
+    "cli::launchers::a_foldprint_rank_under_launch_exec_sees_torchrun_agree  $reason_exec"
     "cli::hostile_peers::a_dripping_client_does_not_hold_rank_zero_past_a_signal  $reason_exec"
     "cli::hostile_peers::a_dripping_client_does_not_hold_rank_zero_past_its_deadline  $reason_exec"
     "cli::hostile_peers::a_fake_rank_zero_learns_nothing_and_the_peer_fails_at_once  $reason_exec"

@@ -93,10 +93,14 @@ pub(super) struct LaunchArgs {
     /// Number of ranks to start.
     #[arg(short = 'n', long = "ranks")]
     pub(super) ranks: usize,
-    /// Run ARGS[0] as the program instead of this foldprint binary.
+    /// Run ARGS[0] as the program instead of this foldprint binary. Each
+    /// rank also gets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
+    /// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), equal to foldprint's,
+    /// so a script written for torchrun runs unchanged.
     #[arg(long)]
     pub(super) exec: bool,
-    /// Let every rank print to stdout (default: rank 0 only).
+    /// Let every rank print to stdout, every line of each rank's stdout and
+    /// stderr prefixed `[rank R] ` (default: rank 0's stdout only, unprefixed).
     #[arg(long)]
     pub(super) all_output: bool,
     /// Run more ranks than there are GPUs: each rank gets its own NCCL host

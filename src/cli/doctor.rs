@@ -93,6 +93,67 @@ fn print_host_driver(kernel_module: Option<&str>) {
     }
 }
 
+/// The NCCL a run would load, from where and which version; or, name by
+/// name, why none can be loaded. A report line, never an error: a machine
+/// without NCCL still runs the other backends.
+fn nccl_lines(p: &foldprint::backend::nccl::loader::NcclProbe) -> Vec<String> {
+    const VAR: &str = "FOLDPRINT_NCCL_LIBRARY";
+    let from = |name: &str| {
+        let path = match &p.path {
+            Some(x) if x != name => format!(" -> {x}"),
+            _ => String::new(),
+        };
+        match &p.requested {
+            Some(r) if r == name => format!("{VAR}={name}{path}"),
+            _ => format!("{name}{path} (the loader's search)"),
+        }
+    };
+    let mut lines = Vec::new();
+    match (&p.opened, &p.version) {
+        (Some(name), Some(v)) => lines.push(format!("nccl   NCCL {v}: {}", from(name))),
+        (Some(name), None) => {
+            lines.push(format!(
+                "nccl   NOT usable: {} opens but is not a usable NCCL ({}); the NCCL backend would fail here",
+                from(name),
+                p.error.as_deref().unwrap_or("no version")
+            ));
+        }
+        (None, _) => lines.push(
+            "nccl   NOT FOUND: no NCCL library loads here, so the NCCL backend cannot run (cpu and cuda can)"
+                .into(),
+        ),
+    }
+    for f in &p.failed {
+        let requested = p.requested.as_deref() == Some(f.name.as_str());
+        // Once a later name opened, an earlier one missing is no news,
+        // except the file the user named.
+        if p.opened.is_some() && !requested {
+            continue;
+        }
+        let who = match requested {
+            true => format!("{VAR}={}", f.name),
+            false => f.name.clone(),
+        };
+        // dlerror's text often starts with the name again.
+        let why = f.reason.strip_prefix(&format!("{}: ", f.name));
+        let why = why.unwrap_or(&f.reason);
+        lines.push(format!("       could not load {who}: {why}"));
+    }
+    if let (Some(r), Some(name)) = (&p.requested, &p.opened) {
+        if r != name {
+            lines.push(format!(
+                "       {VAR} is set but cannot be loaded: runs fall back to {name}, not the NCCL you named"
+            ));
+        }
+    }
+    if p.opened.is_none() {
+        lines.push(format!(
+            "       install NCCL, put its lib directory on LD_LIBRARY_PATH, or set {VAR}=/path/to/libnccl.so.2"
+        ));
+    }
+    lines
+}
+
 pub fn run(json: bool) -> Result<i32> {
     let host = foldprint::host::facts();
     let cpu = serde_json::json!({
@@ -101,6 +162,7 @@ pub fn run(json: bool) -> Result<i32> {
         "available_memory": foldprint::memory::available_memory(),
     });
     let cuda = probe();
+    let nccl = foldprint::backend::nccl::loader::probe();
     if json {
         let search = host_driver::state().map(|d| match &d.search {
             Some(s) => s.clone(),
@@ -113,6 +175,7 @@ pub fn run(json: bool) -> Result<i32> {
             "host_driver": host_driver::state(),
             "foreign_libc_on_library_path": host_driver::foreign_libc_dirs(),
             "driver_libraries": search,
+            "nccl": nccl,
         });
         outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(0);
@@ -159,6 +222,9 @@ pub fn run(json: bool) -> Result<i32> {
         outln!("       NVRTC error: {e}");
     }
     print_host_driver(host.nvidia_kernel_driver.as_deref());
+    for l in nccl_lines(&nccl) {
+        outln!("{l}");
+    }
     if let Some(p) = foldprint::host::provenance() {
         let v = |lib: &str| p.content_str(&[lib, "version"]).unwrap_or("none");
         outln!(

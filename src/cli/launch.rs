@@ -43,6 +43,7 @@ pub(super) fn run(a: LaunchArgs) -> Result<i32> {
         program,
         args,
         all_stdout: a.all_output,
+        torchrun_vars: a.exec,
         settle: std::time::Duration::from_secs(5),
         grace: std::time::Duration::from_secs(5),
         emulate: a.emulate_hosts.then(|| Emulation {

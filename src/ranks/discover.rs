@@ -49,7 +49,8 @@ pub struct RankEnv {
 pub struct OtherLauncher {
     pub source: &'static str,
     /// `agrees` (same rank and world size), `ignored` (`FOLDPRINT_LAUNCHER`
-    /// chose another) or `incomplete` (a rank without a world size).
+    /// chose another, which it disagrees with) or `incomplete` (a rank
+    /// without a world size).
     pub verdict: &'static str,
     /// Its rank and world-size variables, as they were set.
     pub variables: Vec<(&'static str, String)>,
@@ -159,10 +160,15 @@ pub fn discover(get: impl Fn(&str) -> Option<String>) -> Result<Option<RankEnv>,
         }
         let mut e = read(s, &get)?;
         e.variables.push((LAUNCHER_VAR, name));
+        // One that says the same rank and world (`launch --exec` sets
+        // torchrun's variables beside ours) agrees; any other is ignored.
         e.others = present
             .iter()
             .filter(|o| o.source != s.source)
-            .map(|o| o.other("ignored", &get))
+            .map(|o| {
+                let same = read(o, &get).is_ok_and(|r| (r.rank, r.world) == (e.rank, e.world));
+                o.other(if same { "agrees" } else { "ignored" }, &get)
+            })
             .collect();
         return Ok(Some(e));
     }
@@ -422,6 +428,25 @@ mod tests {
         own.push(("FOLDPRINT_LAUNCHER", "foldprint"));
         let f = discover(env(&own)).unwrap().unwrap();
         assert_eq!((f.rank, f.world, f.source), (1, 2, "foldprint"));
+        assert_eq!(
+            f.launcher_note().unwrap(),
+            "chosen by FOLDPRINT_LAUNCHER; torchrun ignored (RANK=7, WORLD_SIZE=9)"
+        );
+        // `launch --exec` sets torchrun's variables equal to its own: named
+        // and agreeing, torchrun is said to agree, not to be ignored.
+        let same = [
+            ("FOLDPRINT_RANK", "1"),
+            ("FOLDPRINT_WORLD_SIZE", "3"),
+            ("RANK", "1"),
+            ("WORLD_SIZE", "3"),
+            ("FOLDPRINT_LAUNCHER", "foldprint"),
+        ];
+        let f = discover(env(&same)).unwrap().unwrap();
+        assert_eq!((f.rank, f.world, f.source), (1, 3, "foldprint"));
+        assert_eq!(
+            f.launcher_note().unwrap(),
+            "chosen by FOLDPRINT_LAUNCHER; torchrun agrees (RANK=1, WORLD_SIZE=3)"
+        );
         // A name that is no launcher, or one whose variables are not set.
         let e = discover(env(&[("FOLDPRINT_LAUNCHER", "mpich")]))
             .unwrap_err()

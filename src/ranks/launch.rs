@@ -7,6 +7,9 @@
 //! treats each process as a separate node and runs several ranks on one
 //! GPU over its network transport (sockets on loopback). That is NCCL's
 //! real inter-node code path, but never a bandwidth measurement.
+//!
+//! A program started with `--exec` also gets torchrun's variables, equal to
+//! foldprint's own, so a PyTorch script runs under `launch` unchanged.
 
 use super::RankError;
 use std::ffi::OsString;
@@ -42,8 +45,14 @@ pub struct LaunchSpec {
     pub ranks: usize,
     pub program: OsString,
     pub args: Vec<OsString>,
-    /// Let every rank print to stdout (default: rank 0 only).
+    /// Let every rank print to stdout, each line of every rank's stdout and
+    /// stderr prefixed `[rank R] ` (default: rank 0's stdout only, and
+    /// every rank's stderr, as the ranks write them).
     pub all_stdout: bool,
+    /// Also set torchrun's variables (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+    /// `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`), for programs
+    /// written for torchrun.
+    pub torchrun_vars: bool,
     /// After the first failure, how long the others may take to exit on
     /// their own (a live rank notices a dead peer and says so) before SIGTERM.
     pub settle: Duration,
@@ -217,6 +226,120 @@ pub fn ranks_need_gpus(args: &[OsString]) -> bool {
         || args.iter().any(|a| a == "--backend=nccl")
 }
 
+/// Rank 0's ports: (foldprint's rendezvous, torchrun's store). With
+/// torchrun's variables the store gets a free port P and the rendezvous
+/// P + 1, the layout foldprint's ranks assume under torchrun itself, so
+/// PyTorch's store and a foldprint rendezvous in the same job never meet.
+fn free_ports(torchrun_vars: bool) -> Result<(u16, Option<u16>), RankError> {
+    use std::net::TcpListener;
+    let bind = |port: u16| TcpListener::bind(("127.0.0.1", port));
+    let err = |e: std::io::Error| RankError::Launch(format!("finding a free port: {e}"));
+    if !torchrun_vars {
+        let port = bind(0).and_then(|l| l.local_addr()).map_err(err)?.port();
+        return Ok((port, None));
+    }
+    for _ in 0..64 {
+        let store = bind(0).map_err(err)?;
+        let p = store.local_addr().map_err(err)?.port();
+        if let Some(next) = p.checked_add(1) {
+            if bind(next).is_ok() {
+                return Ok((next, Some(p)));
+            }
+        }
+    }
+    Err(RankError::Launch(
+        "finding a free port: no two adjacent free ports on 127.0.0.1 in 64 tries".into(),
+    ))
+}
+
+/// Copy a rank's output to ours, line by line, each line prefixed and
+/// written whole under the stream's lock, so lines of different ranks never
+/// mix. A last line without a newline gets one. After our own stream fails
+/// (a closed pipe) the rank's output is still drained, so it never blocks.
+fn forward(src: impl std::io::Read, prefix: String, to_stderr: bool) {
+    use std::io::{BufRead, Write};
+    let mut src = std::io::BufReader::new(src);
+    let mut line = Vec::new();
+    let mut open = true;
+    loop {
+        line.clear();
+        match src.read_until(b'\n', &mut line) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+        if !open {
+            continue;
+        }
+        let mut out = Vec::with_capacity(prefix.len() + line.len() + 1);
+        out.extend_from_slice(prefix.as_bytes());
+        out.extend_from_slice(&line);
+        if !line.ends_with(b"\n") {
+            out.push(b'\n');
+        }
+        let written = if to_stderr {
+            let mut e = std::io::stderr().lock();
+            e.write_all(&out).and_then(|()| e.flush())
+        } else {
+            let mut o = std::io::stdout().lock();
+            o.write_all(&out).and_then(|()| o.flush())
+        };
+        open = written.is_ok();
+    }
+}
+
+/// The threads forwarding the ranks' output, and how to wait for them.
+struct Forwarders {
+    done: std::sync::mpsc::Receiver<()>,
+    tell: std::sync::mpsc::Sender<()>,
+    running: usize,
+}
+
+impl Forwarders {
+    fn new() -> Forwarders {
+        let (tell, done) = std::sync::mpsc::channel();
+        Forwarders {
+            done,
+            tell,
+            running: 0,
+        }
+    }
+
+    /// Forward rank `r`'s piped stdout and stderr.
+    fn start(&mut self, r: usize, c: &mut Child) {
+        let out = c
+            .stdout
+            .take()
+            .map(|p| (Box::new(p) as Box<dyn std::io::Read + Send>, false));
+        let err = c
+            .stderr
+            .take()
+            .map(|p| (Box::new(p) as Box<dyn std::io::Read + Send>, true));
+        for (pipe, to_stderr) in out.into_iter().chain(err) {
+            let tell = self.tell.clone();
+            let prefix = format!("[rank {r}] ");
+            self.running += 1;
+            std::thread::spawn(move || {
+                forward(pipe, prefix, to_stderr);
+                let _ = tell.send(());
+            });
+        }
+    }
+
+    /// Wait until every rank's output is copied; a process the ranks left
+    /// behind may hold a pipe open, so give up `grace` after the last rank.
+    fn finish(self, grace: Duration) {
+        let until = Instant::now() + grace;
+        for _ in 0..self.running {
+            let left = until.saturating_duration_since(Instant::now());
+            if self.done.recv_timeout(left).is_err() {
+                return;
+            }
+        }
+    }
+}
+
 pub fn launch(spec: &LaunchSpec) -> Result<Outcome, RankError> {
     if spec.ranks == 0 {
         return Err(RankError::LaunchSize("-n must be at least 1".into()));
@@ -227,10 +350,7 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, RankError> {
             spec.ranks
         )));
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| RankError::Launch(format!("finding a free port: {e}")))?
-        .port();
+    let (port, store_port) = free_ports(spec.torchrun_vars)?;
     let job = token();
     // Keep NCCL's own account of the transports it chose, per rank, unless
     // the user already routes NCCL's log somewhere.
@@ -243,6 +363,7 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, RankError> {
     };
     catch_stop_signals();
     let mut children = Vec::with_capacity(spec.ranks);
+    let mut forwarders = Forwarders::new();
     for r in 0..spec.ranks {
         let mut cmd = Command::new(&spec.program);
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
@@ -257,6 +378,15 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, RankError> {
             // Inherited launchers' variables (a Slurm job's, torchrun's)
             // disagree with these: say whose to believe.
             .env(crate::ranks::discover::LAUNCHER_VAR, "foldprint");
+        if let Some(store) = store_port {
+            // torchrun's names for the same rank, world and local rank.
+            cmd.env("RANK", r.to_string())
+                .env("WORLD_SIZE", spec.ranks.to_string())
+                .env("LOCAL_RANK", local.to_string())
+                .env("LOCAL_WORLD_SIZE", spec.ranks.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", store.to_string());
+        }
         if let Some(e) = &spec.emulate {
             cmd.env("NCCL_HOSTID", host_id(&job, r, spec.ranks, e.host_ids))
                 .env(
@@ -269,11 +399,16 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, RankError> {
                 .env("NCCL_DEBUG_SUBSYS", "INIT,NET")
                 .env("NCCL_DEBUG_FILE", dir.join(format!("nccl.rank{r}.log")));
         }
-        if r > 0 && !spec.all_stdout {
+        if spec.all_stdout {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        } else if r > 0 {
             cmd.stdout(Stdio::null());
         }
         match cmd.spawn() {
-            Ok(c) => children.push((r, c)),
+            Ok(mut c) => {
+                forwarders.start(r, &mut c);
+                children.push((r, c));
+            }
             Err(e) => {
                 terminate(&mut children, spec.grace);
                 if let Some(dir) = &logs {
@@ -332,6 +467,7 @@ pub fn launch(spec: &LaunchSpec) -> Result<Outcome, RankError> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    forwarders.finish(spec.grace);
     others.sort();
     let (mut kept_logs, mut warns) = (None, Vec::new());
     if let Some(dir) = logs {
@@ -363,6 +499,7 @@ mod tests {
             program: "sh".into(),
             args: vec!["-c".into(), script.into()],
             all_stdout: false,
+            torchrun_vars: false,
             settle: Duration::from_millis(300),
             grace: Duration::from_millis(500),
             emulate: None,

@@ -440,6 +440,104 @@ fn doctor_reports_the_cpu_backend() {
         .stdout(predicate::str::contains("cpu"));
 }
 
+/// The C library this test process runs on: a shared library that is not NCCL.
+fn libc_path() -> String {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| {
+            let name = p.rsplit('/').next().unwrap_or("");
+            name.starts_with("libc.so") || name.starts_with("libc-")
+        })
+        .expect("libc is mapped")
+        .to_string()
+}
+
+#[test]
+fn doctor_names_the_nccl_it_would_load_or_why_it_cannot() {
+    let doctor = |lib: Option<&str>| {
+        let mut c = fp();
+        c.args(["doctor"]);
+        match lib {
+            Some(l) => c.env("FOLDPRINT_NCCL_LIBRARY", l),
+            None => c.env_remove("FOLDPRINT_NCCL_LIBRARY"),
+        };
+        let out = c.output().unwrap();
+        // doctor reports; a missing or wrong NCCL is never its failure.
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let nccl = |text: &str| -> Vec<String> {
+        let mut lines = text
+            .lines()
+            .skip_while(|l| !l.starts_with("nccl "))
+            .peekable();
+        let mut block = vec![lines.next().expect("a `nccl` line").to_string()];
+        while let Some(l) = lines.next_if(|l| l.starts_with("       ")) {
+            block.push(l.to_string());
+        }
+        block
+    };
+    // A path that does not exist: named, with the loader's reason.
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("libnccl.so.2").display().to_string();
+    let block = nccl(&doctor(Some(&missing)));
+    let text = block.join("\n");
+    assert!(
+        block.iter().any(|l| l.contains(&format!(
+            "could not load FOLDPRINT_NCCL_LIBRARY={missing}: "
+        )) && l.contains("No such file")),
+        "{text}"
+    );
+    // And what a run would do instead: nothing, or another NCCL.
+    assert!(
+        block[0].starts_with("nccl   NOT FOUND: no NCCL library loads here")
+            || text.contains("runs fall back to"),
+        "{text}"
+    );
+    // A shared library that loads but is not NCCL: named, and what it lacks.
+    let libc = libc_path();
+    let block = nccl(&doctor(Some(&libc)));
+    assert!(
+        block[0].starts_with(&format!("nccl   NOT usable: FOLDPRINT_NCCL_LIBRARY={libc}"))
+            && block[0].contains("is not a usable NCCL")
+            && block[0].contains("lacks ncclGetVersion"),
+        "{block:?}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(
+        &fp()
+            .args(["doctor", "--json"])
+            .env("FOLDPRINT_NCCL_LIBRARY", &libc)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(v["nccl"]["requested"], libc.as_str(), "{v}");
+    assert_eq!(v["nccl"]["opened"], libc.as_str(), "{v}");
+    assert!(v["nccl"]["version"].is_null(), "{v}");
+    assert!(
+        v["nccl"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("lacks ncclGetVersion"),
+        "{v}"
+    );
+    // Negative control: unset, the variable is named only in the hint, and
+    // the line says either which NCCL and version or that there is none.
+    let block = nccl(&doctor(None));
+    assert!(
+        block
+            .iter()
+            .all(|l| !l.contains("FOLDPRINT_NCCL_LIBRARY=") || l.contains("=/path/to/")),
+        "{block:?}"
+    );
+    assert!(
+        block[0].starts_with("nccl   NCCL 2.") || block[0].starts_with("nccl   NOT FOUND"),
+        "{block:?}"
+    );
+}
+
 #[test]
 fn junit_lists_every_case_and_group() {
     let dir = tempfile::tempdir().unwrap();

@@ -275,3 +275,196 @@ fn world_under_srun_lists_every_rank() {
 fn a_failing_rank_under_srun_ends_the_job_in_seconds() {
     a_failing_rank_ends_the_job_in_seconds(Launcher::Srun);
 }
+
+// ---- `launch --exec`: torchrun's variables, prefixed output ------------
+
+/// Each rank's environment as `launch` gave it, read from the files an
+/// `env` child wrote, rank by rank.
+fn envs_under_launch(
+    extra: &[&str],
+    ranks: usize,
+) -> Vec<std::collections::BTreeMap<String, String>> {
+    let dir = tempfile::tempdir().unwrap();
+    let n = ranks.to_string();
+    let mut args = vec!["launch", "-n", &n];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--exec", "--", "sh", "-c", "env > \"$0/$FOLDPRINT_RANK\""]);
+    fp().args(&args)
+        .arg(dir.path())
+        // What an outer torchrun would have left: `launch` replaces it.
+        .env("RANK", "7")
+        .env("WORLD_SIZE", "9")
+        .env("LOCAL_WORLD_SIZE", "9")
+        .env("MASTER_PORT", "1")
+        .timeout(Duration::from_secs(30))
+        .assert()
+        .success();
+    (0..ranks)
+        .map(|r| {
+            std::fs::read_to_string(dir.path().join(r.to_string()))
+                .unwrap()
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn launch_exec_gives_each_rank_torchrun_variables_equal_to_its_own() {
+    for emulate in [false, true] {
+        let extra: &[&str] = if emulate { &["--emulate-hosts"] } else { &[] };
+        let envs = envs_under_launch(extra, 3);
+        let port: u16 = envs[0]["MASTER_PORT"].parse().unwrap();
+        let mut host_ids = std::collections::BTreeSet::new();
+        for (r, e) in envs.iter().enumerate() {
+            let get = |k: &str| e.get(k).map(String::as_str).unwrap_or("<unset>");
+            let rank = r.to_string();
+            assert_eq!(get("RANK"), rank, "{e:?}");
+            assert_eq!(get("FOLDPRINT_RANK"), rank, "{e:?}");
+            assert_eq!(get("WORLD_SIZE"), "3", "{e:?}");
+            assert_eq!(get("FOLDPRINT_WORLD_SIZE"), "3", "{e:?}");
+            assert_eq!(get("LOCAL_WORLD_SIZE"), "3", "{e:?}");
+            assert_eq!(get("LOCAL_RANK"), get("FOLDPRINT_LOCAL_RANK"), "{e:?}");
+            assert_eq!(get("MASTER_ADDR"), "127.0.0.1", "{e:?}");
+            assert_eq!(get("FOLDPRINT_MASTER_ADDR"), "127.0.0.1", "{e:?}");
+            // One store port for the job, foldprint's rendezvous just above.
+            assert_eq!(get("MASTER_PORT"), port.to_string(), "{e:?}");
+            assert_eq!(
+                get("FOLDPRINT_MASTER_PORT"),
+                (port + 1).to_string(),
+                "{e:?}"
+            );
+            assert_eq!(get("FOLDPRINT_LAUNCHER"), "foldprint", "{e:?}");
+            assert_eq!(get("FOLDPRINT_JOB_TOKEN"), envs[0]["FOLDPRINT_JOB_TOKEN"]);
+            if emulate {
+                // No GPU here: every rank shares device 0, each its own host.
+                assert_eq!(get("LOCAL_RANK"), "0", "{e:?}");
+                let id = get("NCCL_HOSTID");
+                assert!(id.ends_with(&format!("host{r:04}")), "{e:?}");
+                host_ids.insert(id.to_string());
+            } else {
+                assert_eq!(get("LOCAL_RANK"), rank, "{e:?}");
+                assert_eq!(get("NCCL_HOSTID"), "<unset>", "{e:?}");
+            }
+        }
+        assert_eq!(host_ids.len(), if emulate { 3 } else { 0 }, "{envs:?}");
+    }
+}
+
+#[test]
+fn a_foldprint_rank_under_launch_exec_sees_torchrun_agree() {
+    let out = fp()
+        .args(["launch", "-n", "3", "--exec", "--"])
+        .arg(bin())
+        .args(["world", "--json"])
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let v = json_of(&out.stdout);
+    assert_eq!(
+        (v["world"].as_u64(), v["launcher"].as_str()),
+        (Some(3), Some("foldprint")),
+        "{v}"
+    );
+    assert_eq!(
+        v["other_launchers"],
+        serde_json::json!([{
+            "launcher": "torchrun",
+            "verdict": "agrees",
+            "variables": {"RANK": "0", "WORLD_SIZE": "3"},
+        }]),
+        "{v}"
+    );
+    let ranks: Vec<u64> = v["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["rank"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ranks, [0, 1, 2]);
+}
+
+/// Each rank writes `LINES` lines to stdout and to stderr, each line in
+/// three writes (so that ranks writing straight to one terminal could mix
+/// within a line), and a last stdout line without a newline.
+const CHATTY: &str = r#"r=$FOLDPRINT_RANK; pad=$(printf '%0600d' 0); i=0
+while [ $i -lt 150 ]; do
+  printf 'out %s %s ' $r $i; printf '%s' $pad; printf '\n'
+  printf 'err %s %s ' $r $i >&2; printf '%s' $pad >&2; printf '\n' >&2
+  i=$((i+1))
+done
+printf 'last %s' $r"#;
+const LINES: usize = 150;
+
+#[test]
+fn all_output_prefixes_every_line_of_every_rank_whole() {
+    let pad = "0".repeat(600);
+    let run = |all: bool| {
+        let mut args = vec!["launch", "-n", "3", "--exec"];
+        if all {
+            args.push("--all-output");
+        }
+        args.extend_from_slice(&["--", "sh", "-c", CHATTY]);
+        let out = fp()
+            .args(&args)
+            .timeout(Duration::from_secs(60))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let (out, err) = run(true);
+    for (text, stream) in [(&out, "out"), (&err, "err")] {
+        let mut next = [0usize; 3];
+        let mut last = [false; 3];
+        for line in text.lines() {
+            let rest = line
+                .strip_prefix("[rank ")
+                .unwrap_or_else(|| panic!("{line:.80}"));
+            let (r, body) = rest
+                .split_once("] ")
+                .unwrap_or_else(|| panic!("{line:.80}"));
+            let r: usize = r.parse().unwrap();
+            if body == format!("last {r}") && stream == "out" {
+                last[r] = true;
+                continue;
+            }
+            // Whole, in the rank's own order, never another rank's text.
+            assert_eq!(
+                body,
+                format!("{stream} {r} {} {pad}", next[r]),
+                "{line:.80}"
+            );
+            next[r] += 1;
+        }
+        assert_eq!(next, [LINES; 3], "{stream}");
+        assert_eq!(last, [stream == "out"; 3], "{stream}");
+    }
+    // Negative control: without --all-output, rank 0's stdout alone, every
+    // rank's stderr, no prefix.
+    let (out, err) = run(false);
+    assert!(
+        !out.contains("[rank") && !err.contains("[rank"),
+        "{out:.200}{err:.200}"
+    );
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with("out 0 ")).count(),
+        LINES
+    );
+    assert!(!out.contains("out 1 ") && !out.contains("out 2 ") && out.ends_with("last 0"));
+    for r in 0..3 {
+        let mine = format!("err {r} ");
+        assert!(err.contains(&mine), "{err:.200}");
+    }
+}

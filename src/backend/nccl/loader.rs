@@ -77,16 +77,114 @@ pub fn candidates() -> Vec<String> {
     c
 }
 
+/// Which NCCL a run would load, and from where, as `doctor` shows it: the
+/// same search as [`Nccl::load`], no GPU needed.
+#[derive(Debug, Clone, serde::Serialize, PartialEq, Eq)]
+pub struct NcclProbe {
+    /// `FOLDPRINT_NCCL_LIBRARY`, when set.
+    pub requested: Option<String>,
+    /// Each name tried before the one that opened, with the loader's reason.
+    pub failed: Vec<NotLoaded>,
+    /// The name that opened (the search stops there, NCCL or not).
+    pub opened: Option<String>,
+    /// The file that name resolved to.
+    pub path: Option<String>,
+    /// `ncclGetVersion`, e.g. `2.21.5`.
+    pub version: Option<String>,
+    /// Why a run could not use it, when it could not.
+    pub error: Option<String>,
+}
+
+/// A name the loader could not open.
+#[derive(Debug, Clone, serde::Serialize, PartialEq, Eq)]
+pub struct NotLoaded {
+    pub name: String,
+    /// The loader's words (dlerror).
+    pub reason: String,
+}
+
+impl NcclProbe {
+    pub fn usable(&self) -> bool {
+        self.version.is_some()
+    }
+}
+
+/// The file that holds `sym` in this process (`dladdr`).
+fn file_of(sym: *const c_void) -> Option<String> {
+    // SAFETY: Dl_info is plain data (pointers and integers); all zero is valid.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads the loader's tables and fills `info`.
+    let found = unsafe { libc::dladdr(sym, &mut info) };
+    if found == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: a NUL-terminated string the loader owns while the library is open.
+    let name = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy();
+    let p = std::path::Path::new(name.as_ref());
+    Some(std::fs::canonicalize(p).map_or(name.to_string(), |c| c.display().to_string()))
+}
+
+/// The loader's own words (libloading's message is only "dlopen failed",
+/// with dlerror's text as its source).
+fn loader_text(e: &libloading::Error) -> String {
+    std::error::Error::source(e).map_or_else(|| e.to_string(), |s| s.to_string())
+}
+
+/// Open NCCL the way a run does, and say what happened.
+pub fn probe() -> NcclProbe {
+    let mut p = NcclProbe {
+        requested: std::env::var("FOLDPRINT_NCCL_LIBRARY").ok(),
+        failed: Vec::new(),
+        opened: None,
+        path: None,
+        version: None,
+        error: None,
+    };
+    match Nccl::load_noting(&mut p.failed) {
+        Ok(n) => {
+            p.path = file_of(n.get_version as *const c_void);
+            p.opened = Some(n.opened.clone());
+            match n.version() {
+                Ok((a, b, c)) => p.version = Some(format!("{a}.{b}.{c}")),
+                Err(e) => p.error = Some(e.to_string()),
+            }
+        }
+        Err(e) => {
+            // Opened but not NCCL: the search stopped at that name.
+            p.opened = candidates().get(p.failed.len()).cloned();
+            p.path = p
+                .opened
+                .as_ref()
+                .filter(|n| n.contains('/'))
+                .and_then(|n| std::fs::canonicalize(n).ok())
+                .map(|c| c.display().to_string());
+            p.error = Some(e.to_string());
+        }
+    }
+    p
+}
+
 impl Nccl {
     pub fn load() -> Result<Nccl, GpuError> {
-        let mut errors = Vec::new();
+        Self::load_noting(&mut Vec::new())
+    }
+
+    /// [`Nccl::load`], adding each name that did not open, with why, to `failed`.
+    fn load_noting(failed: &mut Vec<NotLoaded>) -> Result<Nccl, GpuError> {
         for name in candidates() {
             // SAFETY: loading NCCL runs its (well-behaved) initializers.
             match unsafe { libloading::Library::new(&name) } {
                 Ok(lib) => return Self::resolve(lib, name),
-                Err(e) => errors.push(format!("{name}: {e}")),
+                Err(e) => failed.push(NotLoaded {
+                    reason: loader_text(&e),
+                    name,
+                }),
             }
         }
+        let errors: Vec<String> = failed
+            .iter()
+            .map(|f| format!("{}: {}", f.name, f.reason))
+            .collect();
         Err(GpuError::missing(format!(
             "NCCL library not found ({}); install NCCL, put its lib directory on LD_LIBRARY_PATH, or set FOLDPRINT_NCCL_LIBRARY=/path/to/libnccl.so.2",
             errors.join("; ")
@@ -99,8 +197,9 @@ impl Nccl {
                 // SAFETY: the type matches NCCL's public C prototype.
                 *unsafe { lib.get($name) }.map_err(|e| {
                     GpuError::missing(format!(
-                        "{opened} lacks {}: {e}",
-                        String::from_utf8_lossy(&$name[..$name.len() - 1])
+                        "{opened} lacks {}: {}",
+                        String::from_utf8_lossy(&$name[..$name.len() - 1]),
+                        loader_text(&e)
                     ))
                 })?
             };
