@@ -139,14 +139,11 @@ fn nccl_lines(p: &foldprint::backend::nccl::loader::NcclProbe) -> Vec<String> {
         let why = why.unwrap_or(&f.reason);
         lines.push(format!("       could not load {who}: {why}"));
     }
-    if let (Some(r), Some(name)) = (&p.requested, &p.opened) {
-        if r != name {
-            lines.push(format!(
-                "       {VAR} is set but cannot be loaded: runs fall back to {name}, not the NCCL you named"
-            ));
-        }
-    }
-    if p.opened.is_none() {
+    if p.opened.is_none() && p.requested.is_some() {
+        lines.push(format!(
+            "       a run refuses to start rather than load another NCCL: fix {VAR} or unset it"
+        ));
+    } else if p.opened.is_none() {
         lines.push(format!(
             "       install NCCL, put its lib directory on LD_LIBRARY_PATH, or set {VAR}=/path/to/libnccl.so.2"
         ));

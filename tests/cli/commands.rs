@@ -489,10 +489,14 @@ fn doctor_names_the_nccl_it_would_load_or_why_it_cannot() {
         )) && l.contains("No such file")),
         "{text}"
     );
-    // And what a run would do instead: nothing, or another NCCL.
+    // A named library is the only one tried: no other NCCL stands in,
+    // whatever the loader's search would find.
     assert!(
-        block[0].starts_with("nccl   NOT FOUND: no NCCL library loads here")
-            || text.contains("runs fall back to"),
+        block[0].starts_with("nccl   NOT FOUND: no NCCL library loads here"),
+        "{text}"
+    );
+    assert!(
+        text.contains("a run refuses to start rather than load another NCCL"),
         "{text}"
     );
     // A shared library that loads but is not NCCL: named, and what it lacks.

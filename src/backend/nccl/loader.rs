@@ -1,8 +1,9 @@
 //! Our own NCCL loader: cudarc opens only `libnccl.so` (and panics when it
-//! is missing), while pip's NCCL ships just `libnccl.so.2`. We open, in
-//! order, `FOLDPRINT_NCCL_LIBRARY` (a file), `libnccl.so`, `libnccl.so.2`,
-//! and resolve the handful of entry points we use, so a missing library is
-//! an error message rather than a panic.
+//! is missing), while pip's NCCL ships just `libnccl.so.2`. We open
+//! `FOLDPRINT_NCCL_LIBRARY` (a file) alone when it is set, since a run told
+//! to use one NCCL must never measure another; else `libnccl.so`, then
+//! `libnccl.so.2`. We resolve the handful of entry points we use, so a
+//! missing library is an error message rather than a panic.
 
 use crate::gpu::error::GpuError;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -66,15 +67,12 @@ pub struct Nccl {
     get_last_error: Option<unsafe extern "C" fn(RawComm) -> *const c_char>,
 }
 
-/// The names tried, in order.
+/// The names tried, in order: the library named, and nothing else.
 pub fn candidates() -> Vec<String> {
-    let mut c = Vec::new();
-    if let Ok(p) = std::env::var("FOLDPRINT_NCCL_LIBRARY") {
-        c.push(p);
+    match std::env::var("FOLDPRINT_NCCL_LIBRARY") {
+        Ok(p) => vec![p],
+        Err(_) => vec!["libnccl.so".into(), "libnccl.so.2".into()],
     }
-    c.push("libnccl.so".into());
-    c.push("libnccl.so.2".into());
-    c
 }
 
 /// Which NCCL a run would load, and from where, as `doctor` shows it: the
@@ -185,6 +183,12 @@ impl Nccl {
             .iter()
             .map(|f| format!("{}: {}", f.name, f.reason))
             .collect();
+        if std::env::var_os("FOLDPRINT_NCCL_LIBRARY").is_some() {
+            return Err(GpuError::missing(format!(
+                "FOLDPRINT_NCCL_LIBRARY cannot be loaded ({}); no other NCCL is tried in its place: fix the path or unset it",
+                errors.join("; ")
+            )));
+        }
         Err(GpuError::missing(format!(
             "NCCL library not found ({}); install NCCL, put its lib directory on LD_LIBRARY_PATH, or set FOLDPRINT_NCCL_LIBRARY=/path/to/libnccl.so.2",
             errors.join("; ")
