@@ -62,9 +62,12 @@ fn plot(inputs: &[&Path], out: &Path) -> (Option<i32>, String) {
     (o.status.code(), text)
 }
 
-/// `bits` moved `steps` units in the last place away from zero.
-fn away(bits: u32, steps: u32) -> u32 {
-    bits + steps
+/// Each float32 of `bits` moved `steps` units in the last place away from
+/// zero (the values are finite and far from infinity).
+fn away(bits: &mut [u32], steps: u32) {
+    for b in bits {
+        *b += steps;
+    }
 }
 
 /// Bars' heights must rank as the counts do: equal where equal, taller
@@ -122,16 +125,10 @@ fn a_report_s_expect_differences_are_drawn_per_arena() {
         .map(|x| x.to_bits())
         .collect();
     let b = rank_files::rank_order_sum(&addends[0]);
-    for i in 0..5 {
-        w[i] = away(w[i], 1);
-    }
-    for i in 10..13 {
-        w[i] = away(w[i], 3);
-    }
-    for i in 20..22 {
-        w[i] = away(w[i], 6);
-    }
-    w[40] = away(w[40], 700);
+    away(&mut w[0..5], 1);
+    away(&mut w[10..13], 3);
+    away(&mut w[20..22], 6);
+    away(&mut w[40..41], 700);
     w[50] = 0x7FC0_0000;
     let w: Vec<f32> = w.into_iter().map(f32::from_bits).collect();
     rank_files::write_safetensors(
@@ -282,12 +279,8 @@ fn two_dump_directories_are_drawn_from_their_files() {
         .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
         .collect();
     assert_eq!(bits.len(), 300);
-    for i in 0..6 {
-        bits[i] = away(bits[i], 1);
-    }
-    for i in 100..102 {
-        bits[i] = away(bits[i], 9);
-    }
+    away(&mut bits[0..6], 1);
+    away(&mut bits[100..102], 9);
     let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
     std::fs::write(&path, &bytes).unwrap();
     let hash = {
