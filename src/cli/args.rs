@@ -60,6 +60,20 @@ pub(super) enum Command {
     /// rank refuses (exit 2) until FOLDPRINT_LAUNCHER=foldprint|torchrun|
     /// slurm|openmpi names the launcher that started it.
     World(WorldArgs),
+    /// Draw the ULP distances of a report's `expect` differences, or of two
+    /// `--dump` directories, per arena or file, as an SVG (exit 0 when written).
+    Plot(PlotArgs),
+}
+
+#[derive(Args)]
+pub(super) struct PlotArgs {
+    /// One report (its cases against their `expect` files), or two dump
+    /// directories (the second against the first).
+    #[arg(required = true, num_args = 1..=2)]
+    pub(super) inputs: Vec<PathBuf>,
+    /// Where to write the SVG (atomically).
+    #[arg(short = 'o', long = "out")]
+    pub(super) out: PathBuf,
 }
 
 #[derive(Args)]

@@ -17,6 +17,7 @@ mod compare;
 mod doctor;
 mod golden;
 mod launch;
+mod plot;
 mod progress;
 mod run;
 mod run_common;
@@ -62,6 +63,7 @@ pub fn main() -> i32 {
         Command::Attest(a) => attest::run(a),
         Command::Audit(a) => audit::run(a),
         Command::World(a) => world::run(a),
+        Command::Plot(a) => plot::run(a),
     };
     let code = match result {
         Ok(code) => code,

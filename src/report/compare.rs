@@ -456,7 +456,7 @@ fn compare_case(key: &str, l: (&String, &View), r: (&String, &View), out: &mut C
 
 /// The two sides' `expect` results, field by field: the file's digest and
 /// size, the verdict, and per arena the differing count, the largest ULP
-/// distance and the differences listed. Its path is where the file was,
+/// distance, the distances' histogram and the differences listed. Its path is where the file was,
 /// like a rank file's, and is not compared.
 fn compare_expect(
     a: Option<&ExpectOutcome>,
@@ -511,6 +511,13 @@ fn compare_expect(
                 format!("expect arena {i} max_ulp"),
                 say(p.max_ulp),
                 say(q.max_ulp),
+            );
+        }
+        if p.ulp_histogram != q.ulp_histogram {
+            mismatch(
+                format!("expect arena {i} ulp_histogram"),
+                format!("{:?}", p.ulp_histogram),
+                format!("{:?}", q.ulp_histogram),
             );
         }
         if p.first != q.first {

@@ -3,7 +3,9 @@
 //! bit for bit with the case's, arena by arena, in the case's dtype, with
 //! the differing elements counted and their ULP distances in that dtype.
 
-use super::localize::{diff_bits_in, held_bits, hex_bits, ulp_distance_in, ElementDiff};
+use super::localize::{
+    diff_bits_in, held_bits, hex_bits, ulp_bucket, ulp_distance_in, ElementDiff,
+};
 use crate::addends::{AddendError, ExpectFile};
 use crate::digest::{NanPolicy, Sha256};
 use crate::dtype::Dtype;
@@ -35,6 +37,13 @@ pub struct ExpectArena {
     /// Largest distance in units in the last place (NaNs left out).
     pub max_ulp: Option<u64>,
     pub first: Vec<ElementDiff>,
+    /// The differing elements that are not NaN, counted per power-of-two
+    /// bucket of their ULP distance: `[0]` distance 0 (-0 against +0),
+    /// `[k]` distances 2^(k-1) ..= 2^k - 1; no trailing zero, and absent
+    /// when there is no such element (so an equal arena's record is as
+    /// before). The NaN differences are `differing` less its sum.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ulp_histogram: Vec<u64>,
 }
 
 impl ExpectOutcome {
@@ -63,6 +72,7 @@ impl ExpectOutcome {
                 differing: d.differing,
                 max_ulp: d.max_ulp,
                 first: d.first,
+                ulp_histogram: d.histogram,
             });
         }
         let facts = file.facts();
@@ -185,11 +195,61 @@ impl ExpectOutcome {
                     listed_max.map_or("none".into(), |u| u.to_string())
                 ));
             }
+            histogram_problems(a, &at, &mut out);
         }
         if self.equal != self.arenas.iter().all(|a| a.differing == 0) {
             out.push("expect.equal does not follow from its arenas".into());
         }
         out
+    }
+}
+
+/// The ULP histogram against the arena's other fields. Absent with
+/// distances to count is a report written before histograms were kept:
+/// accepted, and `plot` says it cannot draw it.
+fn histogram_problems(a: &ExpectArena, at: &str, out: &mut Vec<String>) {
+    let h = &a.ulp_histogram;
+    if h.is_empty() {
+        return;
+    }
+    let mut bad = |m: String| out.push(format!("{at}.ulp_histogram {h:?}: {m}"));
+    if h.last() == Some(&0) {
+        bad("ends in an empty bucket (a run leaves them out)".into());
+    }
+    let sum = h.iter().try_fold(0u64, |s, &c| s.checked_add(c));
+    let nan = sum.and_then(|s| (a.differing as u64).checked_sub(s));
+    let Some(nan) = nan else {
+        return bad(format!(
+            "counts more elements than the {} differing",
+            a.differing
+        ));
+    };
+    match a.max_ulp {
+        Some(m) if ulp_bucket(m) + 1 != h.len() => bad(format!(
+            "its last bucket is {}, max_ulp {m} is in bucket {}",
+            h.len() - 1,
+            ulp_bucket(m)
+        )),
+        None => bad("counts distances, max_ulp says there are none".into()),
+        _ => {}
+    }
+    // The listed differences are some of those counted, every one of
+    // them when all are listed.
+    let mut listed = vec![0u64; h.len()];
+    let mut listed_nan = 0u64;
+    for d in &a.first {
+        match d.ulp.map(ulp_bucket) {
+            Some(k) if k < listed.len() => listed[k] += 1,
+            Some(_) => {} // past the last bucket: max_ulp's check says it
+            None => listed_nan += 1,
+        }
+    }
+    let short = listed.iter().zip(h).any(|(l, c)| l > c) || listed_nan > nan;
+    let all = a.first.len() == a.differing;
+    if short || (all && (listed != *h || listed_nan != nan)) {
+        bad(format!(
+            "does not hold the listed differences (per bucket {listed:?}, {listed_nan} NaN)"
+        ));
     }
 }
 
@@ -209,6 +269,7 @@ mod tests {
                 differing,
                 max_ulp,
                 first,
+                ulp_histogram: Vec::new(),
             }],
         }
     }
@@ -256,5 +317,35 @@ mod tests {
             NanPolicy::Canonical,
         );
         assert!(p[0].contains("does not follow 3"), "{p:?}");
+    }
+
+    #[test]
+    fn the_ulp_histogram_follows_from_the_listed_differences() {
+        let one = 1.0f32.to_bits();
+        // Distances 2 (bucket 2) and 5 (bucket 3), and a NaN pair.
+        let listed = vec![
+            pair(0, one, one + 2),
+            pair(1, one, one + 5),
+            pair(2, one, 0x7fc0_0001),
+        ];
+        let with = |h: Vec<u64>, differing: usize| {
+            let mut e = outcome(listed.clone(), differing, Some(5));
+            e.arenas[0].ulp_histogram = h;
+            e.problems(&[4], Dtype::F32, NanPolicy::Preserve)
+        };
+        assert_eq!(with(vec![0, 0, 1, 1], 3), Vec::<String>::new());
+        // Older reports carry none.
+        assert_eq!(with(vec![], 3), Vec::<String>::new());
+        let wrong: [(Vec<u64>, usize, &str); 5] = [
+            (vec![0, 0, 2, 1], 3, "does not hold the listed"),
+            (vec![0, 1, 0, 1], 3, "does not hold the listed"),
+            (vec![0, 0, 1, 1, 0], 3, "ends in an empty bucket"),
+            (vec![0, 0, 1, 1, 1], 4, "max_ulp 5 is in bucket 3"),
+            (vec![3, 0, 1, 1], 4, "more elements than the 4 differing"),
+        ];
+        for (h, differing, said) in wrong {
+            let p = with(h.clone(), differing);
+            assert!(p.iter().any(|m| m.contains(said)), "{h:?}: {p:?}");
+        }
     }
 }

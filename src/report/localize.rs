@@ -73,6 +73,10 @@ pub struct FileDiff {
     pub differing: usize,
     pub max_ulp: Option<u64>,
     pub first: Vec<ElementDiff>,
+    /// The compared pairs' ULP distances per power-of-two bucket (see
+    /// [`BitsDiff::histogram`]); for `foldprint plot`, not in the JSON.
+    #[serde(skip)]
+    pub histogram: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -207,6 +211,21 @@ fn read_elems(path: &Path, dtype: Dtype) -> Result<Vec<u32>, ReportError> {
     Ok(out)
 }
 
+/// The power-of-two bucket of a ULP distance: 0 for a distance of 0 (the
+/// bits differ, the values do not: -0 and +0), else k for distances
+/// 2^(k-1) ..= 2^k - 1 (1; 2-3; 4-7; ...), the distance's bit length.
+pub fn ulp_bucket(ulp: u64) -> usize {
+    (u64::BITS - ulp.leading_zeros()) as usize
+}
+
+/// The smallest and largest distance bucket `k` holds.
+pub fn ulp_bucket_range(k: usize) -> (u64, u64) {
+    match k {
+        0 => (0, 0),
+        _ => (1u64 << (k - 1), ((1u128 << k) - 1) as u64),
+    }
+}
+
 /// Where two equally long bit sequences differ.
 #[derive(Debug, Clone, Default)]
 pub struct BitsDiff {
@@ -215,6 +234,10 @@ pub struct BitsDiff {
     pub max_ulp: Option<u64>,
     /// The first `keep` differences.
     pub first: Vec<ElementDiff>,
+    /// Differing pairs that are not NaN, counted per [`ulp_bucket`]; no
+    /// trailing empty bucket (empty when no such pair). The pairs with a
+    /// NaN are `differing` less its sum.
+    pub histogram: Vec<u64>,
 }
 
 /// Element by element over the shorter of `left` and `right`.
@@ -230,6 +253,13 @@ pub fn diff_bits_in(dtype: Dtype, left: &[u32], right: &[u32], keep: usize) -> B
             d.differing += 1;
             let ulp = ulp_distance_in(dtype, x, y);
             d.max_ulp = d.max_ulp.max(ulp);
+            if let Some(u) = ulp {
+                let k = ulp_bucket(u);
+                if d.histogram.len() <= k {
+                    d.histogram.resize(k + 1, 0);
+                }
+                d.histogram[k] += 1;
+            }
             if d.first.len() < keep {
                 d.first.push(ElementDiff {
                     index: i,
@@ -274,6 +304,7 @@ pub fn compare_dumps(a: &Path, b: &Path, keep: usize) -> Result<DumpComparison, 
                 differing: va.len().max(vb.len()),
                 max_ulp: None,
                 first: Vec::new(),
+                histogram: Vec::new(),
             });
             continue;
         }
@@ -286,6 +317,7 @@ pub fn compare_dumps(a: &Path, b: &Path, keep: usize) -> Result<DumpComparison, 
             differing: bits.differing + va.len().abs_diff(vb.len()),
             max_ulp: bits.max_ulp,
             first: bits.first,
+            histogram: bits.histogram,
         });
     }
     for name in sb.keys().filter(|n| !sa.contains_key(*n)) {
@@ -336,6 +368,30 @@ mod tests {
         );
         assert_eq!((d.differing, d.max_ulp, d.first.len()), (2, Some(2), 2));
         assert_eq!(d.first[1].ulp, None);
+        // One pair 2 steps apart (bucket 2-3); the NaN pair in none.
+        assert_eq!(d.histogram, vec![0, 0, 1]);
+    }
+
+    #[test]
+    fn ulp_buckets_are_powers_of_two() {
+        let cases = [
+            (0, 0),
+            (1, 1),
+            (2, 2),
+            (3, 2),
+            (4, 3),
+            (7, 3),
+            (8, 4),
+            (1 << 32, 33),
+            (u64::MAX, 64),
+        ];
+        for (ulp, k) in cases {
+            assert_eq!(ulp_bucket(ulp), k, "{ulp}");
+            let (lo, hi) = ulp_bucket_range(k);
+            assert!(lo <= ulp && ulp <= hi, "{ulp} in {k}: {lo}..={hi}");
+        }
+        assert_eq!(ulp_bucket_range(3), (4, 7));
+        assert_eq!(ulp_bucket_range(64), (1 << 63, u64::MAX));
     }
 
     #[test]

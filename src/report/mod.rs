@@ -12,6 +12,7 @@ mod groups;
 mod json;
 mod junit;
 pub mod localize;
+pub mod plot;
 
 pub use compare::{compare, compare_sources, Comparison, Mismatch, Source};
 pub use golden::{Golden, GoldenCase, GoldenError, GoldenFile, GoldenProblem, GOLDEN_FORMAT};

@@ -16,6 +16,7 @@ mod launchers;
 mod launchers_setup;
 mod messages;
 mod outputs;
+mod plot;
 mod progress;
 mod rank_files;
 mod readme;

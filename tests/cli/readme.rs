@@ -75,6 +75,11 @@ fn examples_make_their_inputs_and_their_outputs_are_ignored() {
         let words: Vec<&str> = line.split('#').next().unwrap().split_whitespace().collect();
         let uses: Vec<&str> = match words[1] {
             "compare" => words[2..].to_vec(),
+            "plot" => words[2..]
+                .iter()
+                .take_while(|w| !w.starts_with("--"))
+                .copied()
+                .collect(),
             "attest" => {
                 let mut u = vec![words[2]];
                 if let Some(i) = words.iter().position(|w| *w == "--dump") {

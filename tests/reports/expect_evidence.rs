@@ -85,7 +85,7 @@ fn compare_and_attest_see_a_forged_expect_result() {
     assert_eq!(attest(dir.path(), &copy).2.unwrap(), honest_predicate);
 
     type Edit = Box<dyn Fn(&mut Value)>;
-    let forgeries: [(&str, Edit, &str); 3] = [
+    let forgeries: [(&str, Edit, &str); 4] = [
         (
             "made equal",
             Box::new(|v: &mut Value| {
@@ -95,6 +95,7 @@ fn compare_and_attest_see_a_forged_expect_result() {
                     a["differing"] = 0.into();
                     a["max_ulp"] = Value::Null;
                     a["first"] = Value::Array(vec![]);
+                    a.as_object_mut().unwrap().remove("ulp_histogram");
                 }
                 v["summary"]["differs_from_expect"] = Value::Array(vec![]);
             }),
@@ -107,6 +108,15 @@ fn compare_and_attest_see_a_forged_expect_result() {
                 v["summary"]["differs_from_expect"] = Value::Array(vec![]);
             }),
             "expect: ",
+        ),
+        (
+            "the ULP histograms left out",
+            Box::new(|v: &mut Value| {
+                for a in v["cases"][0]["expect"]["arenas"].as_array_mut().unwrap() {
+                    a.as_object_mut().unwrap().remove("ulp_histogram");
+                }
+            }),
+            "ulp_histogram: ",
         ),
         (
             "another file's digest",
@@ -134,6 +144,12 @@ fn compare_and_attest_see_a_forged_expect_result() {
         }
         let (code, err, predicate) = attest(dir.path(), &forged);
         assert_eq!(code, Some(0), "{what}: {err}");
+        // The predicate states counts and max_ulp per arena, not the
+        // histogram (what `plot` draws from).
+        if what == "the ULP histograms left out" {
+            assert_eq!(predicate.unwrap(), honest_predicate, "{what}");
+            continue;
+        }
         assert_ne!(predicate.unwrap(), honest_predicate, "{what}");
     }
     // The predicate states the expect result: file, verdict, counts.
@@ -223,6 +239,23 @@ fn an_inconsistent_expect_block_is_refused() {
                 a["max_ulp"] = Value::Null;
             }),
             "max_ulp null does not follow".into(),
+        ),
+        (
+            "a histogram counting more than differ",
+            Box::new(move |v: &mut Value| {
+                let h = &mut arena(v, k)["ulp_histogram"];
+                let last = h.as_array().unwrap().len() - 1;
+                h[last] = (h[last].as_u64().unwrap() + 1).into();
+            }),
+            "more elements than the".into(),
+        ),
+        (
+            "a histogram ending in an empty bucket",
+            Box::new(move |v: &mut Value| {
+                let h = arena(v, k)["ulp_histogram"].as_array_mut().unwrap();
+                h.push(0.into());
+            }),
+            "ends in an empty bucket".into(),
         ),
         (
             "the summary's sentence",
