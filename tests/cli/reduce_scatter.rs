@@ -4,7 +4,7 @@
 //! cross-check); `expect` may be one file per rank, each holding its shard.
 
 use crate::common::rank_files::{self, T};
-use crate::common::{fp, write};
+use crate::common::{fp, run_outputs, write, RunOutputs};
 use serde_json::Value;
 use sha2::Digest;
 use std::collections::HashMap;
@@ -57,15 +57,7 @@ order = ["ascending", "descending"]
 fn a_fixed_order_reduce_scatter_is_the_all_reduce_cut_into_shards() {
     let dir = tempfile::tempdir().unwrap();
     let exp = write(dir.path(), "rs.toml", BOTH);
-    let out = dir.path().join("r.json");
-    let dump = dir.path().join("dump");
-    fp().args(["run", "--backend", "cpu", "--out"])
-        .arg(&out)
-        .arg("--dump")
-        .arg(&dump)
-        .arg(&exp)
-        .assert()
-        .success();
+    let RunOutputs { report: out, dump } = run_outputs(dir.path(), &exp, "r");
     let r = report(&out);
     let cases = by_key(&r);
     let all = r["cases"].as_array().unwrap();
@@ -429,15 +421,7 @@ collective = ["reduce-scatter"]
 fn a_bf16_reduce_scatter_gathers_the_bf16_all_reduce() {
     let dir = tempfile::tempdir().unwrap();
     let exp = write(dir.path(), "rs16.toml", BF16);
-    let out = dir.path().join("r.json");
-    let dump = dir.path().join("dump");
-    fp().args(["run", "--backend", "cpu", "--out"])
-        .arg(&out)
-        .arg("--dump")
-        .arg(&dump)
-        .arg(&exp)
-        .assert()
-        .success();
+    let RunOutputs { report: out, dump } = run_outputs(dir.path(), &exp, "r");
     let r = report(&out);
     let cases = by_key(&r);
     assert_eq!(cases.len(), 2 * 2 * 2 * 2 + 4);
