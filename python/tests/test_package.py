@@ -96,6 +96,8 @@ def save_bf16_safetensors(path, tensors):
 
 def test_the_binary_is_the_installed_one_and_its_version_is_the_crates(monkeypatch):
     monkeypatch.delenv("FOLDPRINT_BIN", raising=False)
+    # The wheel's module, not the checkout's source.
+    assert ROOT / "python" not in Path(foldprint.__file__).resolve().parents
     found = foldprint.binary()
     scripts = Path(sysconfig.get_path("scripts")).resolve()
     assert found.resolve().parent in (scripts, Path(sys.executable).resolve().parent), found
