@@ -302,11 +302,7 @@ pub fn reduced_range(case: &Case, a: u32, first: usize, out: &mut [f32]) -> Opti
                 lane.fill(at as u64, slot);
                 dtype.quantize_all(slot);
             }
-            fold_stacked(case.contract(), stacked, world, &order, piece);
-            if let Some(s) = scale {
-                scale_rows(piece, s);
-            }
-            dtype.quantize_all(piece);
+            fold_scale_round(case.contract(), stacked, world, &order, scale, dtype, piece);
         },
     );
     Some(())
@@ -383,12 +379,7 @@ fn reduce(case: &Case, ranks: &mut [Vec<f32>]) {
                 stacked[src * len..(src + 1) * len].copy_from_slice(col.ranks[src]);
             }
             let mine = &mut *col.ranks[col.owner];
-            fold_stacked(case.contract(), stacked, world, &order, mine);
-            if let Some(s) = scale {
-                scale_rows(mine, s);
-            }
-            // The one rounding to a 16-bit dtype, after the float32 chain.
-            dtype.quantize_all(mine);
+            fold_scale_round(case.contract(), stacked, world, &order, scale, dtype, mine);
             if !redistribute {
                 return;
             }
@@ -399,6 +390,25 @@ fn reduce(case: &Case, ranks: &mut [Vec<f32>]) {
                 peer.copy_from_slice(mine);
             }
         });
+}
+
+/// What an owner computes of its shard (docs/SPEC.md §3, §8): the
+/// contract's float32 chain, the mean's scale in float32, then the one
+/// rounding to the case's dtype.
+fn fold_scale_round(
+    contract: Contract,
+    stacked: &[f32],
+    world: usize,
+    order: &[usize],
+    scale: Option<f32>,
+    dtype: crate::dtype::Dtype,
+    out: &mut [f32],
+) {
+    fold_stacked(contract, stacked, world, order, out);
+    if let Some(s) = scale {
+        scale_rows(out, s);
+    }
+    dtype.quantize_all(out);
 }
 
 /// Fold `world` stacked slots (`[world][len]`, slot = source rank) into `out`.

@@ -4,7 +4,7 @@
 //! cross-check); `expect` may be one file per rank, each holding its shard.
 
 use crate::common::rank_files::{self, T};
-use crate::common::{fp, run_outputs, write, RunOutputs};
+use crate::common::{fp, run_cpu, run_outputs, write, RunOutputs};
 use serde_json::Value;
 use sha2::Digest;
 use std::collections::HashMap;
@@ -151,11 +151,8 @@ fn a_report_with_a_forged_shard_digest_or_rank_copy_is_refused() {
         "name = \"rs\"\n[[case]]\nid = \"c\"\nworld = 5\narenas = [3, 10]\ncollective = \"reduce-scatter\"\n",
     );
     let good = dir.path().join("good.json");
-    fp().args(["run", "--backend", "cpu", "--out"])
-        .arg(&good)
-        .arg(&exp)
-        .assert()
-        .success();
+    let o = run_cpu(&exp, &good);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     fp().arg("compare").arg(&good).arg(&good).assert().success();
     let v = report(&good);
     let empty = sha(b"");
@@ -220,13 +217,24 @@ fn per_rank_files(dir: &Path) -> Vec<Vec<f32>> {
 /// Rank r's expect file, its shards of `sums` passed through `edit`
 /// (tensor index, shard) first.
 fn write_shard(dir: &Path, r: usize, sums: &[Vec<f32>], edit: impl Fn(usize, &mut Vec<f32>)) {
+    write_shard_as(dir, r, sums, T::f32, edit);
+}
+
+/// [`write_shard`] for elements `tensor` stores (f32 values, bf16 bits).
+fn write_shard_as<E: Clone>(
+    dir: &Path,
+    r: usize,
+    sums: &[Vec<E>],
+    tensor: fn(&str, &[usize], &[E]) -> T,
+    edit: impl Fn(usize, &mut Vec<E>),
+) {
     let tensors: Vec<T> = ["b", "w"]
         .iter()
         .enumerate()
         .map(|(t, name)| {
             let mut s = sums[t][shard(sums[t].len(), 4, r)].to_vec();
             edit(t, &mut s);
-            T::f32(name, &[s.len()], &s)
+            tensor(name, &[s.len()], &s)
         })
         .collect();
     rank_files::write_safetensors(&dir.join(format!("out/rank{r}.safetensors")), &tensors);
@@ -522,16 +530,7 @@ fn bf16_rank_files(dir: &Path) -> Vec<Vec<u16>> {
 }
 
 fn write_bf16_shard(dir: &Path, r: usize, sums: &[Vec<u16>], edit: impl Fn(usize, &mut Vec<u16>)) {
-    let tensors: Vec<T> = ["b", "w"]
-        .iter()
-        .enumerate()
-        .map(|(t, name)| {
-            let mut s = sums[t][shard(sums[t].len(), 4, r)].to_vec();
-            edit(t, &mut s);
-            T::bf16(name, &[s.len()], &s)
-        })
-        .collect();
-    rank_files::write_safetensors(&dir.join(format!("out/rank{r}.safetensors")), &tensors);
+    write_shard_as(dir, r, sums, T::bf16, edit);
 }
 
 #[test]
