@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # NCCL's own sum (the nccl-allreduce control) against the fixed-order
 # reduction, across NCCL settings and builds, on emulated hosts: which
-# settings move NCCL's bits, by how many elements and ULPs. Fixed-order is
+# settings move NCCL's bits, by how many elements and ULPs; and whether
+# NCCL's reduce-scatter (the control with collective = "reduce-scatter")
+# leaves each rank the slice of NCCL's own all-reduce under the same setting. Fixed-order is
 # run once per W (and checked against the CPU oracle); its invariance under
 # every setting is the GPU suite's job (tests/gpu_nccl.rs).
 #
@@ -33,12 +35,13 @@ fi
 
 # Two experiments with the same name and case ids, so their dumps carry
 # the same file names and `foldprint compare` pairs them element by element.
-experiment() { # W contract
+experiment() { # W contract [collective]
     cat <<EOF
 name = "drift"
-description = "NCCL drift table: W = $1, $2"
+description = "NCCL drift table: W = $1, $2 ${3:-all-reduce}"
 [defaults]
 world = $1
+collective = "${3:-all-reduce}"
 arenas = [262144, 4194304]
 seed = 21
 distribution = "mixed-magnitude"
@@ -58,19 +61,19 @@ summary() {
     fi
 }
 
-run() { # W setting-env contract dumpdir
-    local w=$1 envs=$2 contract=$3 dump=$4
-    local exp="$work/drift-w$w-$contract.toml"
-    experiment "$w" "$contract" >"$exp"
+run() { # W setting-env contract dumpdir [collective]
+    local w=$1 envs=$2 contract=$3 dump=$4 collective=${5:-all-reduce}
+    local exp="$work/drift-w$w-$contract-$collective.toml"
+    experiment "$w" "$contract" "$collective" >"$exp"
     local -a e=()
     [ "$envs" = "-" ] || read -r -a e <<<"$envs"
     env "${e[@]}" "$fp" launch -n "$w" --emulate-hosts -- \
         run "$exp" --backend nccl --dump "$dump" --out "$dump.json" >"$dump.log" 2>&1
 }
 
-printf 'W\tsetting\tNCCL vs fixed-order\tNCCL vs NCCL default\n' >"$work/drift.tsv"
-echo "| W | setting | nccl-allreduce vs fixed-order (differing/elements, max ULP) | vs NCCL's default setting |"
-echo "|---|---|---|---|"
+printf 'W\tsetting\tNCCL vs fixed-order\tNCCL vs NCCL default\tNCCL reduce-scatter vs its all-reduce\n' >"$work/drift.tsv"
+echo "| W | setting | nccl-allreduce vs fixed-order (differing/elements, max ULP) | vs NCCL's default setting | NCCL's reduce-scatter vs its all-reduce (same setting) |"
+echo "|---|---|---|---|---|"
 for w in $worlds; do
     experiment "$w" fixed-order >"$work/cpu-w$w.toml"
     "$fp" run "$work/cpu-w$w.toml" --backend cpu --dump "$work/w$w-cpu" >/dev/null
@@ -85,9 +88,14 @@ for w in $worlds; do
         run "$w" "$envs" nccl-allreduce "$dump"
         "$fp" compare "$work/w$w-fixed" "$dump" >"$work/compare/w$w-$tag-vs-fixed.txt" || true
         "$fp" compare "$work/w$w-default" "$dump" >"$work/compare/w$w-$tag-vs-default.txt" || true
+        # The shards of NCCL's reduce-scatter, gathered in rank order,
+        # against the all-reduce just run under the same setting.
+        run "$w" "$envs" nccl-allreduce "$dump-rs" reduce-scatter
+        "$fp" compare "$dump" "$dump-rs" >"$work/compare/w$w-$tag-rs-vs-ar.txt" || true
         a=$(summary "$work/compare/w$w-$tag-vs-fixed.txt")
         b=$(summary "$work/compare/w$w-$tag-vs-default.txt")
-        printf '%s\t%s\t%s\t%s\n' "$w" "$name" "$a" "$b" >>"$work/drift.tsv"
-        echo "| $w | $name | $a | $b |"
+        c=$(summary "$work/compare/w$w-$tag-rs-vs-ar.txt")
+        printf '%s\t%s\t%s\t%s\t%s\n' "$w" "$name" "$a" "$b" "$c" >>"$work/drift.tsv"
+        echo "| $w | $name | $a | $b | $c |"
     done
 done
