@@ -259,6 +259,12 @@ pub(super) struct RunArgs {
     /// Write each reduced arena as .bin plus a SHA256SUMS for `sha256sum -c`.
     #[arg(long)]
     pub(super) dump: Option<PathBuf>,
+    /// Which differences from an `expect` file exit 1: `all` (any case),
+    /// `none` (a finding in the report only, e.g. a recorded job asking
+    /// which contract it equals), or contract names (`fixed-order`: exit 1
+    /// unless the framework's result is the fixed-order one).
+    #[arg(long, value_name = "GATE", default_value = "all", value_parser = super::gate::parse)]
+    pub(super) expect_gate: super::gate::ExpectGate,
 }
 
 #[derive(Args)]

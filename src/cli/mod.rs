@@ -15,6 +15,7 @@ mod bench;
 mod checks;
 mod compare;
 mod doctor;
+mod gate;
 mod golden;
 mod launch;
 mod plot;

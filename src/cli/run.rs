@@ -26,5 +26,20 @@ pub(super) fn run(a: RunArgs) -> Result<i32> {
         // The banner and case rows were printed as the cases finished.
         table::print_tail(&report, a.common.out.as_deref(), a.dump.as_deref());
     }
-    Ok(ExitCode::verdict(report.passed()).code())
+    let failing = a.expect_gate.failing(&report);
+    if !a.expect_gate.is_default() && !report.summary.differs_from_expect.is_empty() {
+        // On stderr: `--json` keeps stdout one report.
+        eprintln!(
+            "expect gate `{}`: {}",
+            a.expect_gate,
+            match failing.len() {
+                0 => "no gated case differs from its expect (exit 0 unless a check failed)".into(),
+                n => format!(
+                    "{n} gated case(s) differ from their expect: {}",
+                    failing.join(", ")
+                ),
+            }
+        );
+    }
+    Ok(ExitCode::verdict(report.summary.ok && failing.is_empty()).code())
 }

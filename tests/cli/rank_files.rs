@@ -1015,3 +1015,43 @@ fn a_tensor_of_another_dtype_is_refused_by_file_tensor_and_place() {
     );
     assert_eq!(report(&out)["cases"][0]["params"]["dtype"], "f16");
 }
+
+/// `--expect-gate`: which differences from `expect` exit 1. The files equal
+/// fixed-order and differ from the pairwise tree.
+#[test]
+fn the_expect_gate_chooses_which_differences_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    rank_files::grads(dir.path(), 4, 1000);
+    let exp = write(dir.path(), "grads.toml", GRADS);
+    let gate = |g: &str| {
+        let o = fp()
+            .args(["run", "--backend", "cpu", "--expect-gate", g])
+            .arg(&exp)
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    // The default and `all`: the tree's difference fails the run.
+    assert_eq!(gate("all").0, Some(1));
+    // A finding only: exit 0, and stderr says why.
+    let (code, err) = gate("none");
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("expect gate `none`: no gated case"), "{err}");
+    // Gated on the contract the files equal: passes ...
+    assert_eq!(gate("fixed-order").0, Some(0));
+    // ... and on the one they differ from, fails naming the case
+    // (negative control).
+    let (code, err) = gate("pairwise-tree");
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("1 gated case(s) differ from their expect: g[pairwise-tree]"),
+        "{err}"
+    );
+    // A misspelt contract is bad input, named.
+    let (code, err) = gate("fixed-ordre");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("fixed-ordre"), "{err}");
+}
