@@ -372,10 +372,7 @@ impl Backend for NcclBackend {
                 self.world.size()
             ));
         }
-        if case.contract() == Contract::NcclAllreduce && case.mean() {
-            return Some("nccl-allreduce has no mean variant".into());
-        }
-        super::scatter_on_cpu_only(case)
+        control_skip_reason(case)
     }
 
     fn platform_facts(&self) -> serde_json::Map<String, serde_json::Value> {
@@ -430,6 +427,13 @@ impl Backend for NcclBackend {
                         timeout,
                     )
                 });
+                if !case.collective().is_all_reduce() {
+                    let arena = self
+                        .scattered_arena(n, outs, &mut t)
+                        .map_err(|e| e.into_backend(case.id()))?;
+                    arenas.push(arena);
+                    continue;
+                }
                 let mut chunks = Vec::new();
                 let mut mine = Vec::new();
                 // Digest time: the slowest rank's hashing, then the gather.
@@ -473,7 +477,101 @@ impl Backend for NcclBackend {
     }
 }
 
+/// Why NCCL's own collective (contract `nccl-allreduce`) cannot run
+/// `case`: its all-reduce has no mean variant, and `ncclReduceScatter`
+/// needs W equal shards, so every arena length must be a multiple of W.
+pub(crate) fn control_skip_reason(case: &Case) -> Option<String> {
+    if case.contract() != Contract::NcclAllreduce {
+        return None;
+    }
+    let world = case.world();
+    if case.collective().is_all_reduce() {
+        return case
+            .mean()
+            .then(|| "nccl-allreduce has no mean variant".into());
+    }
+    let (a, n) = case
+        .arenas()
+        .iter()
+        .enumerate()
+        .find(|(_, &n)| world == 0 || n % world != 0)?;
+    Some(format!(
+        "ncclReduceScatter needs equal shards: arena {a} has n = {n}, not a multiple of W = {world}"
+    ))
+}
+
 impl NcclBackend {
+    /// A reduce-scatter's arena from this process's ranks' outputs: every
+    /// rank's shard digest and rank 0's gathered digest, moved between
+    /// processes as 64 bytes a rank (point-to-point, like the reduction).
+    fn scattered_arena(
+        &mut self,
+        n: usize,
+        outs: Vec<Result<dataflow::RankOut, dataflow::Fault>>,
+        t: &mut RoundTimings,
+    ) -> Result<ReducedArena, dataflow::Fault> {
+        let mut mine = Vec::new();
+        let mut gathered = None;
+        let mut values = None;
+        let mut chunks = Vec::new();
+        let mut ranks_digest_ms = 0f64;
+        for o in outs {
+            let o = o?;
+            t.generate_ms = t.generate_ms.max(o.generate_ms);
+            t.reduce_ms = t.reduce_ms.max(o.reduce_ms);
+            ranks_digest_ms = ranks_digest_ms.max(o.digest_ms);
+            mine.push(o.digest.sha256);
+            if let Some(g) = o.gathered {
+                gathered = Some(g.sha256);
+                chunks = g.chunks;
+            }
+            if o.values.is_some() {
+                values = o.values;
+            }
+        }
+        let d = Instant::now();
+        let (shard_digests, gathered) = if self.world.env().is_none() {
+            let g = gathered
+                .ok_or_else(|| dataflow::infra("shard gather", "rank 0 gave no gathered digest"))?;
+            (mine, g)
+        } else {
+            // [my shard digest, rank 0's gathered digest (zeros elsewhere)].
+            let mut words: Vec<u32> = Vec::with_capacity(16);
+            for d in [
+                mine.first().copied().unwrap_or_default(),
+                gathered.unwrap_or_default(),
+            ] {
+                words.extend(
+                    d.as_bytes()
+                        .chunks_exact(4)
+                        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                );
+            }
+            let all = self.all_gather("digest gather", &words)?;
+            let sha = |w: &[u32]| {
+                let mut bytes = [0u8; 32];
+                for (out, v) in bytes.chunks_exact_mut(4).zip(w) {
+                    out.copy_from_slice(&v.to_le_bytes());
+                }
+                crate::digest::Sha256::from_bytes(bytes)
+            };
+            let shards = all.iter().map(|w| sha(&w[..8])).collect();
+            (shards, sha(&all[0][8..16]))
+        };
+        t.digest_ms += ranks_digest_ms + d.elapsed().as_secs_f64() * 1e3;
+        Ok(ReducedArena {
+            len: n,
+            rank_digests: Vec::new(),
+            scattered: Some(crate::result::Scattered {
+                shard_digests,
+                gathered,
+            }),
+            chunks,
+            values,
+            differing: Vec::new(),
+        })
+    }
+
     /// The order sensitivity of a case of rank files, each rank sampling
     /// its own file and rank 0 folding the gathered samples.
     fn gathered_sensitivity(
