@@ -85,6 +85,10 @@ pub struct CaseRun {
     /// The order sensitivity, when the backend measured it (NCCL ranks
     /// that each read only their own file); otherwise the runner does.
     pub sensitivity: Option<crate::sensitivity::Sensitivity>,
+    /// This rank's own shard of each arena, last round, when the case
+    /// compares it with this rank's own `expect` file (one process per
+    /// rank, [`Case::expect_own`]).
+    pub own_shards: Option<Vec<Vec<f32>>>,
 }
 
 pub trait Backend {
@@ -108,6 +112,20 @@ pub trait Backend {
     /// asks the GPU platform itself and a CPU run never touches it.
     fn platform_facts(&self) -> serde_json::Map<String, serde_json::Value> {
         serde_json::Map::new()
+    }
+    /// Every rank's `mine`, rank order, on every rank: the bytes of a
+    /// per-rank result (each rank's own `expect` outcome) moved between
+    /// the processes of a world of one process per rank. A backend that
+    /// holds every rank in this process never needs it.
+    fn gather_bytes(&mut self, case: &Case, _mine: &[u8]) -> Result<Vec<Vec<u8>>, BackendError> {
+        Err(infrastructure(
+            case.id(),
+            "gather",
+            format!(
+                "the {} backend has no ranks in other processes",
+                self.name()
+            ),
+        ))
     }
 }
 
@@ -266,6 +284,7 @@ pub(crate) fn repeat_rounds(
         rounds: timings,
         rounds_identical: identical,
         sensitivity: None,
+        own_shards: None,
     })
 }
 

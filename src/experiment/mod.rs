@@ -86,6 +86,14 @@ impl FileCache {
         }
     }
 
+    /// The one rank whose files this process holds (one process per rank).
+    fn own_rank(&self) -> Option<usize> {
+        match self.scope {
+            Scope::AllRanks => None,
+            Scope::OwnRank { rank, .. } => Some(rank),
+        }
+    }
+
     /// Whether this process writes the report (and so compares `expect`).
     fn reports(&self) -> bool {
         match self.scope {
@@ -223,11 +231,12 @@ pub fn input_files(experiments: &[Experiment]) -> Vec<(String, PathBuf)> {
         }
     }
     let mut expects: Vec<&Arc<ExpectFile>> = Vec::new();
-    for e in experiments
-        .iter()
-        .flat_map(|e| &e.cases)
-        .flat_map(|c| c.expect().into_iter().chain(c.expect_ranks()))
-    {
+    for e in experiments.iter().flat_map(|e| &e.cases).flat_map(|c| {
+        c.expect()
+            .into_iter()
+            .chain(c.expect_ranks())
+            .chain(c.expect_own().map(|(_, f)| f))
+    }) {
         if !expects.iter().any(|x| Arc::ptr_eq(x, e)) {
             expects.push(e);
             out.push((
@@ -688,6 +697,7 @@ fn build_case(
             .map_err(|m| src.at(c.span(), format!("{}: {m}", ctx("collective"))))?,
     };
     let mut expect_ranks = Vec::new();
+    let mut expect_own = None;
     let dtype = match dtype {
         None => None,
         Some(d) => Some(
@@ -716,8 +726,9 @@ fn build_case(
                 ),
             ))
         }
-        // Only the reporting rank compares (the file may be on its host alone).
-        (Some(_), Some(_)) if !files.reports() => None,
+        // Only the reporting rank compares one file (it may be on its host
+        // alone); a file per rank is each rank's own (below).
+        (Some(e), Some(_)) if !files.reports() && !e.get_ref().contains("{rank}") => None,
         (Some(e), Some(f)) if e.get_ref().contains("{rank}") => {
             if collective.is_all_reduce() {
                 return Err(src.at(
@@ -731,7 +742,13 @@ fn build_case(
                 ));
             }
             let lens: Vec<usize> = f.arenas().iter().map(|a| a.len).collect();
-            for r in 0..f.world() {
+            // One process per rank: each opens and checks its own shard's
+            // file alone (the others' may be on their hosts only).
+            let ranks: Vec<usize> = match files.own_rank() {
+                Some(me) => vec![me],
+                None => (0..f.world()).collect(),
+            };
+            for r in ranks {
                 let shard: Vec<crate::addends::ArenaSpec> = f
                     .arenas()
                     .iter()
@@ -744,12 +761,16 @@ fn build_case(
                     })
                     .collect();
                 let path = e.get_ref().replace("{rank}", &r.to_string());
-                expect_ranks.push(files.expect(&path, &shard, case_dtype).map_err(|m| {
+                let file = files.expect(&path, &shard, case_dtype).map_err(|m| {
                     src.at(
                         e.span(),
                         format!("{}: rank {r}'s shard: {m}", ctx("expect")),
                     )
-                })?);
+                })?;
+                match files.own_rank() {
+                    Some(me) => expect_own = Some((me, file)),
+                    None => expect_ranks.push(file),
+                }
             }
             None
         }
@@ -853,6 +874,7 @@ fn build_case(
         .rounds(rounds)
         .expect(expect)
         .expect_ranks(expect_ranks)
+        .expect_own(expect_own)
         .build()
         .map_err(|e| src.at(span_of(e.field), format!("case `{ctx_id}`: {e}")))
 }

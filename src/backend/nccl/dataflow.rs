@@ -21,6 +21,9 @@ pub(super) struct RankOut {
     pub(super) digest: crate::digest::ChunkedDigest,
     /// A reduce-scatter on rank 0: the shards gathered in rank order.
     pub(super) gathered: Option<crate::digest::ChunkedDigest>,
+    /// A reduce-scatter's own shard, when this rank checks its own
+    /// `expect` file.
+    pub(super) own_shard: Option<Vec<f32>>,
     pub(super) values: Option<Vec<f32>>,
     pub(super) generate_ms: f64,
     pub(super) reduce_ms: f64,
@@ -417,6 +420,7 @@ fn rank_arena_in<T: RankElem>(
     Ok(RankOut {
         digest,
         gathered: None,
+        own_shard: None,
         values,
         generate_ms,
         reduce_ms,
@@ -445,6 +449,7 @@ fn finish_scatter<T: RankElem>(
         return Ok(RankOut {
             digest: Default::default(),
             gathered: None,
+            own_shard: None,
             values: None,
             generate_ms,
             reduce_ms,
@@ -455,14 +460,17 @@ fn finish_scatter<T: RankElem>(
     let t2 = Instant::now();
     let my = plan[me];
     let arena = bufs.arena.slice(0, n).map_err(gpu("shard gather"))?;
-    let digest = if my.len == 0 {
-        crate::digest::digest_chunked(&[], policy)
+    let keep_own = job.case.expect_own().is_some();
+    let (digest, own_shard) = if my.len == 0 {
+        (
+            crate::digest::digest_chunked(&[], policy),
+            keep_own.then(Vec::new),
+        )
     } else {
         let view = arena.slice(my.start, my.len).map_err(gpu("digest"))?;
         ctx.reader
-            .digest_view(&ctx.dev, view, dtype, policy, false, false)
+            .digest_view(&ctx.dev, view, dtype, policy, keep_own, false)
             .map_err(gpu("digest"))?
-            .0
     };
     if world > 1 && n > 0 {
         let phase = "shard gather";
@@ -512,6 +520,7 @@ fn finish_scatter<T: RankElem>(
     Ok(RankOut {
         digest,
         gathered,
+        own_shard,
         values,
         generate_ms,
         reduce_ms,

@@ -138,6 +138,9 @@ pub struct NcclBackend {
     comms: Arc<Mutex<Vec<AbortHandle>>>,
     /// NCCL's log, when this process routed it (see `facts::OwnLog`).
     log: Option<facts::OwnLog>,
+    /// This process's rank's own shard of each arena of the current round
+    /// (a reduce-scatter that checks each rank's own `expect` file).
+    own_shards: Vec<Vec<f32>>,
 }
 
 fn unavailable(reason: impl std::fmt::Display) -> BackendError {
@@ -204,6 +207,7 @@ impl NcclBackend {
             watchdog,
             comms,
             log,
+            own_shards: Vec::new(),
         };
         let started = if world.env().is_some() {
             backend.init_process(world)
@@ -379,6 +383,31 @@ impl Backend for NcclBackend {
         super::gpu_platform_facts()
     }
 
+    /// Lengths first, then every rank's bytes padded to the longest.
+    fn gather_bytes(&mut self, case: &Case, mine: &[u8]) -> Result<Vec<Vec<u8>>, BackendError> {
+        let fault = |e: dataflow::Fault| e.into_backend(case.id());
+        let lens = self
+            .all_gather("gather lengths", &[mine.len() as u32])
+            .map_err(fault)?;
+        let longest = lens.iter().map(|l| l[0] as usize).max().unwrap_or(0);
+        let mut padded = mine.to_vec();
+        padded.resize(longest.next_multiple_of(4), 0);
+        let words: Vec<u32> = padded
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let all = self.all_gather("gather", &words).map_err(fault)?;
+        Ok(all
+            .iter()
+            .zip(&lens)
+            .map(|(w, l)| {
+                let mut bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+                bytes.truncate(l[0] as usize);
+                bytes
+            })
+            .collect())
+    }
+
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
         if let Some(why) = self.skip_reason(case) {
             return Err(unsupported(case.id(), why));
@@ -390,6 +419,7 @@ impl Backend for NcclBackend {
             super::fold_program(case)?
         };
         let mut run = super::repeat_rounds(case.rounds(), || {
+            self.own_shards.clear();
             let start = Instant::now();
             let mut t = RoundTimings::default();
             let mut arenas = Vec::new();
@@ -473,6 +503,9 @@ impl Backend for NcclBackend {
         if let (Some(files), Some(_)) = (case.files(), self.world.env()) {
             run.sensitivity = Some(self.gathered_sensitivity(case, files)?);
         }
+        if case.expect_own().is_some() {
+            run.own_shards = Some(std::mem::take(&mut self.own_shards));
+        }
         Ok(run)
     }
 }
@@ -527,6 +560,9 @@ impl NcclBackend {
             }
             if o.values.is_some() {
                 values = o.values;
+            }
+            if let Some(v) = o.own_shard {
+                self.own_shards.push(v);
             }
         }
         let d = Instant::now();
