@@ -1804,3 +1804,73 @@ fn pytorch_reduce_scatter_tensor_is_the_nccl_reduce_scatter_control() {
     eprint!("{table}");
     save("torch-parity-reduce-scatter.txt", &table);
 }
+
+/// `bench --backend nccl --collective reduce-scatter` under emulated
+/// hosts: each row times the fixed-order reduce-scatter, NCCL's and the
+/// fixed-order all-reduce of the same arena, and counts the bits: the
+/// fixed-order shards equal the CPU oracle's everywhere; at W = 4 (which
+/// divides every size) NCCL's runs and its drift is counted, at W = 3
+/// (which divides none) it is left out, not refused.
+#[test]
+fn the_reduce_scatter_sweep_checks_its_bits_next_to_ncclreducescatter() {
+    let default = setting("default", &[]);
+    let mut table = String::new();
+    for world in [4usize, 3] {
+        let o = launch(
+            world,
+            &default,
+            &[
+                "bench",
+                "--backend",
+                "nccl",
+                "--collective",
+                "reduce-scatter",
+                "-b",
+                "4K",
+                "-e",
+                "4M",
+                "-f",
+                "4",
+                "-n",
+                "3",
+                "--json",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0));
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        save(&format!("sweep-reduce-scatter-w{world}.json"), &text);
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            (v["world"].as_u64(), &v["collective"]),
+            (Some(world as u64), &Value::from("reduce-scatter"))
+        );
+        assert_eq!(v["bandwidth_result"], false);
+        let rows = v["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 6);
+        for r in rows {
+            assert_eq!(r["fixed_vs_oracle"], 0, "{r}");
+            assert!(r["fixed_ms"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["allreduce_ms"].as_f64().unwrap() > 0.0, "{r}");
+            let w = world as f64;
+            let busbw = r["fixed_algbw"].as_f64().unwrap() * (w - 1.0) / w;
+            assert!((r["fixed_busbw"].as_f64().unwrap() - busbw).abs() <= 1e-9 * busbw);
+            if world == 4 {
+                assert!(r["reducescatter_ms"].as_f64().unwrap() > 0.0, "{r}");
+                assert!(r["reducescatter_vs_fixed"].as_u64().is_some(), "{r}");
+            } else {
+                assert!(r["reducescatter_ms"].is_null(), "{r}");
+                assert!(r["reducescatter_vs_fixed"].is_null(), "{r}");
+            }
+            table += &format!(
+                "W={world} {} B: fixed-order reduce-scatter {:.1} us, ncclReduceScatter {} us, fixed-order all-reduce {:.1} us, NCCL drift {}\n",
+                r["bytes"],
+                r["fixed_ms"].as_f64().unwrap() * 1e3,
+                r["reducescatter_ms"].as_f64().map_or("-".into(), |m| format!("{:.1}", m * 1e3)),
+                r["allreduce_ms"].as_f64().unwrap() * 1e3,
+                r["reducescatter_vs_fixed"]
+            );
+        }
+    }
+    eprint!("{table}");
+    save("sweep-reduce-scatter.txt", &table);
+}
