@@ -291,7 +291,7 @@ impl Comm {
                 size_of::<T>()
             )));
         }
-        if world == 0 || buf.len() % world != 0 || rank >= world {
+        if world == 0 || !buf.len().is_multiple_of(world) || rank >= world {
             return Err(invalid(format!(
                 "{} elements do not split into {world} equal shards (rank {rank})",
                 buf.len()

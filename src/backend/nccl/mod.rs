@@ -527,7 +527,7 @@ pub(crate) fn control_skip_reason(case: &Case) -> Option<String> {
         .arenas()
         .iter()
         .enumerate()
-        .find(|(_, &n)| world == 0 || n % world != 0)?;
+        .find(|(_, &n)| world == 0 || !n.is_multiple_of(world))?;
     Some(format!(
         "ncclReduceScatter needs equal shards: arena {a} has n = {n}, not a multiple of W = {world}"
     ))
