@@ -914,3 +914,76 @@ pub fn to_toml(name: &str, cases: &[(String, &Case)]) -> Result<String, WriteErr
     };
     Ok(toml::to_string(&raw)?)
 }
+
+#[cfg(test)]
+mod own_rank_tests {
+    use super::*;
+
+    /// An npy 1.0 file of float32 values.
+    fn npy(path: &Path, values: &[f32]) {
+        let mut header = format!(
+            "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+            values.len()
+        );
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        b.extend_from_slice(header.as_bytes());
+        for v in values {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        std::fs::write(path, b).unwrap();
+    }
+
+    /// Under one process per rank, a per-rank `expect` opens this rank's
+    /// file alone (the others may live on other hosts): rank 1 loads while
+    /// rank 2's file has the wrong length, which rank 2, and a process
+    /// holding every rank, refuse (negative control).
+    #[test]
+    fn each_rank_opens_only_its_own_expect_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("out")).unwrap();
+        for r in 0..3 {
+            npy(&d.join(format!("r{r}.npy")), &[r as f32; 7]);
+        }
+        // Shards of 7 over 3 ranks: 3, 2, 2.
+        for (r, len) in [3usize, 2, 2].into_iter().enumerate() {
+            npy(&d.join(format!("out/e{r}.npy")), &vec![0.5; len]);
+        }
+        let exp = d.join("x.toml");
+        std::fs::write(
+            &exp,
+            "name = \"x\"\n[[case]]\nid = \"c\"\naddends = \"r{rank}.npy\"\n\
+             collective = \"reduce-scatter\"\nexpect = \"out/e{rank}.npy\"\n",
+        )
+        .unwrap();
+        let load = |scope| load_all_in(std::slice::from_ref(&exp), scope);
+        let own = |rank| Scope::OwnRank { rank, world: 3 };
+        let all = load(Scope::AllRanks).unwrap();
+        let c = &all[0].cases[0];
+        assert_eq!(
+            (c.expect_ranks().len(), c.expect_own().is_some()),
+            (3, false)
+        );
+        let mine = load(own(1)).unwrap();
+        let c = &mine[0].cases[0];
+        assert!(c.expect_ranks().is_empty());
+        let (r, f) = c.expect_own().unwrap();
+        assert_eq!(r, 1);
+        assert!(
+            f.resolved_path().ends_with("out/e1.npy"),
+            "{:?}",
+            f.resolved_path()
+        );
+        npy(&d.join("out/e2.npy"), &[0.5; 3]);
+        assert!(load(own(1)).is_ok());
+        for scope in [own(2), Scope::AllRanks] {
+            let e = load(scope).unwrap_err().to_string();
+            assert!(e.contains("rank 2's shard"), "{e}");
+        }
+    }
+}

@@ -299,12 +299,19 @@ fn rank_arena_in<T: RankElem>(
         if job.case.contract() == Contract::NcclAllreduce && scatter {
             // NCCL's own reduce-scatter (the backend skipped an arena W does
             // not divide): its shard r is the plan's shard r, in place.
-            debug_assert_eq!(my.start, me * (n / world));
-            // SAFETY: the arena of this rank's context; the stream is waited
-            // for before the arena is read or reused.
-            unsafe { comm.reduce_scatter(arena, me, world, dtype, job.case.mean(), &stream) }
-                .map_err(gpu("nccl-reducescatter"))?;
-            phases.push((mark(&stream, "nccl-reducescatter")?, "nccl-reducescatter"));
+            if (my.start, my.len) != (me * (n / world), n / world) {
+                return Err(infra(
+                    "nccl-reducescatter",
+                    format!("NCCL's shard {me} of {n} elements over W = {world} is not the plan's"),
+                ));
+            }
+            if n > 0 {
+                // SAFETY: the arena of this rank's context; the stream is
+                // waited for before the arena is read or reused.
+                unsafe { comm.reduce_scatter(arena, me, world, dtype, job.case.mean(), &stream) }
+                    .map_err(gpu("nccl-reducescatter"))?;
+                phases.push((mark(&stream, "nccl-reducescatter")?, "nccl-reducescatter"));
+            }
         } else if job.case.contract() == Contract::NcclAllreduce {
             // The negative control: NCCL's own sum, in place, in the wire
             // dtype (a bf16 case: ncclBfloat16, as torch.distributed runs it).
