@@ -351,7 +351,7 @@ impl Backend for NcclBackend {
                 "version": format!("{}.{}.{}", self.version.0, self.version.1, self.version.2),
                 "opened": self.nccl.opened,
             },
-            "dataflow": "exchange, redistribution and digest gather are ncclSend/ncclRecv only: NCCL_ALGO and NCCL_PROTO select nothing on the fixed-order path",
+            "dataflow": "exchange, redistribution, a reduce-scatter's shard gather and the digest gather are ncclSend/ncclRecv only: NCCL_ALGO and NCCL_PROTO select nothing on the fixed-order path",
             "rank_check": "every rank reads back and hashes its own copy on its host; the 32-byte digests are gathered to rank 0",
             "emulated_hosts": facts::emulated_hosts(),
             "transport": facts::transport_from_log(),
