@@ -1718,7 +1718,7 @@ fn pytorch_reduce_scatter_tensor_is_the_nccl_reduce_scatter_control() {
             .unwrap();
             let report = dir.path().join("r.json");
             let o = torchrun_cmd(world)
-                .env("FOLDPRINT_JOB_ID", "rs-parity")
+                .env("FOLDPRINT_JOB_ID", "parity")
                 .env("FOLDPRINT_NCCL_LIBRARY", &nccl)
                 .arg("--no-python")
                 .arg(bin())
