@@ -153,7 +153,7 @@ impl Reader {
         // window that does not start on 16 bytes (a shard) is scanned on the
         // host instead.
         let nan_map = match policy {
-            NanPolicy::Canonical if n > 0 && T::BYTES == 4 && buf.ptr() % 16 == 0 => {
+            NanPolicy::Canonical if n > 0 && T::BYTES == 4 && buf.ptr().is_multiple_of(16) => {
                 Some(self.nan_map(dev, buf)?)
             }
             _ => None,
