@@ -177,6 +177,12 @@ pub fn run_staged(
                     .map_err(addends_error(case))?,
             );
         }
+        // One process per rank: each rank compares its own shard with its
+        // own file, and the outcomes travel to every rank.
+        if let Some((rank, file)) = case.expect_own() {
+            let shards = out.own_shards.take().unwrap_or_default();
+            expect_ranks = own_expects(backend, case, rank, file, &shards, cfg.nan_policy)?;
+        }
         if let Some(dir) = dump.as_mut().filter(|_| dump_opts.keep_values) {
             for (a, arena) in out.arenas.iter_mut().enumerate() {
                 if let Some(values) = arena.values.take() {
@@ -255,6 +261,53 @@ pub fn run_staged(
     };
     report.summarize();
     Ok((report, dump))
+}
+
+/// Every rank's outcome of comparing its own shard with its own `expect`
+/// file, rank order: this rank's computed here, the others' received (a
+/// rank whose file could not be read is named with its reason).
+fn own_expects(
+    backend: &mut dyn Backend,
+    case: &Case,
+    rank: usize,
+    file: &crate::addends::ExpectFile,
+    shards: &[Vec<f32>],
+    policy: NanPolicy,
+) -> Result<Vec<ExpectOutcome>, RunError> {
+    let mine: Result<ExpectOutcome, String> = if shards.len() == case.arenas().len() {
+        let shards: Vec<&[f32]> = shards.iter().map(Vec::as_slice).collect();
+        ExpectOutcome::compare(file, &shards, case.dtype(), policy).map_err(|e| e.to_string())
+    } else {
+        Err(format!(
+            "the backend returned {} of {} shards to compare",
+            shards.len(),
+            case.arenas().len()
+        ))
+    };
+    let bytes = serde_json::to_vec(&mine).map_err(|e| {
+        RunError::Backend(crate::backend::infrastructure(
+            case.id(),
+            "expect",
+            e.to_string(),
+        ))
+    })?;
+    let all = backend.gather_bytes(case, &bytes)?;
+    let mut outcomes = Vec::with_capacity(all.len());
+    for (r, b) in all.iter().enumerate() {
+        let got: Result<ExpectOutcome, String> = if r == rank {
+            mine.clone()
+        } else {
+            serde_json::from_slice(b)
+                .unwrap_or_else(|e| Err(format!("its outcome came back unreadable: {e}")))
+        };
+        outcomes.push(got.map_err(|message| {
+            addends_error(case)(crate::addends::AddendError::Bad {
+                path: format!("rank {r}'s expect file"),
+                message,
+            })
+        })?);
+    }
+    Ok(outcomes)
 }
 
 fn addends_error(case: &Case) -> impl Fn(crate::addends::AddendError) -> RunError + '_ {

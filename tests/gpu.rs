@@ -737,6 +737,7 @@ fn rank_copies_are_checked_on_the_device_as_the_host_would() {
         generate: Some((Distribution::Uniform, 9)),
         arena: 0,
         dtype: Dtype::F32,
+        redistribute: true,
     };
     world::run_round(&dev, &main, &[], &bufs, &spec).unwrap();
     let mut readers: Vec<Reader> = (0..3)
@@ -1384,6 +1385,7 @@ fn bf16_rank_copies_are_checked_on_the_device_as_the_host_would() {
         generate: Some((Distribution::Uniform, 9)),
         arena: 0,
         dtype: Dtype::Bf16,
+        redistribute: true,
     };
     world::run_round(&dev, &main, &[], &bufs, &spec).unwrap();
     let mut readers: Vec<Reader> = (0..3)
@@ -1412,4 +1414,264 @@ fn bf16_rank_copies_are_checked_on_the_device_as_the_host_would() {
     assert_eq!(h.differing.len(), 2);
     assert_eq!(d.digests, h.digests);
     assert_ne!(d.digests[3], d.digests[0]);
+}
+
+/// A reduce-scatter case's run: no rank copies, W shard digests, every
+/// round the same.
+fn run_scatter(be: &mut dyn Backend, c: &Case, opts: &RunOptions) -> CaseRun {
+    let r = be
+        .run_case(c, opts)
+        .unwrap_or_else(|e| panic!("{} failed on {}: {e}", be.name(), c.id()));
+    for a in &r.arenas {
+        assert!(a.rank_digests.is_empty(), "{}: {}", be.name(), c.id());
+        assert_eq!(a.shard_digests().len(), c.world(), "{}", c.id());
+    }
+    assert!(
+        r.rounds_identical,
+        "{}: rounds differ on {}",
+        be.name(),
+        c.id()
+    );
+    r
+}
+
+/// Every digest a reduce-scatter reports: per arena the shard digests, the
+/// gathered digest and the gathered arena's chunk digests.
+type ScatterDigests = Vec<(Vec<String>, String, Vec<String>)>;
+
+fn scatter_digests(be: &mut dyn Backend, c: &Case) -> ScatterDigests {
+    let s = |d: &foldprint::digest::Sha256| d.to_string();
+    run_scatter(be, c, &RunOptions::default())
+        .arenas
+        .iter()
+        .map(|a| {
+            (
+                a.shard_digests().iter().map(s).collect(),
+                s(&a.digest()),
+                a.chunks.iter().map(s).collect(),
+            )
+        })
+        .collect()
+}
+
+/// A reduce-scatter on the loopback world gives the CPU oracle's shard,
+/// gathered and chunk digests, bit for bit: every distribution and host
+/// contract, W 1, 3, 7 and 8, sum and mean, f32, bf16 and f16, with
+/// lengths that split unevenly, shorter than W, empty, and past one chunk;
+/// a delivery order (shuffled, and descending with racing copies) changes
+/// nothing in fixed-order.
+#[test]
+fn reduce_scatter_equals_the_cpu_oracle() {
+    use foldprint::fold::Collective;
+    let mut be = gpu(DeviceConfig::default());
+    let mut cpu = CpuBackend::new();
+    let mut ran = 0;
+    for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+        for dist in ALL_DISTRIBUTIONS {
+            for contract in ALL_CONTRACTS.into_iter().filter(|c| !c.needs_nccl()) {
+                for mean in [false, true] {
+                    for w in [1usize, 3, 7, 8] {
+                        let c = case(
+                            w,
+                            vec![10_007, 5, 0, 2 * 65_536 + 13],
+                            dist,
+                            contract,
+                            DeliveryOrder::Shuffle(5),
+                            mean,
+                        );
+                        let c = c
+                            .to_builder()
+                            .collective(Collective::ReduceScatter)
+                            .dtype(Some(dtype))
+                            .id(format!("{}-{dtype}-rs", c.id()))
+                            .build()
+                            .unwrap();
+                        assert_eq!(
+                            scatter_digests(&mut be, &c),
+                            scatter_digests(&mut cpu, &c),
+                            "GPU vs CPU on {}",
+                            c.id()
+                        );
+                        ran += 1;
+                    }
+                }
+            }
+        }
+    }
+    // Racing exchange copies and another delivery order: fixed-order bits.
+    be.set_copy_streams(4).unwrap();
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        let c = case(
+            8,
+            vec![300_007, 3],
+            Distribution::MixedMagnitude,
+            Contract::FixedOrder,
+            DeliveryOrder::Descending,
+            true,
+        )
+        .to_builder()
+        .collective(Collective::ReduceScatter)
+        .dtype(Some(dtype))
+        .build()
+        .unwrap();
+        assert_eq!(scatter_digests(&mut be, &c), scatter_digests(&mut cpu, &c));
+        ran += 1;
+    }
+    println!("{ran} reduce-scatter cases equal the CPU oracle");
+}
+
+/// On raw bits: each rank's shard of a fixed-order reduce-scatter on the
+/// device is the same slice of the device's all-reduce (and the gathered
+/// arena the whole all-reduce), in f32 and bf16, sum and mean, W 3 and 7;
+/// each shard digest is the digest of that slice. Negative controls: the
+/// slice of the next rank (shard r given to rank r+1) has another digest,
+/// and so does the arrival-order reduce-scatter in another delivery order.
+#[test]
+fn reduce_scatter_shards_are_the_all_reduce_slices_on_raw_bits() {
+    use foldprint::digest::digest_arena_as;
+    use foldprint::fold::{shard_plan, Collective};
+    let mut be = gpu(DeviceConfig::default());
+    let keep = RunOptions {
+        keep_values: true,
+        ..RunOptions::default()
+    };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for mean in [false, true] {
+            for w in [3usize, 7] {
+                let n = 100_003;
+                let all = case(
+                    w,
+                    vec![n],
+                    Distribution::MixedMagnitude,
+                    Contract::FixedOrder,
+                    DeliveryOrder::Ascending,
+                    mean,
+                )
+                .to_builder()
+                .dtype(Some(dtype))
+                .build()
+                .unwrap();
+                let scatter = all
+                    .to_builder()
+                    .collective(Collective::ReduceScatter)
+                    .build()
+                    .unwrap();
+                let a = run(&mut be, &all, &keep).arenas.remove(0);
+                let s = run_scatter(&mut be, &scatter, &keep).arenas.remove(0);
+                let (av, sv) = (a.values.clone().unwrap(), s.values.clone().unwrap());
+                assert_eq!(bits(&sv), bits(&av), "{dtype} mean={mean} W={w}");
+                assert_eq!(s.digest(), a.digest());
+                assert_eq!(s.chunks, a.chunks);
+                let plan = shard_plan(n, w).unwrap();
+                let policy = keep.nan_policy;
+                for (r, sh) in plan.iter().enumerate() {
+                    let slice = digest_arena_as(&av[sh.range()], dtype, policy);
+                    assert_eq!(s.shard_digests()[r], slice, "{dtype} W={w} shard {r}");
+                    // Negative control: shard r+1's slice is not shard r's.
+                    let next = plan[(r + 1) % w];
+                    let other = digest_arena_as(&av[next.range()], dtype, policy);
+                    assert_ne!(s.shard_digests()[r], other, "{dtype} W={w} shard {r}");
+                }
+            }
+        }
+    }
+    // Negative control: the data can tell the order apart, so equal
+    // digests above are no accident of the data.
+    let mut arrival = |order| {
+        let c = case(
+            7,
+            vec![100_003],
+            Distribution::MixedMagnitude,
+            Contract::ArrivalOrder,
+            order,
+            false,
+        )
+        .to_builder()
+        .collective(Collective::ReduceScatter)
+        .build()
+        .unwrap();
+        scatter_digests(&mut be, &c)
+    };
+    let (up, down) = (
+        arrival(DeliveryOrder::Ascending),
+        arrival(DeliveryOrder::Descending),
+    );
+    assert_ne!(up[0].1, down[0].1);
+}
+
+/// A reduce-scatter of rank files with one `expect` file per rank, on the
+/// loopback world: every rank's shard equals its file (the files hold the
+/// CPU oracle's shards); one element of rank 1's file one ULP off is found
+/// in rank 1's file alone.
+#[test]
+fn reduce_scatter_of_rank_files_checks_each_ranks_expect_file() {
+    use foldprint::backend::cpu::CpuBackend as Cpu;
+    let dir = tempfile::tempdir().unwrap();
+    let n = 70_001;
+    for r in 0..3 {
+        let v = rank_files::mixed(5, r, 1, n);
+        rank_files::write_safetensors(
+            &dir.path().join(format!("rank{r}.safetensors")),
+            &[rank_files::T::f32("g", &[n], &v)],
+        );
+    }
+    let text = "name = \"rs\"\n[[case]]\nid = \"c\"\naddends = \"rank{rank}.safetensors\"\n\
+                collective = \"reduce-scatter\"\nexpect = \"out/rank{rank}.safetensors\"\n";
+    let path = dir.path().join("rs.toml");
+    // The shards the CPU oracle gives, written as each rank's expect file.
+    let plain = "name = \"rs\"\n[[case]]\nid = \"c\"\naddends = \"rank{rank}.safetensors\"\n\
+                 collective = \"reduce-scatter\"\n";
+    let exp = foldprint::experiment::parse(&path, plain).unwrap();
+    let keep = RunOptions {
+        keep_values: true,
+        ..RunOptions::default()
+    };
+    let oracle = run_scatter(&mut Cpu::new(), &exp.cases[0], &keep).arenas[0]
+        .values
+        .clone()
+        .unwrap();
+    let plan = foldprint::fold::shard_plan(n, 3).unwrap();
+    std::fs::create_dir_all(dir.path().join("out")).unwrap();
+    let write = |r: usize, edit: bool| {
+        let mut s = oracle[plan[r].range()].to_vec();
+        if edit {
+            s[2] = f32::from_bits(s[2].to_bits() + 1);
+        }
+        rank_files::write_safetensors(
+            &dir.path().join(format!("out/rank{r}.safetensors")),
+            &[rank_files::T::f32("g", &[s.len()], &s)],
+        );
+    };
+    for r in 0..3 {
+        write(r, false);
+    }
+    std::fs::write(&path, text).unwrap();
+    let verdicts = || -> Vec<bool> {
+        // `FOLDPRINT_BIN` names the binary where this test was copied.
+        let bin = std::env::var_os("FOLDPRINT_BIN")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_foldprint").into());
+        let o = std::process::Command::new(bin)
+            .args(["run", "--backend", "cuda", "--out"])
+            .arg(dir.path().join("r.json"))
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            matches!(o.status.code(), Some(0 | 1)),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("r.json")).unwrap()).unwrap();
+        v["cases"][0]["expect_ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["equal"].as_bool().unwrap())
+            .collect()
+    };
+    assert_eq!(verdicts(), [true, true, true]);
+    write(1, true);
+    assert_eq!(verdicts(), [true, false, true]);
 }

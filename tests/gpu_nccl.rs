@@ -1353,3 +1353,524 @@ fn bf16_and_f16_under_emulated_hosts_equal_the_oracle_and_nccls_sum_drifts() {
         );
     }
 }
+
+/// `verify experiments/reduce-scatter.toml` against its golden under
+/// `launch -n W --emulate-hosts`, report to `out`.
+fn verify_scatter_goldens(world: usize, out: &Path) -> Output {
+    launch(
+        world,
+        &setting("default", &[]),
+        &[
+            "verify",
+            "experiments/reduce-scatter.toml",
+            "--golden",
+            "experiments/golden",
+            "--backend",
+            "nccl",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    )
+}
+
+/// The reduce-scatter goldens (W 3 and 7: the worlds they hold besides 1
+/// and 64) verify under emulated hosts: fixed-order and the host contracts,
+/// uneven and even lengths, n < W, empty arenas, sums and means, bf16 and
+/// f16; each case reports W shard digests and no rank copies.
+#[test]
+fn emulated_worlds_reproduce_the_reduce_scatter_goldens() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut table = String::new();
+    for world in [3usize, 7] {
+        let out = dir.path().join(format!("rs-w{world}.json"));
+        let o = verify_scatter_goldens(world, &out);
+        assert!(o.status.success(), "W = {world}: verify failed");
+        let r = read_json(&out);
+        assert_emulated(&r, world);
+        let cases = r["cases"].as_array().unwrap();
+        let scattered: Vec<&Value> = cases
+            .iter()
+            .filter(|c| c["params"]["collective"] == "reduce-scatter")
+            .collect();
+        assert!(
+            scattered.len() >= 10,
+            "W = {world}: {} cases",
+            scattered.len()
+        );
+        for c in &scattered {
+            for a in c["arenas"].as_array().unwrap() {
+                assert_eq!(a["shard_sha256"].as_array().unwrap().len(), world, "{c}");
+                assert!(a["rank_sha256"].as_array().unwrap().is_empty(), "{c}");
+            }
+        }
+        let line = format!(
+            "launch W={world}: {} reduce-scatter cases equal the goldens\n",
+            scattered.len()
+        );
+        eprint!("{line}");
+        table += &line;
+    }
+    save("reduce-scatter-goldens.txt", &table);
+}
+
+const SCATTER_W8_TOML: &str = r#"
+name = "rs8"
+description = "reduce-scatter at W = 8 on NCCL against the CPU oracle, and NCCL's own"
+
+[defaults]
+world = 8
+collective = "reduce-scatter"
+seed = 3
+distribution = "mixed-magnitude"
+order = "descending"
+
+[[sweep]]
+id = "ours"
+arenas = [[100003, 5, 0], [65536, 64]]
+contract = ["fixed-order", "arrival-order", "pairwise-tree"]
+mean = [false, true]
+dtype = ["f32", "bf16", "f16"]
+
+[[sweep]]
+id = "nccl"
+contract = ["nccl-allreduce"]
+arenas = [[65536, 64], [100003]]
+mean = [false, true]
+dtype = ["f32", "bf16", "f16"]
+"#;
+
+/// At W = 8 under emulated hosts, every reduce-scatter the CPU oracle runs
+/// gives its arena, shard and chunk digests on NCCL (f32, bf16, f16; uneven
+/// lengths, n < W, empty). NCCL's own reduce-scatter runs where W divides
+/// every length, sum and mean (ncclAvg), W shard digests each, and skips a
+/// length W does not divide with the reason naming the length and W.
+#[test]
+fn reduce_scatter_at_w8_equals_the_oracle_and_the_control_skips_unequal_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let exp = dir.path().join("rs8.toml");
+    std::fs::write(&exp, SCATTER_W8_TOML).unwrap();
+    let cpu_out = dir.path().join("cpu.json");
+    let o = Command::new(bin())
+        .args(["run", "--backend", "cpu", "--out"])
+        .arg(&cpu_out)
+        .arg(&exp)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = dir.path().join("nccl.json");
+    let o = launch(
+        8,
+        &setting("default", &[]),
+        &[
+            "run",
+            exp.to_str().unwrap(),
+            "--backend",
+            "nccl",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    let (cpu, nccl) = (read_json(&cpu_out), read_json(&out));
+    assert_emulated(&nccl, 8);
+    let by_key = |r: &Value| -> BTreeMap<String, Value> {
+        r["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                let arenas: Vec<Value> = c["arenas"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|a| serde_json::json!([a["sha256"], a["shard_sha256"], a["chunk_sha256"]]))
+                    .collect();
+                (c["key"].as_str().unwrap().to_string(), Value::from(arenas))
+            })
+            .collect()
+    };
+    let (want, got) = (by_key(&cpu), by_key(&nccl));
+    assert_eq!(want.len(), 36, "{:?}", want.keys());
+    for (k, v) in &want {
+        assert_eq!(got.get(k), Some(v), "{k}");
+    }
+    // NCCL's own: 6 ran (3 dtypes x sum/mean), 6 skipped with the reason.
+    let controls: Vec<&String> = got.keys().filter(|k| !want.contains_key(*k)).collect();
+    assert_eq!(controls.len(), 6, "{controls:?}");
+    for c in nccl["cases"].as_array().unwrap() {
+        if c["params"]["contract"] == "nccl-allreduce" {
+            for a in c["arenas"].as_array().unwrap() {
+                assert_eq!(a["shard_sha256"].as_array().unwrap().len(), 8, "{c}");
+            }
+        }
+    }
+    let skipped = nccl["skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 6, "{skipped:?}");
+    for s in skipped {
+        assert_eq!(
+            s["reason"],
+            "ncclReduceScatter needs equal shards: arena 0 has n = 100003, not a multiple of W = 8",
+            "{s}"
+        );
+    }
+    // Whether NCCL's reduce-scatter gave fixed-order's bits here (a fact
+    // of this NCCL and card, recorded, not required).
+    let digest_of = |id: &str| -> Value {
+        nccl["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .map(|c| c["arenas"][0]["sha256"].clone())
+            .unwrap_or(Value::Null)
+    };
+    let (control, fixed) = (
+        digest_of("nccl[n=65536+64,mean=false,f32]"),
+        digest_of("ours[n=65536+64,fixed-order,mean=false,f32]"),
+    );
+    assert!(
+        control.is_string() && fixed.is_string(),
+        "{control} {fixed}"
+    );
+    let line = format!(
+        "launch W=8: {} reduce-scatter cases equal the CPU oracle; ncclReduceScatter f32 sum {} fixed-order's\n",
+        want.len(),
+        if control == fixed {
+            "equals"
+        } else {
+            "differs from"
+        }
+    );
+    eprint!("{line}");
+    save("reduce-scatter-w8.txt", &line);
+}
+
+/// A reduce-scatter of rank files under `launch -n 4`, `expect` one file
+/// per rank: each rank reads and compares only its own shard's file, and
+/// rank 0's report holds all four outcomes. One element of rank 2's file
+/// one ULP off: rank 2's outcome alone differs, naming its file (exit 1).
+#[test]
+fn per_rank_expect_files_under_launch_each_rank_checks_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = 100_003;
+    let sums: Vec<Vec<f32>> = rank_files::grads(dir.path(), 4, n)
+        .iter()
+        .map(|t| rank_files::rank_order_sum(t))
+        .collect();
+    std::fs::create_dir_all(dir.path().join("out")).unwrap();
+    let write = |r: usize, edit: bool| {
+        let tensors: Vec<rank_files::T> = ["b", "w"]
+            .iter()
+            .zip(&sums)
+            .map(|(name, sum)| {
+                let plan = foldprint::fold::shard_plan(sum.len(), 4).unwrap();
+                let mut s = sum[plan[r].range()].to_vec();
+                if edit && *name == "w" {
+                    s[5] = f32::from_bits(s[5].to_bits() + 1);
+                }
+                rank_files::T::f32(name, &[s.len()], &s)
+            })
+            .collect();
+        rank_files::write_safetensors(
+            &dir.path().join(format!("out/rank{r}.safetensors")),
+            &tensors,
+        );
+    };
+    for r in 0..4 {
+        write(r, false);
+    }
+    let exp = dir.path().join("pr.toml");
+    std::fs::write(
+        &exp,
+        "name = \"pr\"\n[[case]]\nid = \"c\"\naddends = \"rank{rank}.safetensors\"\n\
+         collective = \"reduce-scatter\"\nexpect = \"out/rank{rank}.safetensors\"\n",
+    )
+    .unwrap();
+    let out = dir.path().join("r.json");
+    let run = || {
+        let o = launch(
+            4,
+            &setting("default", &[]),
+            &[
+                "run",
+                exp.to_str().unwrap(),
+                "--backend",
+                "nccl",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        );
+        let r = read_json(&out);
+        let equal: Vec<bool> = r["cases"][0]["expect_ranks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["equal"].as_bool().unwrap())
+            .collect();
+        (o, r, equal)
+    };
+    let (o, r, equal) = run();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert_eq!(equal, [true; 4]);
+    assert_emulated(&r, 4);
+    write(2, true);
+    let (o, r, equal) = run();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{stdout}");
+    assert_eq!(equal, [true, true, false, true]);
+    assert_eq!(
+        r["cases"][0]["expect_ranks"][2]["path"],
+        "out/rank2.safetensors"
+    );
+    assert!(
+        stdout.contains("differs from out/rank2.safetensors: 1 element(s), up to 1 ULP"),
+        "{stdout}"
+    );
+}
+
+#[test]
+#[ignore = "needs torchrun: run with --ignored and FOLDPRINT_TORCHRUN"]
+fn torchrun_with_emulated_hosts_reproduces_the_reduce_scatter_goldens() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut table = String::new();
+    for n in [3, 7] {
+        let out = dir.path().join(format!("torchrun-rs-w{n}.json"));
+        let o = torchrun(
+            n,
+            &bin(),
+            &[
+                "verify",
+                "experiments/reduce-scatter.toml",
+                "--golden",
+                "experiments/golden",
+                "--backend",
+                "nccl",
+                "--emulate-hosts",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        );
+        assert!(
+            o.status.success(),
+            "W={n}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let r = read_json(&out);
+        assert_emulated(&r, n);
+        assert_eq!(
+            r["environment"]["backend"]["launch"]["launcher"],
+            "torchrun"
+        );
+        let cases = r["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["params"]["collective"] == "reduce-scatter")
+            .count();
+        assert!(cases >= 10, "W={n}: {cases} reduce-scatter cases verified");
+        table += &format!("torchrun W={n}: {cases} reduce-scatter cases verified\n");
+    }
+    eprint!("{table}");
+    save("torchrun-reduce-scatter.txt", &table);
+}
+
+#[test]
+#[ignore = "needs torchrun and PyTorch: FOLDPRINT_TORCHRUN and FOLDPRINT_TORCH_NCCL"]
+fn pytorch_reduce_scatter_tensor_is_the_nccl_reduce_scatter_control() {
+    const N: usize = 1 << 20;
+    const SEED: u64 = 23;
+    let nccl = torch_nccl();
+    let mut table = String::new();
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        for world in [4usize, 8] {
+            let dir = tempfile::tempdir().unwrap();
+            for r in 0..world {
+                let lane = foldprint::data::Lane::new(
+                    foldprint::data::Distribution::MixedMagnitude,
+                    SEED,
+                    r as u32,
+                    0,
+                );
+                let mut v = vec![0f32; N];
+                lane.fill(0, &mut v);
+                let mut bytes = Vec::with_capacity(N * dtype.bytes());
+                for x in &v {
+                    dtype.put_le(dtype.narrow(*x), &mut bytes);
+                }
+                std::fs::write(dir.path().join(format!("rank{r}.{dtype}")), bytes).unwrap();
+            }
+            // foldprint's control, sum and mean, with PyTorch's NCCL.
+            let exp = dir.path().join("rs-parity.toml");
+            std::fs::write(
+                &exp,
+                format!(
+                    "name = \"rs-parity\"\n[defaults]\nworld = {world}\narenas = [{N}]\n\
+                     distribution = \"mixed-magnitude\"\nseed = {SEED}\ndtype = \"{dtype}\"\n\
+                     collective = \"reduce-scatter\"\ncontract = \"nccl-allreduce\"\n\n\
+                     [[sweep]]\nid = \"p\"\nmean = [false, true]\n"
+                ),
+            )
+            .unwrap();
+            let report = dir.path().join("r.json");
+            let o = torchrun_cmd(world)
+                .env("FOLDPRINT_JOB_ID", "parity")
+                .env("FOLDPRINT_NCCL_LIBRARY", &nccl)
+                .arg("--no-python")
+                .arg(bin())
+                .args([
+                    "run",
+                    exp.to_str().unwrap(),
+                    "--backend",
+                    "nccl",
+                    "--emulate-hosts",
+                ])
+                .arg("--out")
+                .arg(&report)
+                .output()
+                .unwrap();
+            assert!(
+                o.status.success(),
+                "foldprint {dtype} W={world}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let r = read_json(&report);
+            let shards = |mean: bool| -> Vec<String> {
+                let c = r["cases"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|c| c["params"]["mean"] == mean)
+                    .unwrap_or_else(|| panic!("no mean={mean} case: {r}"));
+                c["arenas"][0]["shard_sha256"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_str().unwrap().to_string())
+                    .collect()
+            };
+            let (sum, avg) = (shards(false), shards(true));
+            assert_eq!(sum.len(), world);
+            for op in ["sum", "avg"] {
+                let o = torchrun_cmd(world)
+                    .arg("tools/torch_parity.py")
+                    .arg(dir.path())
+                    .arg("foldprint-parity-host")
+                    .arg(dtype.name())
+                    .args(["--collective", "reduce-scatter", "--op", op])
+                    .output()
+                    .unwrap();
+                assert!(
+                    o.status.success(),
+                    "PyTorch {dtype} W={world} {op}: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                let torch: Vec<String> = (0..world)
+                    .map(|rank| {
+                        digest_of_torch_file(
+                            &dir.path()
+                                .join(format!("reducescatter-{op}.rank{rank}.{dtype}")),
+                            dtype,
+                            N / world,
+                        )
+                    })
+                    .collect();
+                let (want, other) = if op == "sum" {
+                    (&sum, &avg)
+                } else {
+                    (&avg, &sum)
+                };
+                assert_eq!(
+                    &torch, want,
+                    "{dtype} W={world}: reduce_scatter_tensor {op} vs the control"
+                );
+                // Negative control: the other op's control differs on
+                // every shard, and the check sees it.
+                assert!(
+                    torch.iter().zip(other).all(|(t, o)| t != o),
+                    "{dtype} W={world}: {op} equals the other op's control"
+                );
+                table += &format!(
+                    "{dtype} W={world} {op}: reduce_scatter_tensor == nccl-allreduce reduce-scatter control on all {world} shards ({})\n",
+                    String::from_utf8_lossy(&o.stdout).trim()
+                );
+            }
+        }
+    }
+    eprint!("{table}");
+    save("torch-parity-reduce-scatter.txt", &table);
+}
+
+/// `bench --backend nccl --collective reduce-scatter` under emulated
+/// hosts: each row times the fixed-order reduce-scatter, NCCL's and the
+/// fixed-order all-reduce of the same arena, and counts the bits: the
+/// fixed-order shards equal the CPU oracle's everywhere; at W = 4 (which
+/// divides every size) NCCL's runs and its drift is counted, at W = 3
+/// (which divides none) it is left out, not refused.
+#[test]
+fn the_reduce_scatter_sweep_checks_its_bits_next_to_ncclreducescatter() {
+    let default = setting("default", &[]);
+    let mut table = String::new();
+    for world in [4usize, 3] {
+        let o = launch(
+            world,
+            &default,
+            &[
+                "bench",
+                "--backend",
+                "nccl",
+                "--collective",
+                "reduce-scatter",
+                "-b",
+                "4K",
+                "-e",
+                "4M",
+                "-f",
+                "4",
+                "-n",
+                "3",
+                "--json",
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0));
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        save(&format!("sweep-reduce-scatter-w{world}.json"), &text);
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            (v["world"].as_u64(), &v["collective"]),
+            (Some(world as u64), &Value::from("reduce-scatter"))
+        );
+        assert_eq!(v["bandwidth_result"], false);
+        let rows = v["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 6);
+        for r in rows {
+            assert_eq!(r["fixed_vs_oracle"], 0, "{r}");
+            assert!(r["fixed_ms"].as_f64().unwrap() > 0.0, "{r}");
+            assert!(r["allreduce_ms"].as_f64().unwrap() > 0.0, "{r}");
+            let w = world as f64;
+            let busbw = r["fixed_algbw"].as_f64().unwrap() * (w - 1.0) / w;
+            assert!((r["fixed_busbw"].as_f64().unwrap() - busbw).abs() <= 1e-9 * busbw);
+            if world == 4 {
+                assert!(r["reducescatter_ms"].as_f64().unwrap() > 0.0, "{r}");
+                assert!(r["reducescatter_vs_fixed"].as_u64().is_some(), "{r}");
+            } else {
+                assert!(r["reducescatter_ms"].is_null(), "{r}");
+                assert!(r["reducescatter_vs_fixed"].is_null(), "{r}");
+            }
+            table += &format!(
+                "W={world} {} B: fixed-order reduce-scatter {:.1} us, ncclReduceScatter {} us, fixed-order all-reduce {:.1} us, NCCL drift {}\n",
+                r["bytes"],
+                r["fixed_ms"].as_f64().unwrap() * 1e3,
+                r["reducescatter_ms"].as_f64().map_or("-".into(), |m| format!("{:.1}", m * 1e3)),
+                r["allreduce_ms"].as_f64().unwrap() * 1e3,
+                r["reducescatter_vs_fixed"]
+            );
+        }
+    }
+    eprint!("{table}");
+    save("sweep-reduce-scatter.txt", &table);
+}

@@ -17,7 +17,15 @@ Rank 0 then writes, in the dtype:
 each written beside its target and renamed into place, and prints one JSON
 line: the world, the dtype, PyTorch's version and the NCCL version it runs.
 
+With --collective reduce-scatter, each rank instead runs
+dist.reduce_scatter_tensor over its addends (W equal shards) with
+ReduceOp.SUM (--op sum, the default) or ReduceOp.AVG (--op avg, FSDP2's
+default), and rank r writes what it was left:
+
+  DIR/reducescatter-<op>.rank<r>.<dtype>
+
 usage: torchrun --standalone --nproc-per-node W tools/torch_parity.py DIR PREFIX [f32|bf16|f16]
+           [--collective all-reduce|reduce-scatter] [--op sum|avg]
 """
 
 import json
@@ -54,12 +62,31 @@ def write(t: torch.Tensor, dtype: str, path: str) -> None:
     os.replace(tmp, path)
 
 
+def options(args: list) -> dict:
+    """The named options after the positional arguments; None when bad."""
+    known = {"--collective": ("all-reduce", "reduce-scatter"), "--op": ("sum", "avg")}
+    got = {"--collective": "all-reduce", "--op": "sum"}
+    if len(args) % 2:
+        return None
+    for name, value in zip(args[::2], args[1::2]):
+        if name not in known or value not in known[name]:
+            return None
+        got[name] = value
+    return got
+
+
 def main() -> int:
-    if len(sys.argv) not in (3, 4):
+    positional = []
+    for a in sys.argv[1:4]:
+        if a.startswith("--"):
+            break
+        positional.append(a)
+    opts = options(sys.argv[1 + len(positional):])
+    if len(positional) not in (2, 3) or opts is None:
         print(__doc__, file=sys.stderr)
         return 2
-    folder, prefix = sys.argv[1], sys.argv[2]
-    dtype = sys.argv[3] if len(sys.argv) == 4 else "f32"
+    folder, prefix = positional[0], positional[1]
+    dtype = positional[2] if len(positional) == 3 else "f32"
     if dtype not in DTYPES:
         print(f"unknown dtype {dtype!r} (f32, bf16 or f16)", file=sys.stderr)
         return 2
@@ -73,6 +100,23 @@ def main() -> int:
     dist.init_process_group("nccl", device_id=device)
     name = lambda r: os.path.join(folder, f"rank{r}.{dtype}")
     mine = read_addends(name(rank), dtype, device)
+    if opts["--collective"] == "reduce-scatter":
+        op = opts["--op"]
+        if mine.numel() % world:
+            print(f"{mine.numel()} elements do not split into {world} equal shards", file=sys.stderr)
+            return 2
+        shard = torch.empty(mine.numel() // world, dtype=mine.dtype, device=device)
+        reduce_op = dist.ReduceOp.AVG if op == "avg" else dist.ReduceOp.SUM
+        dist.reduce_scatter_tensor(shard, mine, op=reduce_op)
+        torch.cuda.synchronize()
+        write(shard, dtype, os.path.join(folder, f"reducescatter-{op}.rank{rank}.{dtype}"))
+        dist.barrier()
+        if rank == 0:
+            nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
+            print(json.dumps({"world": world, "dtype": dtype, "collective": "reduce-scatter",
+                              "op": op, "torch": torch.__version__, "nccl": nccl}))
+        dist.destroy_process_group()
+        return 0
     reduced = mine.clone()
     dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
     torch.cuda.synchronize()

@@ -85,6 +85,10 @@ pub struct CaseRun {
     /// The order sensitivity, when the backend measured it (NCCL ranks
     /// that each read only their own file); otherwise the runner does.
     pub sensitivity: Option<crate::sensitivity::Sensitivity>,
+    /// This rank's own shard of each arena, last round, when the case
+    /// compares it with this rank's own `expect` file (one process per
+    /// rank, [`Case::expect_own`]).
+    pub own_shards: Option<Vec<Vec<f32>>>,
 }
 
 pub trait Backend {
@@ -108,6 +112,20 @@ pub trait Backend {
     /// asks the GPU platform itself and a CPU run never touches it.
     fn platform_facts(&self) -> serde_json::Map<String, serde_json::Value> {
         serde_json::Map::new()
+    }
+    /// Every rank's `mine`, rank order, on every rank: the bytes of a
+    /// per-rank result (each rank's own `expect` outcome) moved between
+    /// the processes of a world of one process per rank. A backend that
+    /// holds every rank in this process never needs it.
+    fn gather_bytes(&mut self, case: &Case, _mine: &[u8]) -> Result<Vec<Vec<u8>>, BackendError> {
+        Err(infrastructure(
+            case.id(),
+            "gather",
+            format!(
+                "the {} backend has no ranks in other processes",
+                self.name()
+            ),
+        ))
     }
 }
 
@@ -159,13 +177,6 @@ pub(crate) fn nccl_only(case: &Case) -> Option<String> {
     case.contract()
         .needs_nccl()
         .then(|| format!("{} runs only on the NCCL backend", case.contract()))
-}
-
-/// Why a GPU backend skips `case`: a reduce-scatter runs on the CPU oracle
-/// alone in this build (the device dataflow and NCCL's own are to come).
-pub(crate) fn scatter_on_cpu_only(case: &Case) -> Option<String> {
-    (!case.collective().is_all_reduce())
-        .then(|| format!("{} runs on the CPU oracle in this build", case.collective()))
 }
 
 /// The device fold mode and program of `case`, as both GPU backends run
@@ -273,6 +284,7 @@ pub(crate) fn repeat_rounds(
         rounds: timings,
         rounds_identical: identical,
         sensitivity: None,
+        own_shards: None,
     })
 }
 
@@ -307,16 +319,66 @@ pub(crate) fn addends_error(
 #[cfg(test)]
 mod scatter_tests {
     use super::*;
-    use crate::fold::Collective;
+    use crate::fold::{shard_plan, Collective, Contract};
 
-    /// The CUDA loopback and NCCL backends ask this for their skip reason.
+    fn control(world: usize, arenas: &[usize], collective: Collective, mean: bool) -> Case {
+        Case::builder(world, arenas.to_vec())
+            .contract(Contract::NcclAllreduce)
+            .collective(collective)
+            .mean(mean)
+            .build()
+            .unwrap()
+    }
+
+    /// NCCL's reduce-scatter skips an arena W does not divide, naming the
+    /// arena, its length and W; a multiple of W (sum or mean) runs.
     #[test]
-    fn a_gpu_backend_skips_a_reduce_scatter_with_its_reason() {
-        let case = |c| Case::builder(3, [7]).collective(c).build().unwrap();
+    fn the_nccl_reduce_scatter_skips_a_length_w_does_not_divide() {
+        let why = nccl::control_skip_reason(&control(3, &[6, 7], Collective::ReduceScatter, false));
         assert_eq!(
-            scatter_on_cpu_only(&case(Collective::ReduceScatter)).as_deref(),
-            Some("reduce-scatter runs on the CPU oracle in this build")
+            why.as_deref(),
+            Some(
+                "ncclReduceScatter needs equal shards: arena 1 has n = 7, not a multiple of W = 3"
+            )
         );
-        assert_eq!(scatter_on_cpu_only(&case(Collective::AllReduce)), None);
+        for mean in [false, true] {
+            assert_eq!(
+                nccl::control_skip_reason(&control(3, &[6, 0, 9], Collective::ReduceScatter, mean)),
+                None
+            );
+        }
+        // The all-reduce control keeps its one rule, whatever the length.
+        assert_eq!(
+            nccl::control_skip_reason(&control(3, &[7], Collective::AllReduce, true)).as_deref(),
+            Some("nccl-allreduce has no mean variant")
+        );
+        assert_eq!(
+            nccl::control_skip_reason(&control(3, &[7], Collective::AllReduce, false)),
+            None
+        );
+        // Not the control: nothing to say.
+        let fixed = Case::builder(3, [7])
+            .collective(Collective::ReduceScatter)
+            .build()
+            .unwrap();
+        assert_eq!(nccl::control_skip_reason(&fixed), None);
+    }
+
+    /// Where W divides n, NCCL's shard r (elements r*n/W .. (r+1)*n/W) is
+    /// the plan's shard r, so both paths leave rank r the same elements;
+    /// where it does not, the plan's shards differ in length.
+    #[test]
+    fn ncclreducescatter_shards_are_the_plan_shards_when_w_divides_n() {
+        for world in [1, 2, 3, 7, 8] {
+            for k in [0, 1, 5, 1000] {
+                let n = world * k;
+                let plan = shard_plan(n, world).unwrap();
+                for (r, s) in plan.iter().enumerate() {
+                    assert_eq!((s.start, s.len), (r * k, k), "W={world} n={n} r={r}");
+                }
+            }
+        }
+        let plan = shard_plan(7, 3).unwrap();
+        assert_ne!(plan[0].len, plan[2].len);
     }
 }

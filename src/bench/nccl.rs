@@ -8,7 +8,8 @@ use crate::dtype::Dtype;
 use crate::ranks::world::{self, World};
 use std::time::Duration;
 
-pub use crate::backend::nccl::bench::NcclBenchRow;
+pub use crate::backend::nccl::bench::{NcclBenchRow, NcclScatterRow};
+use crate::fold::Collective;
 
 /// Timed repetitions per size by default; each row is their median.
 pub const ITERS: usize = 20;
@@ -22,6 +23,10 @@ pub struct Sweep {
     pub factor: u64,
     pub dtype: Dtype,
     pub iters: usize,
+    /// The all-reduce (fixed-order next to ncclAllReduce), or the
+    /// reduce-scatter (next to ncclReduceScatter and the fixed-order
+    /// all-reduce of the same size).
+    pub collective: Collective,
 }
 
 /// Largest buffer a sweep may ask for per rank: 2^31 elements is the
@@ -74,7 +79,13 @@ impl Sweep {
             factor,
             dtype,
             iters,
+            collective: Collective::AllReduce,
         })
+    }
+
+    /// The same sweep of another collective.
+    pub fn with_collective(self, collective: Collective) -> Sweep {
+        Sweep { collective, ..self }
     }
 
     /// Element counts, smallest first. A size past `min_bytes` that is not
@@ -141,6 +152,8 @@ pub struct NcclBench {
     /// bandwidth result.
     pub emulated_hosts: Option<serde_json::Value>,
     pub rows: Vec<NcclBenchRow>,
+    /// A reduce-scatter sweep's rows (`rows` is then empty).
+    pub scatter_rows: Vec<NcclScatterRow>,
     /// Held until the caller drops this, after printing, so the
     /// communicators' destroy (which may wait on peers) comes after the
     /// table, as it always has.
@@ -171,8 +184,17 @@ pub fn run(gpus: usize, sweep: &Sweep) -> Result<NcclBench, BackendError> {
         world::discover(gpus)?,
         crate::ranks::rendezvous::Plan::new(
             &[format!(
-                "bench {}..{} x{} {} n{}",
-                sweep.min_bytes, sweep.max_bytes, sweep.factor, sweep.dtype, sweep.iters
+                "bench {}..{} x{} {} n{}{}",
+                sweep.min_bytes,
+                sweep.max_bytes,
+                sweep.factor,
+                sweep.dtype,
+                sweep.iters,
+                if sweep.collective.is_all_reduce() {
+                    String::new()
+                } else {
+                    format!(" {}", sweep.collective)
+                }
             )],
             "nccl bench",
         ),
@@ -187,7 +209,15 @@ pub fn run(gpus: usize, sweep: &Sweep) -> Result<NcclBench, BackendError> {
         },
         &mut world,
     )?;
-    let rows = be.bench(&sweep.counts(), sweep.iters, sweep.dtype)?;
+    let (rows, scatter_rows) = if sweep.collective.is_all_reduce() {
+        (
+            be.bench(&sweep.counts(), sweep.iters, sweep.dtype)?,
+            Vec::new(),
+        )
+    } else {
+        let rows = be.bench_scatter(&sweep.counts(), sweep.iters, sweep.dtype)?;
+        (Vec::new(), rows)
+    };
     let reporting = world.reports();
     Ok(NcclBench {
         world: world.size(),
@@ -198,6 +228,7 @@ pub fn run(gpus: usize, sweep: &Sweep) -> Result<NcclBench, BackendError> {
             None
         },
         rows,
+        scatter_rows,
         _backend: be,
     })
 }

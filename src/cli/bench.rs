@@ -65,6 +65,16 @@ pub struct BenchArgs {
     /// size) instead of the table.
     #[arg(long)]
     csv: bool,
+    /// NCCL sweep: `all-reduce` (fixed-order next to ncclAllReduce), or
+    /// `reduce-scatter` (fixed-order reduce-scatter next to
+    /// ncclReduceScatter and the fixed-order all-reduce of the same size)
+    /// [default: all-reduce].
+    #[arg(long, value_parser = parse_collective)]
+    collective: Option<foldprint::fold::Collective>,
+}
+
+fn parse_collective(s: &str) -> std::result::Result<foldprint::fold::Collective, String> {
+    s.parse()
 }
 
 fn parse_size(s: &str) -> std::result::Result<u64, String> {
@@ -230,6 +240,7 @@ fn sweep(a: &BenchArgs) -> Result<foldprint::bench::nccl::Sweep> {
         a.datatype.unwrap_or_default(),
         a.iters.unwrap_or(ITERS),
     )
+    .map(|s| s.with_collective(a.collective.unwrap_or_default()))
     .map_err(Failure::Refused)
 }
 
@@ -241,6 +252,9 @@ fn run_nccl(gpus: usize, a: &BenchArgs) -> Result<i32> {
     let bench = foldprint::bench::nccl::run(gpus, &sweep)?;
     if !bench.reporting {
         return Ok(0);
+    }
+    if !sweep.collective.is_all_reduce() {
+        return print_scatter(&bench, &sweep, a);
     }
     let not_bandwidth = bench.not_bandwidth();
     let failed = bench
@@ -372,6 +386,117 @@ fn run_nccl(gpus: usize, a: &BenchArgs) -> Result<i32> {
     Ok(if failed { 1 } else { 0 })
 }
 
+/// The reduce-scatter sweep: fixed-order reduce-scatter, ncclReduceScatter
+/// (where W divides the count) and the fixed-order all-reduce of the same
+/// arena, with the bits of both reduce-scatters counted.
+fn print_scatter(
+    bench: &foldprint::bench::nccl::NcclBench,
+    sweep: &foldprint::bench::nccl::Sweep,
+    a: &BenchArgs,
+) -> Result<i32> {
+    use foldprint::bench::nccl::show_bytes;
+    let not_bandwidth = bench.not_bandwidth();
+    let rows = &bench.scatter_rows;
+    let failed = rows.iter().any(|r| r.fixed_vs_oracle != Some(0));
+    let count = |c: Option<u64>| c.map_or("-".to_string(), |c| c.to_string());
+    let opt = |v: Option<f64>, scale: f64, digits: usize| {
+        v.map_or("-".to_string(), |v| format!("{:.*}", digits, v * scale))
+    };
+    if a.json {
+        let v = serde_json::json!({
+            "world": bench.world,
+            "collective": "reduce-scatter",
+            "emulated_hosts": bench.emulated_hosts,
+            "bandwidth_result": not_bandwidth.is_none(),
+            "not_bandwidth": not_bandwidth,
+            "rows": rows,
+        });
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+    } else if a.csv {
+        if let Some(why) = &not_bandwidth {
+            eprintln!("NOT A BANDWIDTH RESULT: {why}");
+        }
+        outln!("size_bytes,count,type,redop,world,fixed_time_us,fixed_algbw_gbs,fixed_busbw_gbs,fixed_diff_vs_oracle,nccl_time_us,nccl_algbw_gbs,nccl_busbw_gbs,nccl_diff_vs_fixed,allreduce_time_us,bandwidth_result");
+        for r in rows {
+            outln!(
+                "{},{},{},sum,{},{:.2},{:.3},{:.3},{},{},{},{},{},{:.2},{}",
+                r.bytes,
+                r.count,
+                r.dtype,
+                r.world,
+                r.fixed_ms * 1e3,
+                r.fixed_algbw,
+                r.fixed_busbw,
+                count(r.fixed_vs_oracle),
+                opt(r.reducescatter_ms, 1e3, 2),
+                opt(r.reducescatter_algbw, 1.0, 3),
+                opt(r.reducescatter_busbw, 1.0, 3),
+                count(r.reducescatter_vs_fixed),
+                r.allreduce_ms * 1e3,
+                not_bandwidth.is_none()
+            );
+        }
+    } else {
+        if let Some(why) = &not_bandwidth {
+            outln!("# NOT A BANDWIDTH RESULT: {why}");
+        }
+        outln!(
+            "# foldprint bench --backend nccl --collective reduce-scatter -b {} -e {} -f {} -d {} -n {}: {} rank(s), median of {} per size",
+            show_bytes(sweep.min_bytes),
+            show_bytes(sweep.max_bytes),
+            sweep.factor,
+            sweep.dtype,
+            sweep.iters,
+            bench.world,
+            sweep.iters
+        );
+        outln!("# size: one rank's whole arena; busbw = algbw x (W-1)/W; #diff: elements of the shards gathered on rank 0 whose bits differ from the CPU oracle (fixed-order, must be 0) or from fixed-order (NCCL's drift); ncclReduceScatter needs W equal shards (`-` where W does not divide the count); all-reduce: the fixed-order all-reduce of the same arena");
+        outln!("#");
+        outln!(
+            "# {:>10} {:>12} {:>6} {:>6}   {:^41}   {:^41}   {:^10}",
+            "",
+            "",
+            "",
+            "",
+            "fixed-order reduce-scatter",
+            "ncclReduceScatter (in-place)",
+            "all-reduce"
+        );
+        outln!(
+            "# {:>10} {:>12} {:>6} {:>6}   {:>10} {:>8} {:>8} {:>11}   {:>10} {:>8} {:>8} {:>11}   {:>10}",
+            "size", "count", "type", "redop", "time", "algbw", "busbw", "#diff", "time", "algbw",
+            "busbw", "#diff", "time"
+        );
+        outln!(
+            "# {:>10} {:>12} {:>6} {:>6}   {:>10} {:>8} {:>8} {:>11}   {:>10} {:>8} {:>8} {:>11}   {:>10}",
+            "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "vs oracle", "(us)",
+            "(GB/s)", "(GB/s)", "vs fixed", "(us)"
+        );
+        for r in rows {
+            outln!(
+                "  {:>10} {:>12} {:>6} {:>6}   {:>10.1} {:>8.2} {:>8.2} {:>11}   {:>10} {:>8} {:>8} {:>11}   {:>10.1}",
+                r.bytes,
+                r.count,
+                r.dtype.name(),
+                "sum",
+                r.fixed_ms * 1e3,
+                r.fixed_algbw,
+                r.fixed_busbw,
+                count(r.fixed_vs_oracle),
+                opt(r.reducescatter_ms, 1e3, 1),
+                opt(r.reducescatter_algbw, 1.0, 2),
+                opt(r.reducescatter_busbw, 1.0, 2),
+                count(r.reducescatter_vs_fixed),
+                r.allreduce_ms * 1e3
+            );
+        }
+        if failed {
+            outln!("# FAILED: a fixed-order reduce-scatter differs from the CPU oracle");
+        }
+    }
+    Ok(if failed { 1 } else { 0 })
+}
+
 /// Flags of the NCCL sweep given to another backend: a usage error, so a
 /// sweep never silently measures something else.
 fn refuse_sweep_flags(a: &BenchArgs) -> Result<()> {
@@ -381,6 +506,7 @@ fn refuse_sweep_flags(a: &BenchArgs) -> Result<()> {
         (a.stepfactor.is_some(), "-f"),
         (a.iters.is_some(), "-n"),
         (a.csv, "--csv"),
+        (a.collective.is_some(), "--collective"),
         (
             a.datatype.is_some()
                 && !a.inputs

@@ -64,6 +64,10 @@ struct Fields {
     /// A reduce-scatter's result as one file per rank (`{rank}` in
     /// `expect`), rank order, each holding that rank's shard.
     expect_ranks: Vec<Arc<ExpectFile>>,
+    /// Under one process per rank, this process's rank and its own file of
+    /// a per-rank `expect` (in place of `expect_ranks`): each rank checks
+    /// its own shard.
+    expect_own: Option<(usize, Arc<ExpectFile>)>,
 }
 
 /// Most rounds a case may ask for.
@@ -142,6 +146,11 @@ impl CaseBuilder {
         self.fields.expect_ranks = files;
         self
     }
+    /// This process's rank's own expected shard (one process per rank).
+    pub fn expect_own(mut self, own: Option<(usize, Arc<ExpectFile>)>) -> Self {
+        self.fields.expect_own = own;
+        self
+    }
     pub fn contract(mut self, contract: Contract) -> Self {
         self.fields.contract = contract;
         self
@@ -193,6 +202,7 @@ impl CaseBuilder {
             rounds,
             expect,
             expect_ranks,
+            expect_own,
             collective,
             ..
         } = &fields;
@@ -259,6 +269,17 @@ impl CaseBuilder {
                 }
             }
         }
+        if let Some((r, e)) = expect_own {
+            if collective.is_all_reduce() || !expect_ranks.is_empty() || *r >= world.get() {
+                return bad(
+                    "expect",
+                    format!("rank {r}'s own file needs a reduce-scatter of W > {r} and no other per-rank files"),
+                );
+            }
+            if let Err(m) = e.matches(&shard_lens(arenas, world.get(), *r)) {
+                return bad("expect", format!("rank {r}'s shard: {m}"));
+            }
+        }
         Ok(Case { world, fields })
     }
 }
@@ -284,6 +305,7 @@ impl Case {
                 rounds: 1,
                 expect: None,
                 expect_ranks: Vec::new(),
+                expect_own: None,
             },
         }
     }
@@ -365,6 +387,11 @@ impl Case {
     /// empty when there are none.
     pub fn expect_ranks(&self) -> &[Arc<ExpectFile>] {
         &self.fields.expect_ranks
+    }
+    /// This process's rank and its own expected shard, under one process
+    /// per rank (its shard is compared on the rank that holds it).
+    pub fn expect_own(&self) -> Option<(usize, &Arc<ExpectFile>)> {
+        self.fields.expect_own.as_ref().map(|(r, f)| (*r, f))
     }
     pub fn contract(&self) -> Contract {
         self.fields.contract
@@ -501,6 +528,7 @@ impl Case {
             rounds,
             expect: _, // judged in the report, not a parameter of the sum
             expect_ranks: _,
+            expect_own: _,
         } = fields;
         let (seed, distribution, files) = match addends {
             Addends::Generated { seed, distribution } => (Some(*seed), Some(*distribution), None),

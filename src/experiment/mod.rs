@@ -86,6 +86,14 @@ impl FileCache {
         }
     }
 
+    /// The one rank whose files this process holds (one process per rank).
+    fn own_rank(&self) -> Option<usize> {
+        match self.scope {
+            Scope::AllRanks => None,
+            Scope::OwnRank { rank, .. } => Some(rank),
+        }
+    }
+
     /// Whether this process writes the report (and so compares `expect`).
     fn reports(&self) -> bool {
         match self.scope {
@@ -223,11 +231,12 @@ pub fn input_files(experiments: &[Experiment]) -> Vec<(String, PathBuf)> {
         }
     }
     let mut expects: Vec<&Arc<ExpectFile>> = Vec::new();
-    for e in experiments
-        .iter()
-        .flat_map(|e| &e.cases)
-        .flat_map(|c| c.expect().into_iter().chain(c.expect_ranks()))
-    {
+    for e in experiments.iter().flat_map(|e| &e.cases).flat_map(|c| {
+        c.expect()
+            .into_iter()
+            .chain(c.expect_ranks())
+            .chain(c.expect_own().map(|(_, f)| f))
+    }) {
         if !expects.iter().any(|x| Arc::ptr_eq(x, e)) {
             expects.push(e);
             out.push((
@@ -688,6 +697,7 @@ fn build_case(
             .map_err(|m| src.at(c.span(), format!("{}: {m}", ctx("collective"))))?,
     };
     let mut expect_ranks = Vec::new();
+    let mut expect_own = None;
     let dtype = match dtype {
         None => None,
         Some(d) => Some(
@@ -716,8 +726,9 @@ fn build_case(
                 ),
             ))
         }
-        // Only the reporting rank compares (the file may be on its host alone).
-        (Some(_), Some(_)) if !files.reports() => None,
+        // Only the reporting rank compares one file (it may be on its host
+        // alone); a file per rank is each rank's own (below).
+        (Some(e), Some(_)) if !files.reports() && !e.get_ref().contains("{rank}") => None,
         (Some(e), Some(f)) if e.get_ref().contains("{rank}") => {
             if collective.is_all_reduce() {
                 return Err(src.at(
@@ -731,7 +742,13 @@ fn build_case(
                 ));
             }
             let lens: Vec<usize> = f.arenas().iter().map(|a| a.len).collect();
-            for r in 0..f.world() {
+            // One process per rank: each opens and checks its own shard's
+            // file alone (the others' may be on their hosts only).
+            let ranks: Vec<usize> = match files.own_rank() {
+                Some(me) => vec![me],
+                None => (0..f.world()).collect(),
+            };
+            for r in ranks {
                 let shard: Vec<crate::addends::ArenaSpec> = f
                     .arenas()
                     .iter()
@@ -744,12 +761,16 @@ fn build_case(
                     })
                     .collect();
                 let path = e.get_ref().replace("{rank}", &r.to_string());
-                expect_ranks.push(files.expect(&path, &shard, case_dtype).map_err(|m| {
+                let file = files.expect(&path, &shard, case_dtype).map_err(|m| {
                     src.at(
                         e.span(),
                         format!("{}: rank {r}'s shard: {m}", ctx("expect")),
                     )
-                })?);
+                })?;
+                match files.own_rank() {
+                    Some(me) => expect_own = Some((me, file)),
+                    None => expect_ranks.push(file),
+                }
             }
             None
         }
@@ -853,6 +874,7 @@ fn build_case(
         .rounds(rounds)
         .expect(expect)
         .expect_ranks(expect_ranks)
+        .expect_own(expect_own)
         .build()
         .map_err(|e| src.at(span_of(e.field), format!("case `{ctx_id}`: {e}")))
 }
@@ -891,4 +913,77 @@ pub fn to_toml(name: &str, cases: &[(String, &Case)]) -> Result<String, WriteErr
         sweeps: Vec::new(),
     };
     Ok(toml::to_string(&raw)?)
+}
+
+#[cfg(test)]
+mod own_rank_tests {
+    use super::*;
+
+    /// An npy 1.0 file of float32 values.
+    fn npy(path: &Path, values: &[f32]) {
+        let mut header = format!(
+            "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+            values.len()
+        );
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut b = b"\x93NUMPY\x01\x00".to_vec();
+        b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        b.extend_from_slice(header.as_bytes());
+        for v in values {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        std::fs::write(path, b).unwrap();
+    }
+
+    /// Under one process per rank, a per-rank `expect` opens this rank's
+    /// file alone (the others may live on other hosts): rank 1 loads while
+    /// rank 2's file has the wrong length, which rank 2, and a process
+    /// holding every rank, refuse (negative control).
+    #[test]
+    fn each_rank_opens_only_its_own_expect_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("out")).unwrap();
+        for r in 0..3 {
+            npy(&d.join(format!("r{r}.npy")), &[r as f32; 7]);
+        }
+        // Shards of 7 over 3 ranks: 3, 2, 2.
+        for (r, len) in [3usize, 2, 2].into_iter().enumerate() {
+            npy(&d.join(format!("out/e{r}.npy")), &vec![0.5; len]);
+        }
+        let exp = d.join("x.toml");
+        std::fs::write(
+            &exp,
+            "name = \"x\"\n[[case]]\nid = \"c\"\naddends = \"r{rank}.npy\"\n\
+             collective = \"reduce-scatter\"\nexpect = \"out/e{rank}.npy\"\n",
+        )
+        .unwrap();
+        let load = |scope| load_all_in(std::slice::from_ref(&exp), scope);
+        let own = |rank| Scope::OwnRank { rank, world: 3 };
+        let all = load(Scope::AllRanks).unwrap();
+        let c = &all[0].cases[0];
+        assert_eq!(
+            (c.expect_ranks().len(), c.expect_own().is_some()),
+            (3, false)
+        );
+        let mine = load(own(1)).unwrap();
+        let c = &mine[0].cases[0];
+        assert!(c.expect_ranks().is_empty());
+        let (r, f) = c.expect_own().unwrap();
+        assert_eq!(r, 1);
+        assert!(
+            f.resolved_path().ends_with("out/e1.npy"),
+            "{:?}",
+            f.resolved_path()
+        );
+        npy(&d.join("out/e2.npy"), &[0.5; 3]);
+        assert!(load(own(1)).is_ok());
+        for scope in [own(2), Scope::AllRanks] {
+            let e = load(scope).unwrap_err().to_string();
+            assert!(e.contains("rank 2's shard"), "{e}");
+        }
+    }
 }

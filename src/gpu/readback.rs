@@ -5,7 +5,7 @@
 
 use super::device::Device;
 use super::error::GpuError;
-use super::mem::{ArenaElem, DeviceBuffer, PinnedBuffer};
+use super::mem::{ArenaElem, DeviceBuffer, DeviceView, PinnedBuffer};
 use crate::digest::{ArenaHasher, ChunkedDigest, NanPolicy, CHUNK_ELEMS};
 use crate::dtype::Dtype;
 use cudarc::driver::CudaStream;
@@ -58,7 +58,7 @@ impl Reader {
     fn nan_map<T: ArenaElem>(
         &mut self,
         dev: &Device,
-        buf: &DeviceBuffer<T>,
+        buf: DeviceView<'_, T>,
     ) -> Result<Vec<bool>, GpuError> {
         let chunks = buf.len().div_ceil(CHUNK_ELEMS);
         if self.nan_flags.as_ref().is_none_or(|f| f.len() < chunks) {
@@ -109,6 +109,20 @@ impl Reader {
         keep: bool,
         chunked: bool,
     ) -> Result<(ChunkedDigest, Option<Vec<f32>>), GpuError> {
+        self.digest_view(dev, buf.view(), dtype, policy, keep, chunked)
+    }
+
+    /// [`Reader::digest`] of a window of a buffer (a reduce-scatter's
+    /// shard, hashed where it lies).
+    pub fn digest_view<T: ArenaElem>(
+        &mut self,
+        dev: &Device,
+        buf: DeviceView<'_, T>,
+        dtype: Dtype,
+        policy: NanPolicy,
+        keep: bool,
+        chunked: bool,
+    ) -> Result<(ChunkedDigest, Option<Vec<f32>>), GpuError> {
         if !T::holds(dtype) {
             return Err(GpuError::bounds(format!(
                 "a {dtype} arena read back as {}-byte elements",
@@ -135,8 +149,13 @@ impl Reader {
         // NaNs before hashing it in place; the device says which spans can
         // skip that.
         let scanned = Instant::now();
+        // The device scan reads 16 bytes at a time from the view's start: a
+        // window that does not start on 16 bytes (a shard) is scanned on the
+        // host instead.
         let nan_map = match policy {
-            NanPolicy::Canonical if n > 0 && T::BYTES == 4 => Some(self.nan_map(dev, buf)?),
+            NanPolicy::Canonical if n > 0 && T::BYTES == 4 && buf.ptr().is_multiple_of(16) => {
+                Some(self.nan_map(dev, buf)?)
+            }
             _ => None,
         };
         let device_scan = scanned.elapsed();
@@ -190,7 +209,7 @@ impl Reader {
     /// Start the copy of chunk `k` into its slot.
     fn issue<T: ArenaElem>(
         &mut self,
-        buf: &DeviceBuffer<T>,
+        buf: DeviceView<'_, T>,
         k: usize,
         chunk: usize,
         count: usize,

@@ -79,7 +79,7 @@ fn bench_rejects_zero_sizes() {
 // is a usage error named before any GPU or NCCL is touched.
 #[test]
 fn bench_sweep_flags_are_checked_before_nccl_starts() {
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 10] = [
         (&["-b", "1X"], "`1X` is not a size in bytes"),
         (&["-e", "1.5G"], "`1.5G` is not a size in bytes"),
         (&["--minbytes=-4K"], "`-4K` is not a size in bytes"),
@@ -98,6 +98,10 @@ fn bench_sweep_flags_are_checked_before_nccl_starts() {
             "-b/--minbytes 6: a size is a positive whole number of f32 elements",
         ),
         (&["-b", "0", "-d", "bf16"], "-b/--minbytes 0"),
+        (
+            &["--collective", "gather"],
+            "unknown collective `gather` (expected all-reduce or reduce-scatter)",
+        ),
     ];
     for (args, says) in cases {
         fp().args(["bench", "--backend", "nccl"])
@@ -113,6 +117,12 @@ fn bench_sweep_flags_are_checked_before_nccl_starts() {
         .code(2)
         .stderr(predicate::str::contains(
             "-b, --csv belong(s) to the NCCL sweep",
+        ));
+    fp().args(["bench", "--collective", "reduce-scatter"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "--collective belong(s) to the NCCL sweep",
         ));
     // Control: an odd size of 16-bit elements is fine for -d bf16 as far
     // as the arguments go (what follows needs NCCL, absent or not here).

@@ -322,12 +322,28 @@ impl CudaBackend {
             generate,
             arena: a as u32,
             dtype,
+            redistribute: case.collective().is_all_reduce(),
         };
         let (gen_ms, reduce_ms) = world::run_round(&self.dev, &self.main, &self.copy, bufs, &spec)
             .map_err(|e| gpu_failed(case.id(), "round", e))?;
         t.generate_ms += gen_ms;
         t.reduce_ms += reduce_ms;
         let d = Instant::now();
+        if !case.collective().is_all_reduce() {
+            let reduced = scattered_digests(
+                &self.dev,
+                &self.main,
+                &mut self.readers[0],
+                bufs,
+                &plan,
+                dtype,
+                opts,
+            )
+            .map_err(|e| gpu_failed(case.id(), "digest", e))?;
+            t.digest_ms += d.elapsed().as_secs_f64() * 1e3;
+            self.profiles.push(world::DigestProfile::default());
+            return Ok(reduced);
+        }
         let got = world::digest_ranks(
             &self.dev,
             &mut self.readers,
@@ -599,6 +615,40 @@ impl CudaBackend {
     }
 }
 
+/// A reduce-scatter's arena on the loopback world: each rank's shard
+/// hashed where it lies, then the shards gathered in rank order into rank
+/// 0's arena (after the timed round), hashed whole and per chunk.
+fn scattered_digests<T: WorldElem>(
+    dev: &Device,
+    main: &cudarc::driver::CudaStream,
+    reader: &mut Reader,
+    bufs: &WorldBuffers<T>,
+    plan: &[crate::fold::Shard],
+    dtype: Dtype,
+    opts: &RunOptions,
+) -> Result<ReducedArena, GpuError> {
+    let policy = opts.nan_policy;
+    let shard_digests = world::shard_digests(dev, reader, bufs, plan, dtype, policy)?;
+    world::gather_shards(main, bufs, plan)?;
+    let (gathered, values) = if bufs.len == 0 {
+        let d = crate::digest::digest_chunked(&[], policy);
+        (d, opts.keep_values.then(Vec::new))
+    } else {
+        reader.digest(dev, &bufs.ranks[0], dtype, policy, opts.keep_values, true)?
+    };
+    Ok(ReducedArena {
+        len: bufs.len,
+        rank_digests: Vec::new(),
+        scattered: Some(crate::result::Scattered {
+            shard_digests,
+            gathered: gathered.sha256,
+        }),
+        chunks: gathered.chunks,
+        values,
+        differing: Vec::new(),
+    })
+}
+
 /// Files written by [`CudaBackend::write_peer_files`].
 #[derive(Debug, Clone, Serialize)]
 pub struct PeerFiles {
@@ -650,7 +700,7 @@ impl Backend for CudaBackend {
     }
 
     fn skip_reason(&self, case: &Case) -> Option<String> {
-        super::nccl_only(case).or_else(|| super::scatter_on_cpu_only(case))
+        super::nccl_only(case)
     }
 
     /// Host memory for kept values, and each arena's buffers against the
@@ -684,7 +734,7 @@ impl Backend for CudaBackend {
     }
 
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
-        if let Some(why) = super::scatter_on_cpu_only(case) {
+        if let Some(why) = self.skip_reason(case) {
             return Err(super::unsupported(case.id(), why));
         }
         self.check_case(case, opts)?;

@@ -104,6 +104,9 @@ pub struct RoundSpec<'a> {
     pub arena: u32,
     /// The case's dtype (held in the buffers' `T`).
     pub dtype: Dtype,
+    /// An all-reduce hands every reduced shard to every rank; a
+    /// reduce-scatter stops after the fold (rank o keeps shard o).
+    pub redistribute: bool,
 }
 
 fn ev(stream: &CudaStream, timed: bool) -> Result<CudaEvent, GpuError> {
@@ -259,6 +262,9 @@ fn exchange_fold_redistribute<T: ArenaElem>(
         }
     }
 
+    if !spec.redistribute {
+        return ev(main, true);
+    }
     // Redistribution: every owner's reduced shard to every other rank.
     let folded = ev(main, false)?;
     let movers: Vec<&Arc<CudaStream>> = if racing {
@@ -293,6 +299,54 @@ fn exchange_fold_redistribute<T: ArenaElem>(
         }
     }
     ev(main, true)
+}
+
+/// A reduce-scatter's shards gathered in rank order into rank 0's arena:
+/// rank r's shard r copied over rank 0's shard r (r >= 1), after the
+/// round and outside its timing (no redistribution happens in the
+/// collective itself; this is how the report reads the shards).
+pub fn gather_shards<T: ArenaElem>(
+    main: &CudaStream,
+    bufs: &WorldBuffers<T>,
+    plan: &[Shard],
+) -> Result<(), GpuError> {
+    for (r, shard) in plan.iter().enumerate().skip(1) {
+        if shard.len == 0 {
+            continue;
+        }
+        let to = bufs.ranks[0].slice(shard.start, shard.len)?;
+        let from = bufs.ranks[r].slice(shard.start, shard.len)?;
+        // SAFETY: the same shard range in two distinct rank arenas of this
+        // context; the round has finished (run_round returns idle).
+        unsafe { copy_d2d(to, from, main)? };
+    }
+    main.synchronize()
+        .map_err(|e| GpuError::driver("synchronizing the shard gather", e))
+}
+
+/// Each rank's own shard hashed where it lies, rank order (an empty shard
+/// hashes to the digest of no bytes).
+pub fn shard_digests<T: ArenaElem>(
+    dev: &Device,
+    reader: &mut Reader,
+    bufs: &WorldBuffers<T>,
+    plan: &[Shard],
+    dtype: Dtype,
+    policy: NanPolicy,
+) -> Result<Vec<crate::digest::Sha256>, GpuError> {
+    plan.iter()
+        .enumerate()
+        .map(|(r, s)| {
+            if s.len == 0 {
+                return Ok(crate::digest::digest_arena_as(&[], dtype, policy));
+            }
+            let view = bufs.ranks[r].slice(s.start, s.len)?;
+            Ok(reader
+                .digest_view(dev, view, dtype, policy, false, false)?
+                .0
+                .sha256)
+        })
+        .collect()
 }
 
 /// Where one arena's digest time went, in ms (`bench` prints it).

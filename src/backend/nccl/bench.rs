@@ -40,6 +40,37 @@ pub struct NcclBenchRow {
     pub allreduce_vs_fixed: Option<u64>,
 }
 
+/// One size of the reduce-scatter benchmark: fixed-order reduce-scatter
+/// next to ncclReduceScatter and the fixed-order all-reduce of the same
+/// arena, on the same buffers.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NcclScatterRow {
+    /// Bytes of one rank's whole arena (`count` elements of `dtype`); each
+    /// rank ends with a shard of about count / W of them.
+    pub bytes: u64,
+    pub count: u64,
+    pub dtype: Dtype,
+    pub world: usize,
+    /// Median milliseconds of one fixed-order reduce-scatter (exchange and
+    /// fold, no redistribution), of one in-place ncclReduceScatter (none
+    /// where W does not divide `count`: NCCL needs equal shards), and of
+    /// one fixed-order all-reduce of the same arena.
+    pub fixed_ms: f64,
+    pub reducescatter_ms: Option<f64>,
+    pub allreduce_ms: f64,
+    /// algbw = bytes / time; busbw = algbw x (W-1)/W, in GB/s.
+    pub fixed_algbw: f64,
+    pub fixed_busbw: f64,
+    pub reducescatter_algbw: Option<f64>,
+    pub reducescatter_busbw: Option<f64>,
+    /// Elements of the fixed-order shards, gathered on rank 0, whose bits
+    /// differ from the CPU oracle's (must be 0); reporting rank only.
+    pub fixed_vs_oracle: Option<u64>,
+    /// Elements of NCCL's shards, gathered on rank 0, whose bits differ
+    /// from fixed-order's: its drift. Reporting rank only.
+    pub reducescatter_vs_fixed: Option<u64>,
+}
+
 /// Elements whose bits differ between `a` and `b` (same length).
 fn differing(a: &[f32], b: &[f32]) -> u64 {
     a.par_chunks(1 << 16)
@@ -139,6 +170,83 @@ impl NcclBackend {
                 fixed_vs_oracle,
                 fixed_ranks_differing,
                 allreduce_vs_fixed,
+            });
+        }
+        Ok(rows)
+    }
+
+    /// Time the fixed-order reduce-scatter next to ncclReduceScatter and
+    /// the fixed-order all-reduce of the same arena, for each length in
+    /// `sizes`, and check the bits of one fresh result of each
+    /// reduce-scatter (its shards gathered to rank 0, outside the timing).
+    pub fn bench_scatter(
+        &mut self,
+        sizes: &[usize],
+        iters: usize,
+        dtype: Dtype,
+    ) -> Result<Vec<NcclScatterRow>, BackendError> {
+        use crate::fold::Collective;
+        let mut rows = Vec::new();
+        let world = self.world.size();
+        for &n in sizes {
+            let id = format!("bench-scatter-{n}");
+            let all_reduce = Case::builder(world, [n])
+                .experiment("bench")
+                .id(&id)
+                .seed(1)
+                .distribution(crate::data::Distribution::MixedMagnitude)
+                .contract(Contract::FixedOrder)
+                .dtype(Some(dtype))
+                .build()
+                .map_err(|e| crate::backend::unsupported(&id, e.to_string()))?;
+            let scatter = all_reduce
+                .to_builder()
+                .collective(Collective::ReduceScatter)
+                .build()
+                .map_err(|e| crate::backend::unsupported(&id, e.to_string()))?;
+            let median = |be: &mut Self, case: &Case| -> Result<f64, BackendError> {
+                let mut times = Vec::with_capacity(iters);
+                for _ in 0..iters {
+                    let outs = be.bench_once(case, n, true)?;
+                    times.push(outs.iter().map(|o| o.reduce_ms).fold(0f64, f64::max));
+                }
+                Ok(crate::bench::median(times))
+            };
+            let gathered = |outs: Vec<RankOut>| outs.into_iter().find_map(|o| o.values);
+            let fixed = gathered(self.bench_once(&scatter, n, false)?);
+            let fixed_ms = median(self, &scatter)?;
+            let nccl = scatter.clone().with_contract(Contract::NcclAllreduce);
+            let (reducescatter_ms, theirs) = if super::control_skip_reason(&nccl).is_none() {
+                let theirs = gathered(self.bench_once(&nccl, n, false)?);
+                (Some(median(self, &nccl)?), theirs)
+            } else {
+                (None, None)
+            };
+            let allreduce_ms = median(self, &all_reduce)?;
+            let fixed_vs_oracle = fixed
+                .as_deref()
+                .and_then(|v| differing_from_oracle(&scatter, v));
+            let reducescatter_vs_fixed = match (&fixed, &theirs) {
+                (Some(f), Some(t)) => Some(differing(f, t)),
+                _ => None,
+            };
+            let bytes = (n * dtype.bytes()) as u64;
+            let factor = (world as f64 - 1.0) / world as f64;
+            let bw = |ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
+            rows.push(NcclScatterRow {
+                bytes,
+                count: n as u64,
+                dtype,
+                world,
+                fixed_ms,
+                reducescatter_ms,
+                allreduce_ms,
+                fixed_algbw: bw(fixed_ms),
+                fixed_busbw: bw(fixed_ms) * factor,
+                reducescatter_algbw: reducescatter_ms.map(bw),
+                reducescatter_busbw: reducescatter_ms.map(|ms| bw(ms) * factor),
+                fixed_vs_oracle,
+                reducescatter_vs_fixed,
             });
         }
         Ok(rows)

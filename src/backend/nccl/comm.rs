@@ -10,8 +10,8 @@
 //! enqueue calls come from the one thread that owns it.
 
 use super::loader::{
-    Nccl, NcclError, RawComm, Stream, UniqueId, NCCL_BFLOAT16, NCCL_FLOAT16, NCCL_FLOAT32,
-    NCCL_INVALID_ARGUMENT, NCCL_IN_PROGRESS, NCCL_SUM, NCCL_UINT32,
+    Nccl, NcclError, RawComm, Stream, UniqueId, NCCL_AVG, NCCL_BFLOAT16, NCCL_FLOAT16,
+    NCCL_FLOAT32, NCCL_INVALID_ARGUMENT, NCCL_IN_PROGRESS, NCCL_SUM, NCCL_UINT32,
 };
 use crate::dtype::Dtype;
 use crate::gpu::mem::{DeviceElem, DeviceView};
@@ -261,6 +261,64 @@ impl Comm {
             )
         };
         self.nccl().check(r, "ncclAllReduce")
+    }
+
+    /// Enqueue NCCL's own reduce-scatter over `buf` (W equal shards) in the
+    /// wire dtype, in place: this rank's shard `rank` of `buf` receives
+    /// NCCL's sum (`mean`: `ncclAvg`, FSDP2's default op) of every rank's
+    /// copy of it. Its order and roundings are NCCL's.
+    ///
+    /// # Safety
+    /// As for [`Comm::recv`].
+    pub unsafe fn reduce_scatter<T: NcclElem>(
+        &self,
+        buf: DeviceView<'_, T>,
+        rank: usize,
+        world: usize,
+        wire: Dtype,
+        mean: bool,
+        stream: &CudaStream,
+    ) -> Result<(), NcclError> {
+        let invalid = |text: String| NcclError {
+            op: "ncclReduceScatter".to_string().into(),
+            code: NCCL_INVALID_ARGUMENT,
+            text,
+            detail: None,
+        };
+        if wire.bytes() != size_of::<T>() {
+            return Err(invalid(format!(
+                "a {wire} reduce-scatter over {}-byte elements",
+                size_of::<T>()
+            )));
+        }
+        if world == 0 || !buf.len().is_multiple_of(world) || rank >= world {
+            return Err(invalid(format!(
+                "{} elements do not split into {world} equal shards (rank {rank})",
+                buf.len()
+            )));
+        }
+        let count = buf.len() / world;
+        let (p, _) = raw(buf);
+        let mine = buf
+            .slice(rank * count, count)
+            .map_err(|e| invalid(e.to_string()))?;
+        let (q, _) = raw(mine);
+        let op = if mean { NCCL_AVG } else { NCCL_SUM };
+        // SAFETY: per the contract above; `buf` holds `world * count`
+        // elements of `wire` and the receive is its own shard, NCCL's
+        // in-place form (recvbuff = sendbuff + rank * recvcount).
+        let r = unsafe {
+            (self.nccl().reduce_scatter)(
+                p,
+                q,
+                count,
+                wire_type(wire),
+                op,
+                self.shared.raw,
+                stream.cu_stream() as Stream,
+            )
+        };
+        self.nccl().check(r, "ncclReduceScatter")
     }
 
     /// The communicator's asynchronous error, if it has one (a peer died,

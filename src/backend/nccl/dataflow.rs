@@ -17,7 +17,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub(super) struct RankOut {
+    /// This rank's copy of the arena (of a reduce-scatter: its own shard).
     pub(super) digest: crate::digest::ChunkedDigest,
+    /// A reduce-scatter on rank 0: the shards gathered in rank order.
+    pub(super) gathered: Option<crate::digest::ChunkedDigest>,
+    /// A reduce-scatter's own shard, when this rank checks its own
+    /// `expect` file.
+    pub(super) own_shard: Option<Vec<f32>>,
     pub(super) values: Option<Vec<f32>>,
     pub(super) generate_ms: f64,
     pub(super) reduce_ms: f64,
@@ -242,6 +248,7 @@ fn rank_arena_in<T: RankElem>(
         T::unwrap(&ctx.bufs[&n]).ok_or_else(|| infra("arena", "buffers of another dtype"))?;
     let (arena, ld) = (bufs.arena.slice(0, n).map_err(gpu("arena"))?, bufs.ld);
     let stream = ctx.stream.clone();
+    let scatter = !job.case.collective().is_all_reduce();
     let t0 = Instant::now();
     if !job.timing_only {
         match job.case.addends() {
@@ -289,7 +296,23 @@ fn rank_arena_in<T: RankElem>(
         let comm = &ctx.comm;
         let at = |s: &Shard| arena.slice(s.start, s.len);
         let mut phases = Vec::new();
-        if job.case.contract() == Contract::NcclAllreduce {
+        if job.case.contract() == Contract::NcclAllreduce && scatter {
+            // NCCL's own reduce-scatter (the backend skipped an arena W does
+            // not divide): its shard r is the plan's shard r, in place.
+            if (my.start, my.len) != (me * (n / world), n / world) {
+                return Err(infra(
+                    "nccl-reducescatter",
+                    format!("NCCL's shard {me} of {n} elements over W = {world} is not the plan's"),
+                ));
+            }
+            if n > 0 {
+                // SAFETY: the arena of this rank's context; the stream is
+                // waited for before the arena is read or reused.
+                unsafe { comm.reduce_scatter(arena, me, world, dtype, job.case.mean(), &stream) }
+                    .map_err(gpu("nccl-reducescatter"))?;
+                phases.push((mark(&stream, "nccl-reducescatter")?, "nccl-reducescatter"));
+            }
+        } else if job.case.contract() == Contract::NcclAllreduce {
             // The negative control: NCCL's own sum, in place, in the wire
             // dtype (a bf16 case: ncclBfloat16, as torch.distributed runs it).
             // SAFETY: the arena of this rank's context; the stream is waited
@@ -345,34 +368,40 @@ fn rank_arena_in<T: RankElem>(
                     .map_err(gpu("fold"))?
             };
             phases.push((mark(&stream, "fold")?, "fold"));
-            // Redistribute: my reduced shard to every other rank, every
-            // other owner's shard into its place in my arena. Point-to-point
-            // only, so no NCCL_ALGO setting can refuse or reroute it.
-            let redistribution = comm.group("redistribution", |c| -> Result<(), GpuError> {
-                for (o, s) in plan.iter().enumerate() {
-                    if o == me {
-                        continue;
+            // A reduce-scatter ends with the fold: rank o keeps shard o.
+            if !scatter {
+                // Redistribute: my reduced shard to every other rank, every
+                // other owner's shard into its place in my arena. Point-to-point
+                // only, so no NCCL_ALGO setting can refuse or reroute it.
+                let redistribution = comm.group("redistribution", |c| -> Result<(), GpuError> {
+                    for (o, s) in plan.iter().enumerate() {
+                        if o == me {
+                            continue;
+                        }
+                        if s.len > 0 {
+                            let into = at(s)?;
+                            // SAFETY: owner o's shard of my arena, written by this
+                            // receive alone (no other call touches it); the stream
+                            // is waited for below.
+                            unsafe { c.recv(into, o, &stream)? };
+                        }
+                        if my.len > 0 {
+                            let mine = at(&my)?;
+                            // SAFETY: my reduced shard, only read, not
+                            // overlapping any receive; waited for below.
+                            unsafe { c.send(mine, o, &stream)? };
+                        }
                     }
-                    if s.len > 0 {
-                        let into = at(s)?;
-                        // SAFETY: owner o's shard of my arena, written by this
-                        // receive alone (no other call touches it); the stream
-                        // is waited for below.
-                        unsafe { c.recv(into, o, &stream)? };
-                    }
-                    if my.len > 0 {
-                        let mine = at(&my)?;
-                        // SAFETY: my reduced shard, only read, not
-                        // overlapping any receive; waited for below.
-                        unsafe { c.send(mine, o, &stream)? };
-                    }
-                }
-                Ok(())
-            });
-            redistribution.map_err(gpu("redistribution"))?;
-            phases.push((mark(&stream, "redistribution")?, "redistribution"));
+                    Ok(())
+                });
+                redistribution.map_err(gpu("redistribution"))?;
+                phases.push((mark(&stream, "redistribution")?, "redistribution"));
+            }
         }
         await_phases(ctx, &phases, dog)?;
+    }
+    if scatter {
+        return finish_scatter(ctx, job, &bufs, &plan, generate_ms, t1, dog, timeout);
     }
     let reduce_ms = t1.elapsed().as_secs_f64() * 1e3;
     let keep = job.opts.keep_values && me == 0;
@@ -397,6 +426,108 @@ fn rank_arena_in<T: RankElem>(
     };
     Ok(RankOut {
         digest,
+        gathered: None,
+        own_shard: None,
+        values,
+        generate_ms,
+        reduce_ms,
+        digest_ms: t2.elapsed().as_secs_f64() * 1e3,
+    })
+}
+
+/// A reduce-scatter's end on one rank, once the timed collective is done:
+/// hash my own shard where it lies, then (outside the timing) send it to
+/// rank 0, which receives every shard into its place in its arena and
+/// hashes the gathered arena whole and per chunk. Point-to-point only.
+#[allow(clippy::too_many_arguments)]
+fn finish_scatter<T: RankElem>(
+    ctx: &mut RankCtx,
+    job: &ArenaJob<'_>,
+    bufs: &RankBufs<T>,
+    plan: &[Shard],
+    generate_ms: f64,
+    t1: Instant,
+    dog: &Watchdog,
+    timeout: Duration,
+) -> Result<RankOut, Fault> {
+    let reduce_ms = t1.elapsed().as_secs_f64() * 1e3;
+    let (n, world, me) = (job.n, job.world, ctx.rank);
+    if job.timing_only {
+        return Ok(RankOut {
+            digest: Default::default(),
+            gathered: None,
+            own_shard: None,
+            values: None,
+            generate_ms,
+            reduce_ms,
+            digest_ms: 0.0,
+        });
+    }
+    let (dtype, policy) = (job.case.dtype(), job.opts.nan_policy);
+    let t2 = Instant::now();
+    let my = plan[me];
+    let arena = bufs.arena.slice(0, n).map_err(gpu("shard gather"))?;
+    let keep_own = job.case.expect_own().is_some();
+    let (digest, own_shard) = if my.len == 0 {
+        (
+            crate::digest::digest_chunked(&[], policy),
+            keep_own.then(Vec::new),
+        )
+    } else {
+        let view = arena.slice(my.start, my.len).map_err(gpu("digest"))?;
+        ctx.reader
+            .digest_view(&ctx.dev, view, dtype, policy, keep_own, false)
+            .map_err(gpu("digest"))?
+    };
+    if world > 1 && n > 0 {
+        let phase = "shard gather";
+        let _g = dog.guard(
+            &format!(
+                "case `{}` arena {} shard gather on rank {me}",
+                job.case.id(),
+                job.arena
+            ),
+            timeout,
+        );
+        let stream = ctx.stream.clone();
+        let calls = ctx.comm.group(phase, |c| -> Result<(), GpuError> {
+            if me == 0 {
+                for (r, s) in plan.iter().enumerate().skip(1).filter(|(_, s)| s.len > 0) {
+                    let into = arena.slice(s.start, s.len)?;
+                    // SAFETY: rank r's shard of my arena, written by this
+                    // receive alone; the stream is waited for below.
+                    unsafe { c.recv(into, r, &stream)? };
+                }
+            } else if my.len > 0 {
+                let mine = arena.slice(my.start, my.len)?;
+                // SAFETY: my reduced shard, only read; waited for below.
+                unsafe { c.send(mine, 0, &stream)? };
+            }
+            Ok(())
+        });
+        calls.map_err(gpu(phase))?;
+        let ev = mark(&stream, phase)?;
+        await_phases(ctx, &[(ev, phase)], dog)?;
+    }
+    let keep = job.opts.keep_values && me == 0;
+    let (gathered, values) = if me != 0 {
+        (None, None)
+    } else if n == 0 {
+        (
+            Some(crate::digest::digest_chunked(&[], policy)),
+            keep.then(Vec::new),
+        )
+    } else {
+        let (d, v) = ctx
+            .reader
+            .digest_view(&ctx.dev, arena, dtype, policy, keep, true)
+            .map_err(gpu("digest"))?;
+        (Some(d), v)
+    };
+    Ok(RankOut {
+        digest,
+        gathered,
+        own_shard,
         values,
         generate_ms,
         reduce_ms,

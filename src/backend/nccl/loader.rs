@@ -23,6 +23,8 @@ pub const NCCL_BFLOAT16: c_int = 9;
 /// `ncclInvalidArgument`.
 pub const NCCL_INVALID_ARGUMENT: c_int = 4;
 pub const NCCL_SUM: c_int = 0;
+/// `ncclAvg` (since NCCL 2.10): the sum divided by W, NCCL's way.
+pub const NCCL_AVG: c_int = 4;
 pub const NCCL_IN_PROGRESS: c_int = 7;
 
 /// `ncclUniqueId`: 128 opaque bytes.
@@ -52,6 +54,15 @@ pub struct Nccl {
     pub(super) send: Send,
     pub(super) recv: Recv,
     pub(super) all_reduce: unsafe extern "C" fn(
+        *const c_void,
+        *mut c_void,
+        usize,
+        c_int,
+        c_int,
+        RawComm,
+        Stream,
+    ) -> NcclResult,
+    pub(super) reduce_scatter: unsafe extern "C" fn(
         *const c_void,
         *mut c_void,
         usize,
@@ -219,6 +230,7 @@ impl Nccl {
             send: sym!(b"ncclSend\0"),
             recv: sym!(b"ncclRecv\0"),
             all_reduce: sym!(b"ncclAllReduce\0"),
+            reduce_scatter: sym!(b"ncclReduceScatter\0"),
             group_start: sym!(b"ncclGroupStart\0"),
             group_end: sym!(b"ncclGroupEnd\0"),
             // SAFETY: the type matches NCCL's public C prototype.

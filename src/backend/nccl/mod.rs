@@ -138,6 +138,9 @@ pub struct NcclBackend {
     comms: Arc<Mutex<Vec<AbortHandle>>>,
     /// NCCL's log, when this process routed it (see `facts::OwnLog`).
     log: Option<facts::OwnLog>,
+    /// This process's rank's own shard of each arena of the current round
+    /// (a reduce-scatter that checks each rank's own `expect` file).
+    own_shards: Vec<Vec<f32>>,
 }
 
 fn unavailable(reason: impl std::fmt::Display) -> BackendError {
@@ -204,6 +207,7 @@ impl NcclBackend {
             watchdog,
             comms,
             log,
+            own_shards: Vec::new(),
         };
         let started = if world.env().is_some() {
             backend.init_process(world)
@@ -347,7 +351,7 @@ impl Backend for NcclBackend {
                 "version": format!("{}.{}.{}", self.version.0, self.version.1, self.version.2),
                 "opened": self.nccl.opened,
             },
-            "dataflow": "exchange, redistribution and digest gather are ncclSend/ncclRecv only: NCCL_ALGO and NCCL_PROTO select nothing on the fixed-order path",
+            "dataflow": "exchange, redistribution, a reduce-scatter's shard gather and the digest gather are ncclSend/ncclRecv only: NCCL_ALGO and NCCL_PROTO select nothing on the fixed-order path",
             "rank_check": "every rank reads back and hashes its own copy on its host; the 32-byte digests are gathered to rank 0",
             "emulated_hosts": facts::emulated_hosts(),
             "transport": facts::transport_from_log(),
@@ -372,14 +376,36 @@ impl Backend for NcclBackend {
                 self.world.size()
             ));
         }
-        if case.contract() == Contract::NcclAllreduce && case.mean() {
-            return Some("nccl-allreduce has no mean variant".into());
-        }
-        super::scatter_on_cpu_only(case)
+        control_skip_reason(case)
     }
 
     fn platform_facts(&self) -> serde_json::Map<String, serde_json::Value> {
         super::gpu_platform_facts()
+    }
+
+    /// Lengths first, then every rank's bytes padded to the longest.
+    fn gather_bytes(&mut self, case: &Case, mine: &[u8]) -> Result<Vec<Vec<u8>>, BackendError> {
+        let fault = |e: dataflow::Fault| e.into_backend(case.id());
+        let lens = self
+            .all_gather("gather lengths", &[mine.len() as u32])
+            .map_err(fault)?;
+        let longest = lens.iter().map(|l| l[0] as usize).max().unwrap_or(0);
+        let mut padded = mine.to_vec();
+        padded.resize(longest.next_multiple_of(4), 0);
+        let words: Vec<u32> = padded
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let all = self.all_gather("gather", &words).map_err(fault)?;
+        Ok(all
+            .iter()
+            .zip(&lens)
+            .map(|(w, l)| {
+                let mut bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+                bytes.truncate(l[0] as usize);
+                bytes
+            })
+            .collect())
     }
 
     fn run_case(&mut self, case: &Case, opts: &RunOptions) -> Result<CaseRun, BackendError> {
@@ -393,6 +419,7 @@ impl Backend for NcclBackend {
             super::fold_program(case)?
         };
         let mut run = super::repeat_rounds(case.rounds(), || {
+            self.own_shards.clear();
             let start = Instant::now();
             let mut t = RoundTimings::default();
             let mut arenas = Vec::new();
@@ -430,6 +457,13 @@ impl Backend for NcclBackend {
                         timeout,
                     )
                 });
+                if !case.collective().is_all_reduce() {
+                    let arena = self
+                        .scattered_arena(n, outs, &mut t)
+                        .map_err(|e| e.into_backend(case.id()))?;
+                    arenas.push(arena);
+                    continue;
+                }
                 let mut chunks = Vec::new();
                 let mut mine = Vec::new();
                 // Digest time: the slowest rank's hashing, then the gather.
@@ -469,11 +503,111 @@ impl Backend for NcclBackend {
         if let (Some(files), Some(_)) = (case.files(), self.world.env()) {
             run.sensitivity = Some(self.gathered_sensitivity(case, files)?);
         }
+        if case.expect_own().is_some() {
+            run.own_shards = Some(std::mem::take(&mut self.own_shards));
+        }
         Ok(run)
     }
 }
 
+/// Why NCCL's own collective (contract `nccl-allreduce`) cannot run
+/// `case`: its all-reduce has no mean variant, and `ncclReduceScatter`
+/// needs W equal shards, so every arena length must be a multiple of W.
+pub(crate) fn control_skip_reason(case: &Case) -> Option<String> {
+    if case.contract() != Contract::NcclAllreduce {
+        return None;
+    }
+    let world = case.world();
+    if case.collective().is_all_reduce() {
+        return case
+            .mean()
+            .then(|| "nccl-allreduce has no mean variant".into());
+    }
+    let (a, n) = case
+        .arenas()
+        .iter()
+        .enumerate()
+        .find(|(_, &n)| world == 0 || !n.is_multiple_of(world))?;
+    Some(format!(
+        "ncclReduceScatter needs equal shards: arena {a} has n = {n}, not a multiple of W = {world}"
+    ))
+}
+
 impl NcclBackend {
+    /// A reduce-scatter's arena from this process's ranks' outputs: every
+    /// rank's shard digest and rank 0's gathered digest, moved between
+    /// processes as 64 bytes a rank (point-to-point, like the reduction).
+    fn scattered_arena(
+        &mut self,
+        n: usize,
+        outs: Vec<Result<dataflow::RankOut, dataflow::Fault>>,
+        t: &mut RoundTimings,
+    ) -> Result<ReducedArena, dataflow::Fault> {
+        let mut mine = Vec::new();
+        let mut gathered = None;
+        let mut values = None;
+        let mut chunks = Vec::new();
+        let mut ranks_digest_ms = 0f64;
+        for o in outs {
+            let o = o?;
+            t.generate_ms = t.generate_ms.max(o.generate_ms);
+            t.reduce_ms = t.reduce_ms.max(o.reduce_ms);
+            ranks_digest_ms = ranks_digest_ms.max(o.digest_ms);
+            mine.push(o.digest.sha256);
+            if let Some(g) = o.gathered {
+                gathered = Some(g.sha256);
+                chunks = g.chunks;
+            }
+            if o.values.is_some() {
+                values = o.values;
+            }
+            if let Some(v) = o.own_shard {
+                self.own_shards.push(v);
+            }
+        }
+        let d = Instant::now();
+        let (shard_digests, gathered) = if self.world.env().is_none() {
+            let g = gathered
+                .ok_or_else(|| dataflow::infra("shard gather", "rank 0 gave no gathered digest"))?;
+            (mine, g)
+        } else {
+            // [my shard digest, rank 0's gathered digest (zeros elsewhere)].
+            let mut words: Vec<u32> = Vec::with_capacity(16);
+            for d in [
+                mine.first().copied().unwrap_or_default(),
+                gathered.unwrap_or_default(),
+            ] {
+                words.extend(
+                    d.as_bytes()
+                        .chunks_exact(4)
+                        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                );
+            }
+            let all = self.all_gather("digest gather", &words)?;
+            let sha = |w: &[u32]| {
+                let mut bytes = [0u8; 32];
+                for (out, v) in bytes.chunks_exact_mut(4).zip(w) {
+                    out.copy_from_slice(&v.to_le_bytes());
+                }
+                crate::digest::Sha256::from_bytes(bytes)
+            };
+            let shards = all.iter().map(|w| sha(&w[..8])).collect();
+            (shards, sha(&all[0][8..16]))
+        };
+        t.digest_ms += ranks_digest_ms + d.elapsed().as_secs_f64() * 1e3;
+        Ok(ReducedArena {
+            len: n,
+            rank_digests: Vec::new(),
+            scattered: Some(crate::result::Scattered {
+                shard_digests,
+                gathered,
+            }),
+            chunks,
+            values,
+            differing: Vec::new(),
+        })
+    }
+
     /// The order sensitivity of a case of rank files, each rank sampling
     /// its own file and rank 0 folding the gathered samples.
     fn gathered_sensitivity(
