@@ -257,14 +257,19 @@ class StepVerdict:
         oracle) are absent."""
         order: List[Tuple[int, Optional[str]]] = []
         per: Dict[Tuple[int, Optional[str]], Dict[str, ArenaVerdict]] = {}
+        ranks: Dict[Tuple[int, Optional[str]], Dict[str, Tuple[ArenaVerdict, ...]]] = {}
         for c in self.cases:
-            for a in c.arenas:
+            for i, a in enumerate(c.arenas):
                 k = (a.index, a.name)
                 if k not in per:
                     order.append(k)
-                    per[k] = {}
-                per[k].setdefault(c.contract, a)
-        return tuple(TensorVerdict(index=k[0], name=k[1], contracts=per[k]) for k in order)
+                    per[k], ranks[k] = {}, {}
+                if c.contract not in per[k]:
+                    per[k][c.contract] = a
+                    if c.rank_arenas:
+                        ranks[k][c.contract] = tuple(r[i] for r in c.rank_arenas)
+        return tuple(TensorVerdict(index=k[0], name=k[1], contracts=per[k], ranks=ranks[k])
+                     for k in order)
 
     def tensor(self, name: str) -> "TensorVerdict":
         for t in self.tensors:
@@ -280,6 +285,9 @@ class TensorVerdict:
     index: int
     name: Optional[str]
     contracts: Dict[str, ArenaVerdict]
+    # A reduce-scatter compared per rank: each contract's verdict on every
+    # rank's shard of this tensor, in rank order (`contracts` sums them).
+    ranks: Dict[str, Tuple[ArenaVerdict, ...]] = field(default_factory=dict)
 
     @property
     def matches(self) -> Tuple[str, ...]:

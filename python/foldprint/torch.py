@@ -10,7 +10,7 @@ DDP's buckets in foldprint's fixed order.
   each bucket exactly as DDP does without a hook (the bucket scaled by 1/W,
   then an all-reduce SUM), and on the listed steps saves every bucket's
   input as reduced and its all-reduced output, with an experiment per step.
-- `fixed_order_hook` reduces each bucket in foldprint's fixed order
+- `fixed_order(ddp_model)` (or `fixed_order_hook`) reduces each bucket in foldprint's fixed order
   (docs/SPEC.md §2-§3): an all-to-all of the §2 shards, a float32 fold over
   source ranks 0..W-1, one rounding to the bucket's dtype, an all-gather.
 - `record_fsdp(model, out_dir, steps)` records the reduce-scatter of every
@@ -45,6 +45,7 @@ __all__ = [
     "DDPRecorder",
     "FSDPRecorder",
     "FixedOrderState",
+    "fixed_order",
     "fixed_order_all_reduce",
     "fixed_order_hook",
     "load_safetensors",
@@ -407,6 +408,19 @@ class FixedOrderState(DDPRecorder):
         super().__init__(record_to if record_to is not None else ".", steps if record_to else (),
                          group=process_group, prescale=prescale, contracts=contracts,
                          kind="fixed-order", names=_param_names(ddp_model) if ddp_model else None)
+
+
+def fixed_order(ddp_model, *, record_to: Optional[PathLike] = None, steps: Iterable[int] = (),
+                process_group=None, prescale: str = "builtin",
+                contracts: Sequence[str] = DEFAULT_CONTRACTS) -> FixedOrderState:
+    """Make `ddp_model` reduce in foldprint's fixed order (`fixed_order_hook`)
+    and, with `record_to`, record the listed steps as `record` does (the
+    expect file then holds the fixed-order result). DDP takes one comm
+    hook: use this instead of `record`, not with it."""
+    state = FixedOrderState(process_group=process_group, prescale=prescale, record_to=record_to,
+                            steps=steps, contracts=contracts, ddp_model=ddp_model)
+    ddp_model.register_comm_hook(state, fixed_order_hook)
+    return state
 
 
 def fixed_order_hook(state, bucket):

@@ -254,6 +254,10 @@ def test_fsdp_recorder_shards_are_fsdps_and_check_gives_a_verdict_per_rank(fsdp_
                 assert arena.len == n // world
                 mine = want[r * (n // world):(r + 1) * (n // world)]
                 assert arena.differing == differing(mine, shard), f"step {step} {name} rank {r}"
+                assert verdict.tensor(name).ranks["fixed-order"][r] == arena
+            merged = verdict.tensor(name).contracts["fixed-order"]
+            assert merged.len == n and merged.differing == differing(want, torch.cat(
+                [outs[r][0][name] for r in range(world)]))
         # The output shards are the gradients FSDP left on each rank.
         for r in range(world):
             local = grads(out, "fsdp", step, r)

@@ -61,9 +61,7 @@ def ddp(rank, world, out, dtype):
         "torch_hook": lambda m: m.register_comm_hook(None, allreduce_hook),
         "recorded": lambda m: fpt.record(m, out / "ddp", steps=range(STEPS)),
         "recorded_divide": lambda m: fpt.record(m, out / "ddp_divide", steps=[0], prescale="divide"),
-        "fixed": lambda m: m.register_comm_hook(
-            fpt.FixedOrderState(record_to=out / "fixed", steps=range(STEPS), ddp_model=m),
-            fpt.fixed_order_hook),
+        "fixed": lambda m: fpt.fixed_order(m, record_to=out / "fixed", steps=range(STEPS)),
     }
     for name, setup in variants.items():
         model = DDP(convnet().to(dtype), bucket_cap_mb=2048 / 2**20)
@@ -102,8 +100,9 @@ def fsdp(rank, world, out):
         local = {n: p.grad._local_tensor.detach().clone() for n, p in model.named_parameters()}
         fpt.save_safetensors(out / f"grads_fsdp_step{step}_rank{rank}.safetensors", local)
         opt.step()
-    rec.close()
+    # Each step was written at the end of its own backward, before close().
     assert [d.name for d in rec.written] == [f"step{k}" for k in range(STEPS)], rec.written
+    rec.close()
 
 
 def uneven(rank, world, out):
