@@ -279,3 +279,20 @@ def test_the_cli_gets_torchs_nccl_when_torch_is_imported(monkeypatch):
     assert _cli._child_env()["FOLDPRINT_NCCL_LIBRARY"] == str(lib)
     monkeypatch.setenv("FOLDPRINT_NCCL_LIBRARY", "/elsewhere/libnccl.so.2")
     assert _cli._child_env() is None, "a library the user named is left alone"
+
+
+# --- safetensors without the safetensors package ------------------------------------------------
+
+def test_safetensors_files_are_the_formats(tmp_path):
+    st = pytest.importorskip("safetensors.torch")
+    t = {"a": torch.randn(5, 3).bfloat16(), "b": torch.randn(7), "c": torch.zeros(0).half(),
+         "d": torch.tensor([-0.0, float("nan"), float("inf"), 1e-45])}
+    fpt.save_safetensors(tmp_path / "ours.safetensors", t, {"a": "meta"})
+    theirs = st.load_file(str(tmp_path / "ours.safetensors"))
+    assert theirs.keys() == t.keys() and all(same_bits(t[k], theirs[k]) for k in t)
+    st.save_file(t, str(tmp_path / "theirs.safetensors"), {"k": "v"})
+    back, meta = fpt.load_safetensors(tmp_path / "theirs.safetensors")
+    assert meta == {"k": "v"} and all(same_bits(t[k], back[k]) for k in t)
+    with pytest.raises(ValueError, match="f32, bf16 and f16"):
+        fpt.save_safetensors(tmp_path / "f64.safetensors", {"x": torch.zeros(2, dtype=torch.float64)})
+    assert not (tmp_path / "f64.safetensors").exists()
