@@ -11,10 +11,11 @@ MLP) with DDP and FSDP2 and checks:
       give foldprint's nccl-allreduce (run with PyTorch's own libnccl, which
       the package hands the CLI) equal to DDP's result bit for bit, and
       fixed-order on NCCL equal to the CPU oracle's;
-  (b) the fixed-order hook's gradients are identical under default NCCL and
-      under NCCL_PROTO=LL, and equal foldprint's fixed-order of its recorded
-      buckets; the default reduction's gradients under both are compared
-      too (the negative control: they should differ);
+  (b) the fixed-order hook's gradients are identical under default NCCL,
+      under NCCL_PROTO=LL and under NCCL_ALGO=allreduce:tree, and equal
+      foldprint's fixed-order of its recorded buckets; the default
+      reduction's gradients under each are compared too (the negative
+      control: they should differ);
   (c) the time per training step of the fixed-order hook against DDP's
       default (emulated hosts: loopback sockets, not a bandwidth result);
   (d) the FSDP2 recorder's output shards against the reduce-scatter
@@ -216,6 +217,7 @@ def main():
     ap.add_argument("--dtypes", nargs="+", choices=DTYPES, default=["f32"])
     ap.add_argument("--timed-steps", type=int, default=10)
     ap.add_argument("--out", type=Path, default=Path("/tmp/foldprint-torch-check"))
+    ap.add_argument("--no-tree", action="store_true", help="skip the NCCL_ALGO=allreduce:tree run")
     ap.add_argument("--smoke-cpu", action="store_true",
                     help="run the script's logic on gloo/CPU, without the NCCL checks")
     args = ap.parse_args()
@@ -240,12 +242,17 @@ def main():
         for world in args.worlds:
             tag = f"W={world} {dtype}"
             out, ll = args.out / f"w{world}-{dtype}", args.out / f"w{world}-{dtype}-LL"
-            for d in (out, ll):
+            tree = args.out / f"w{world}-{dtype}-tree"
+            for d in (out, ll, tree):
                 subprocess.run(["rm", "-rf", str(d)], check=True)
                 d.mkdir(parents=True)
             t0 = time.time()
             torchrun(world, out, "all", dtype, args.timed_steps, smoke=args.smoke_cpu)
             torchrun(world, ll, "ll", dtype, args.timed_steps, env={"NCCL_PROTO": "LL"}, smoke=args.smoke_cpu)
+            if not args.no_tree:
+                # Per collective: a global NCCL_ALGO=Tree leaves Broadcast without an algorithm.
+                torchrun(world, tree, "ll", dtype, args.timed_steps, env={"NCCL_ALGO": "allreduce:tree"},
+                         smoke=args.smoke_cpu)
             info = json.loads((out / "worker.json").read_text())
             print(f"{tag}: trained in {time.time() - t0:.0f} s on {info['card']}, torch {info['torch']}, "
                   f"NCCL {info['nccl']}", flush=True)
@@ -280,6 +287,12 @@ def main():
             row(f"{tag} (b) default default vs LL", None,
                 f"{plain_ll} gradient elements differ" + ("" if plain_ll else
                                                           ": the negative control did not move here"))
+            if not args.no_tree:
+                fixed_tree = grads_differing(torch, load, out, tree, ("fixed", "fixed"), world)
+                row(f"{tag} (b) fixed hook default==tree", fixed_tree == 0,
+                    f"{fixed_tree} gradient elements differ (NCCL_ALGO=allreduce:tree)")
+                plain_tree = grads_differing(torch, load, out, tree, ("plain", "plain"), world)
+                row(f"{tag} (b) default default vs tree", None, f"{plain_tree} gradient elements differ")
 
             # (c) timing
             t = info["timing_ms"]
