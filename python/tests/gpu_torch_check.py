@@ -279,6 +279,19 @@ def main():
             # (b) the fixed-order hook
             fixed_ll = grads_differing(torch, load, out, ll, ("fixed", "fixed"), world)
             row(f"{tag} (b) fixed hook default==LL", fixed_ll == 0, f"{fixed_ll} gradient elements differ")
+            unequal = 0
+            for step in range(STEPS):
+                reduced, meta = load(out / "fixed" / f"step{step}" / "allreduced.safetensors")
+                for r in range(world):
+                    g = load_grads(load, out, "fixed", step, r)
+                    for name, flat in reduced.items():
+                        m, at = json.loads(meta[name]), 0
+                        for p, shape in zip(m["params"], m["shapes"]):
+                            n = int(torch.tensor(shape).prod()) if shape else 1
+                            unequal += differing(torch, flat[at:at + n].reshape(shape), g[p])
+                            at += n
+            row(f"{tag} (b) fixed hook grads == its files", unequal == 0,
+                f"{unequal} gradient elements differ from the recorded result")
             fcpu = foldprint.check(out / "fixed")
             fll = foldprint.check(ll / "fixed")
             row(f"{tag} (b) fixed hook == fixed-order", fcpu.fixed_order and fll.fixed_order,
