@@ -390,10 +390,18 @@ def record(ddp_model, out_dir: PathLike, steps: Iterable[int], *, process_group=
     by 1/W); `"divide"` like `torch.distributed.algorithms.ddp_comm_hooks.
     default_hooks.allreduce_hook` (a division by W). DDP takes one comm hook:
     call this instead of registering another."""
+    _need_ddp(ddp_model, "record")
     state = DDPRecorder(out_dir, steps, group=process_group, prescale=prescale,
                         contracts=contracts, names=_param_names(ddp_model))
     ddp_model.register_comm_hook(state, _recording_allreduce_hook)
     return state
+
+
+def _need_ddp(model, what: str) -> None:
+    if not hasattr(model, "register_comm_hook"):
+        raise TypeError(f"{what} needs a DistributedDataParallel model, not {type(model).__name__}")
+    if not dist.is_initialized():
+        raise RuntimeError(f"{what}: torch.distributed is not initialized (init_process_group)")
 
 
 class FixedOrderState(DDPRecorder):
@@ -417,6 +425,7 @@ def fixed_order(ddp_model, *, record_to: Optional[PathLike] = None, steps: Itera
     and, with `record_to`, record the listed steps as `record` does (the
     expect file then holds the fixed-order result). DDP takes one comm
     hook: use this instead of `record`, not with it."""
+    _need_ddp(ddp_model, "fixed_order")
     state = FixedOrderState(process_group=process_group, prescale=prescale, record_to=record_to,
                             steps=steps, contracts=contracts, ddp_model=ddp_model)
     ddp_model.register_comm_hook(state, fixed_order_hook)

@@ -296,3 +296,16 @@ def test_safetensors_files_are_the_formats(tmp_path):
     with pytest.raises(ValueError, match="f32, bf16 and f16"):
         fpt.save_safetensors(tmp_path / "f64.safetensors", {"x": torch.zeros(2, dtype=torch.float64)})
     assert not (tmp_path / "f64.safetensors").exists()
+
+
+def test_bad_arguments_are_named(tmp_path):
+    with pytest.raises(TypeError, match="DistributedDataParallel model, not Linear"):
+        fpt.record(torch.nn.Linear(2, 2), tmp_path, steps=[0])
+    with pytest.raises(TypeError, match="DistributedDataParallel model, not Linear"):
+        fpt.fixed_order(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="step numbers are integers >= 0"):
+        fpt.DDPRecorder(tmp_path, steps=[0, -1])
+    with pytest.raises(ValueError, match="prescale 'mean'"):
+        fpt.DDPRecorder(tmp_path, steps=[0], prescale="mean")
+    with pytest.raises(ValueError, match="no fully_shard module"):
+        fpt.record_fsdp(torch.nn.Linear(2, 2), tmp_path, steps=[0])
