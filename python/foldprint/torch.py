@@ -412,10 +412,33 @@ class FixedOrderState(DDPRecorder):
 
     def __init__(self, process_group=None, prescale: str = "builtin",
                  record_to: Optional[PathLike] = None, steps: Iterable[int] = (),
-                 contracts: Sequence[str] = DEFAULT_CONTRACTS, ddp_model=None):
+                 contracts: Sequence[str] = DEFAULT_CONTRACTS, ddp_model=None,
+                 side_stream: bool = True):
         super().__init__(record_to if record_to is not None else ".", steps if record_to else (),
                          group=process_group, prescale=prescale, contracts=contracts,
                          kind="fixed-order", names=_param_names(ddp_model) if ddp_model else None)
+        # On CUDA, reduce on a stream of its own, so the backward pass goes
+        # on while a bucket is exchanged (DDP waits for the result at the end
+        # of the backward). False: on the backward's stream.
+        self.side_stream = side_stream
+        self._streams: Dict["torch.device", "torch.cuda.Stream"] = {}
+
+    def stream(self, device) -> "torch.cuda.Stream":
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device=device)
+        return self._streams[device]
+
+
+# The state of `fixed_order_hook` registered with None or a process group.
+_PLAIN_STATES: Dict[int, Tuple[object, FixedOrderState]] = {}
+
+
+def _plain_state(group) -> FixedOrderState:
+    held = _PLAIN_STATES.get(id(group))
+    if held is None or held[0] is not group:
+        held = (group, FixedOrderState(process_group=group))
+        _PLAIN_STATES[id(group)] = held
+    return held[1]
 
 
 def fixed_order(ddp_model, *, record_to: Optional[PathLike] = None, steps: Iterable[int] = (),
@@ -444,19 +467,31 @@ def fixed_order_hook(state, bucket):
     scaled buckets, whatever NCCL's algorithm, protocol or version. `state`
     is a FixedOrderState, a process group, or None (the default group)."""
     if not isinstance(state, FixedOrderState):
-        state = FixedOrderState(process_group=state)
+        state = _plain_state(state)
     if bucket.index() == 0:
         state.begin()
     buf = bucket.buffer()
     _prescale(buf, state.world, state.prescale)
     inp = buf.detach().to("cpu", copy=True) if state.recording else None
+    if buf.is_cuda and state.side_stream:
+        side = state.stream(buf.device)
+        side.wait_stream(torch.cuda.current_stream(buf.device))
+        with torch.cuda.stream(side):
+            out = _fixed_order_bucket(state, bucket, buf, inp)
+            # The future's value is ready on this stream: DDP's wait for it
+            # makes its own stream wait here.
+            return _completed(out)
+    return _completed(_fixed_order_bucket(state, bucket, buf, inp))
+
+
+def _fixed_order_bucket(state: FixedOrderState, bucket, buf, inp):
     fixed_order_all_reduce(buf, group=state.group)
     if inp is not None:
         state.add(f"bucket{bucket.index()}", inp, buf.detach().to("cpu", copy=True),
                   _bucket_meta(state, bucket))
         if bucket.is_last():
             state.finish()
-    return _completed(buf)
+    return buf
 
 
 # --- FSDP2 ----------------------------------------------------------------------------------
