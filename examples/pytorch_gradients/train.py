@@ -1,26 +1,26 @@
-"""Train a small model data-parallel for a few steps and dump, at each step,
-every rank's gradients before the all-reduce and the all-reduced result,
-as foldprint's rank files and `expect` file.
+"""Train a small model with DistributedDataParallel for a few steps and let
+foldprint record, at each step, every rank's gradient buckets as DDP reduces
+them and DDP's all-reduced result.
 
     torchrun --standalone --nproc_per_node 4 train.py --out grads [--emulate-hosts] [--dtype bf16]
 
-Writes, per step k:
+`foldprint.torch.record` registers a DDP comm hook that reduces exactly as
+DDP does without one (each bucket scaled by 1/W, then all-reduced), so the
+training is unchanged, and writes per step k:
 
-    grads/step{k}/rank{r}.safetensors   rank r's gradients (one tensor per parameter)
-    grads/step{k}/allreduced.safetensors what torch.distributed.all_reduce left
-    grads/step{k}/grads.toml            a foldprint experiment over them
+    grads/step{k}/rank{r}.safetensors    rank r's buckets as reduced (bucket0, bucket1, ...)
+    grads/step{k}/allreduced.safetensors what the all-reduce returned
+    grads/step{k}/experiment.toml        world = W, expect = the above,
+                                         contracts fixed-order and nccl-allreduce
 
-The gradients are reduced the way a hand-written data-parallel loop does
-it: one `all_reduce(SUM)` per parameter, then divided by the world size for
-the optimizer step. (DistributedDataParallel all-reduces flat buckets of
-several parameters instead; NCCL splits a bucket differently from a single
-tensor, so dump the bucket if you want to check DDP's own bits.)
+Each bucket is one tensor, NCCL's own message: the nccl-allreduce control
+reduces the same flat buffer DDP did. The bucket's parameter names are in
+the files' metadata.
 
-With --dtype bf16 (or f16) the model, its gradients and the all-reduce are
-in that dtype, as on a model moved with `model.to(torch.bfloat16)`: the rank
-files keep the dtype, so foldprint reduces in it (float32 accumulation,
-one rounding) and its `nccl-allreduce` control runs NCCL's bf16 all-reduce,
-the one PyTorch ran.
+With --dtype bf16 (or f16) the model, its gradients and the buckets are in
+that dtype: the rank files keep it, so foldprint reduces in it (float32
+accumulation, one rounding) and its nccl-allreduce control runs NCCL's bf16
+all-reduce, the one DDP ran.
 
 With --emulate-hosts every rank gets its own NCCL host id (NCCL_HOSTID), so
 ranks sharing one GPU talk over NCCL's network transport as separate
@@ -33,25 +33,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import foldprint.torch
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-
-EXPERIMENT = """\
-# Written by examples/pytorch_gradients/train.py: the gradients of step {step}.
-name = "{name}"
-description = "W = {world} ranks of a {params}-parameter {dtype} MLP, step {step}: is PyTorch's all_reduce the fixed-order sum?"
-
-[defaults]
-# A missing rank file is an error, not a smaller world.
-world = {world}
-
-[[sweep]]
-id = "grads"
-addends = "rank{{rank}}.safetensors"
-expect = "allreduced.safetensors"
-contract = ["fixed-order", "nccl-allreduce"]
-"""
 
 
 def main():
@@ -82,43 +68,22 @@ def main():
         torch.nn.ReLU(),
         torch.nn.Linear(256, 10),
     ).to(device=device, dtype=DTYPES[args.dtype])
+    model = DDP(model, device_ids=[device])
+    foldprint.torch.record(model, args.out, steps=range(args.steps))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     data = torch.Generator(device="cpu").manual_seed(1000 + rank)
-    params = sum(p.numel() for p in model.parameters())
 
-    for step in range(args.steps):
+    for _ in range(args.steps):
         x = torch.randn(args.batch, 784, generator=data).to(device=device, dtype=DTYPES[args.dtype])
         y = torch.randint(0, 10, (args.batch,), generator=data).to(device)
         opt.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-
-        folder = args.out / f"step{step}"
-        folder.mkdir(parents=True, exist_ok=True)
-        named = [(n, p.grad) for n, p in model.named_parameters()]
-        # This rank's addends, before any reduction.
-        save_file(
-            {n: g.detach().contiguous().cpu() for n, g in named},
-            str(folder / f"rank{rank}.safetensors"),
-        )
-        for _, g in named:
-            dist.all_reduce(g, op=dist.ReduceOp.SUM)
-        if rank == 0:
-            save_file(
-                {n: g.detach().contiguous().cpu() for n, g in named},
-                str(folder / "allreduced.safetensors"),
-            )
-            (folder / "grads.toml").write_text(
-                EXPERIMENT.format(
-                    step=step, name=f"pytorch-step{step}", world=world, params=params, dtype=args.dtype
-                )
-            )
-        for _, g in named:
-            g.div_(world)
+        torch.nn.functional.cross_entropy(model(x).float(), y).backward()
         opt.step()
-        dist.barrier()
 
+    dist.barrier()
     if rank == 0:
-        print(f"wrote {args.steps} step(s) of W = {world} gradients ({params} parameters) under {args.out}")
+        params = sum(p.numel() for p in model.parameters())
+        print(f"recorded {args.steps} step(s) of W = {world} gradient buckets ({params} parameters) under {args.out}")
     dist.destroy_process_group()
 
 

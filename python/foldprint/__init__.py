@@ -14,6 +14,7 @@ from ._cli import (
     InfrastructureFailure,
     MissingResource,
     binary,
+    torch_nccl_library,
     version,
 )
 from ._experiment import CONTRACTS, DTYPES, write_experiment
@@ -24,6 +25,7 @@ from ._report import (
     Report,
     Skipped,
     StepVerdict,
+    TensorVerdict,
     check,
     run,
 )
@@ -53,8 +55,10 @@ __all__ = [
     "Report",
     "Skipped",
     "StepVerdict",
+    "TensorVerdict",
     "binary",
     "check",
+    "torch_nccl_library",
     "run",
     "version",
     "write_experiment",

@@ -88,12 +88,52 @@ def binary() -> Path:
     )
 
 
+ENV_NCCL = "FOLDPRINT_NCCL_LIBRARY"
+
+
+def torch_nccl_library() -> Optional[Path]:
+    """The libnccl that PyTorch loaded into this process, when it is
+    imported: the one mapped here (/proc/self/maps), else the wheel's
+    `nvidia/nccl/lib/libnccl.so.2` beside the torch package. None when
+    torch is not imported or has no NCCL. Never imports torch."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                path = line.rstrip("\n").split(None, 5)[-1]
+                if os.path.basename(path).startswith("libnccl.so") and os.path.isfile(path):
+                    return Path(path)
+    except OSError:
+        pass  # not Linux: look beside the package
+    where = getattr(torch, "__file__", None)
+    if where:
+        wheel = Path(where).resolve().parent.parent / "nvidia" / "nccl" / "lib" / "libnccl.so.2"
+        if wheel.is_file():
+            return wheel
+    return None
+
+
+def _child_env() -> Optional[dict]:
+    """The CLI's environment: this one, plus `FOLDPRINT_NCCL_LIBRARY` set to
+    PyTorch's own NCCL when torch is imported here and it is not set, so the
+    `nccl-allreduce` control runs the NCCL the job ran."""
+    if os.environ.get(ENV_NCCL):
+        return None
+    lib = torch_nccl_library()
+    if lib is None:
+        return None
+    return {**os.environ, ENV_NCCL: str(lib)}
+
+
 def _call(args: Sequence[str], verdict_codes=(0,)) -> subprocess.CompletedProcess:
     """Run the binary with `args`; an exit status outside `verdict_codes`
     raises with the CLI's own stderr."""
     command = [str(binary()), *map(str, args)]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              env=_child_env())
     except OSError as e:
         raise FoldprintError(f"cannot start {command[0]}: {e}", command=command) from e
     if done.returncode in verdict_codes:

@@ -9,6 +9,7 @@ from typing import Optional, Sequence, Union
 
 CONTRACTS = ("fixed-order", "pairwise-tree", "arrival-order", "nccl-allreduce")
 DTYPES = ("f32", "bf16", "f16")
+COLLECTIVES = ("all-reduce", "reduce-scatter")
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -52,6 +53,7 @@ def write_experiment(
     dtype: Optional[str] = None,
     tensors: Optional[Sequence[str]] = None,
     mean: bool = False,
+    collective: str = "all-reduce",
     id: str = "grads",
     description: Optional[str] = None,
 ) -> Path:
@@ -60,7 +62,9 @@ def write_experiment(
     `addends` is a path template with `{rank}` (relative to the experiment
     file, as the CLI reads it), e.g. ``"step0/rank{rank}.safetensors"``;
     `expect` the framework's reduced result, compared bit for bit with each
-    contract's. One case per contract. The file is written whole or not at
+    contract's. One case per contract. A `collective = "reduce-scatter"`
+    experiment may name one `expect` file per rank (a template with
+    `{rank}`), each holding that rank's shard. The file is written whole or not at
     all (a temporary file renamed over it).
     """
     if not isinstance(name, str) or not name:
@@ -86,6 +90,8 @@ def write_experiment(
         raise ValueError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
     if not isinstance(mean, bool):
         raise TypeError(f"mean must be a bool, not {mean!r}")
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; one of {', '.join(COLLECTIVES)}")
 
     lines = [f"name = {toml_string(name)}"]
     if description is not None:
@@ -97,6 +103,8 @@ def write_experiment(
         lines.append(f"dtype = {toml_string(dtype)}")
     if mean:
         lines.append("mean = true")
+    if collective != "all-reduce":
+        lines.append(f"collective = {toml_string(collective)}")
     lines += ["", "[[sweep]]", f"id = {toml_string(id)}", f"addends = {toml_string(template)}"]
     if tensors is not None:
         if isinstance(tensors, str):

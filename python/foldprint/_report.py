@@ -49,6 +49,11 @@ class CaseVerdict:
     expect_path: Optional[str]
     equal: Optional[bool]  # None: the case has no `expect`
     arenas: Tuple[ArenaVerdict, ...]
+    collective: str = "all-reduce"
+    # A reduce-scatter compared with one file per rank (`expect_ranks`):
+    # each rank's arenas, element indices within its shard. `arenas` then
+    # sums them per arena (lengths, differing counts, histograms).
+    rank_arenas: Tuple[Tuple[ArenaVerdict, ...], ...] = ()
 
     @property
     def differing(self) -> int:
@@ -106,23 +111,52 @@ class Report:
         return tuple(Skipped(s["key"], s["id"], s["reason"]) for s in self.data.get("skipped", []))
 
 
+def _arenas(block: Dict[str, Any], names: List[str]) -> Tuple[ArenaVerdict, ...]:
+    return tuple(
+        ArenaVerdict(
+            index=a["index"],
+            name=names[a["index"]] if a["index"] < len(names) else None,
+            len=a["len"],
+            differing=a["differing"],
+            max_ulp=a["max_ulp"],
+            ulp_histogram=tuple(a.get("ulp_histogram", ())),
+        )
+        for a in block["arenas"]
+    )
+
+
+def _merged(per_rank: Tuple[Tuple[ArenaVerdict, ...], ...]) -> Tuple[ArenaVerdict, ...]:
+    """Each arena's verdict over every rank's shard of it."""
+    out = []
+    for i, first in enumerate(per_rank[0] if per_rank else ()):
+        parts = [r[i] for r in per_rank]
+        ulps = [p.max_ulp for p in parts if p.max_ulp is not None]
+        width = max(len(p.ulp_histogram) for p in parts)
+        hist = tuple(sum(p.ulp_histogram[k] for p in parts if k < len(p.ulp_histogram))
+                     for k in range(width))
+        out.append(ArenaVerdict(index=first.index, name=first.name, len=sum(p.len for p in parts),
+                                differing=sum(p.differing for p in parts),
+                                max_ulp=max(ulps) if ulps else None, ulp_histogram=hist))
+    return tuple(out)
+
+
 def _case(c: Dict[str, Any]) -> CaseVerdict:
     params = c["params"]
     names = [a["name"] for a in params.get("addends", {}).get("arenas", [])]
     block = c.get("expect")
+    ranks = c.get("expect_ranks")
     arenas: Tuple[ArenaVerdict, ...] = ()
+    rank_arenas: Tuple[Tuple[ArenaVerdict, ...], ...] = ()
+    expect_path: Optional[str] = None
+    equal: Optional[bool] = None
     if block is not None:
-        arenas = tuple(
-            ArenaVerdict(
-                index=a["index"],
-                name=names[a["index"]] if a["index"] < len(names) else None,
-                len=a["len"],
-                differing=a["differing"],
-                max_ulp=a["max_ulp"],
-                ulp_histogram=tuple(a.get("ulp_histogram", ())),
-            )
-            for a in block["arenas"]
-        )
+        arenas = _arenas(block, names)
+        expect_path, equal = block["path"], bool(block["equal"])
+    elif ranks:
+        rank_arenas = tuple(_arenas(r, names) for r in ranks)
+        arenas = _merged(rank_arenas)
+        expect_path = ranks[0]["path"]
+        equal = all(bool(r["equal"]) for r in ranks)
     return CaseVerdict(
         key=c["key"],
         id=c["id"],
@@ -130,25 +164,38 @@ def _case(c: Dict[str, Any]) -> CaseVerdict:
         order=str(params.get("order", "")),
         dtype=params.get("dtype", "f32"),
         world=params["world"],
-        expect_path=None if block is None else block["path"],
-        equal=None if block is None else bool(block["equal"]),
+        expect_path=expect_path,
+        equal=equal,
         arenas=arenas,
+        collective=params.get("collective", "all-reduce"),
+        rank_arenas=rank_arenas,
     )
 
 
 def run(experiment: PathLike, backend: str = "cpu", out: Optional[PathLike] = None,
-        nan_policy: str = "canonical") -> Report:
+        nan_policy: str = "canonical", launch: Optional[int] = None,
+        emulate_hosts: bool = False) -> Report:
     """`foldprint run EXPERIMENT --backend BACKEND`, its report read back.
 
     Exit 0 and 1 are verdicts and return a `Report` (`exit_code` says
     which); exit 2, 3, 4 or a signal raise a `FoldprintError` subclass
     carrying the CLI's stderr. `out` keeps the JSON report at that path;
     without it the report goes to a temporary file, removed after reading.
+    `launch=N` runs it as N rank processes (`foldprint launch -n N`), as
+    `--backend nccl` needs for one process per GPU or, with
+    `emulate_hosts`, N ranks on the GPUs there are.
     """
     with tempfile.TemporaryDirectory(prefix="foldprint-") as tmp:
         dest = Path(out) if out is not None else Path(tmp) / "report.json"
         args = ["run", os.fspath(experiment), "--backend", backend,
                 "--nan-policy", nan_policy, "--out", os.fspath(dest)]
+        if launch is not None:
+            if isinstance(launch, bool) or not isinstance(launch, int) or launch < 1:
+                raise ValueError(f"launch must be a positive number of ranks, not {launch!r}")
+            args = ["launch", "-n", str(launch), *(["--emulate-hosts"] if emulate_hosts else []),
+                    "--", *args]
+        elif emulate_hosts:
+            raise ValueError("emulate_hosts needs launch=N")
         done = _call(args, verdict_codes=(0, 1))
         try:
             with open(dest, encoding="utf-8") as f:
@@ -202,6 +249,55 @@ class StepVerdict:
                 return c
         raise KeyError(f"{self.experiment}: no case of contract {contract!r} was run")
 
+    @property
+    def tensors(self) -> Tuple["TensorVerdict", ...]:
+        """One verdict per tensor (a recorded bucket, or a reduce-scatter's
+        flat input), in report order: each contract's comparison of it with
+        `expect`. Contracts that were skipped (nccl-allreduce on the CPU
+        oracle) are absent."""
+        order: List[Tuple[int, Optional[str]]] = []
+        per: Dict[Tuple[int, Optional[str]], Dict[str, ArenaVerdict]] = {}
+        ranks: Dict[Tuple[int, Optional[str]], Dict[str, Tuple[ArenaVerdict, ...]]] = {}
+        for c in self.cases:
+            for i, a in enumerate(c.arenas):
+                k = (a.index, a.name)
+                if k not in per:
+                    order.append(k)
+                    per[k], ranks[k] = {}, {}
+                if c.contract not in per[k]:
+                    per[k][c.contract] = a
+                    if c.rank_arenas:
+                        ranks[k][c.contract] = tuple(r[i] for r in c.rank_arenas)
+        return tuple(TensorVerdict(index=k[0], name=k[1], contracts=per[k], ranks=ranks[k])
+                     for k in order)
+
+    def tensor(self, name: str) -> "TensorVerdict":
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(f"{self.experiment}: no tensor {name!r} was compared")
+
+
+@dataclass(frozen=True)
+class TensorVerdict:
+    """One tensor of a step against `expect`, per contract."""
+
+    index: int
+    name: Optional[str]
+    contracts: Dict[str, ArenaVerdict]
+    # A reduce-scatter compared per rank: each contract's verdict on every
+    # rank's shard of this tensor, in rank order (`contracts` sums them).
+    ranks: Dict[str, Tuple[ArenaVerdict, ...]] = field(default_factory=dict)
+
+    @property
+    def matches(self) -> Tuple[str, ...]:
+        """The contracts whose result equals `expect` on this tensor."""
+        return tuple(k for k, a in self.contracts.items() if a.equal)
+
+    @property
+    def len(self) -> int:
+        return next(iter(self.contracts.values())).len if self.contracts else 0
+
 
 @dataclass(frozen=True)
 class CheckResult:
@@ -223,10 +319,13 @@ class CheckResult:
         return len(self.steps)
 
 
-def check(directory: PathLike, backend: str = "cpu") -> CheckResult:
+def check(directory: PathLike, backend: str = "cpu", launch: Optional[int] = None,
+          emulate_hosts: bool = False) -> CheckResult:
     """Run every `*.toml` experiment under `directory` (recursively, in path
-    order) and return a verdict per step. A directory with no experiment,
-    or an experiment the CLI refuses, raises."""
+    order) and return a verdict per step (`StepVerdict.tensors`: per tensor
+    or bucket, which contracts equal the framework's result). A directory
+    with no experiment, or an experiment the CLI refuses, raises.
+    `launch` and `emulate_hosts` are `run`'s."""
     root = Path(directory)
     if not root.is_dir():
         raise FoldprintError(f"{root} is not a directory")
@@ -235,7 +334,7 @@ def check(directory: PathLike, backend: str = "cpu") -> CheckResult:
         raise FoldprintError(f"no *.toml experiment under {root}")
     steps = []
     for exp in files:
-        report = run(exp, backend=backend)
+        report = run(exp, backend=backend, launch=launch, emulate_hosts=emulate_hosts)
         steps.append(StepVerdict(experiment=exp, report=report,
                                  cases=report.cases, skipped=report.skipped))
     return CheckResult(tuple(steps))

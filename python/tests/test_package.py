@@ -123,6 +123,23 @@ def test_import_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_foldprint_torch_without_torch_says_what_it_needs():
+    import subprocess
+
+    # sys.modules["torch"] = None makes `import torch` fail, torch installed or not.
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import foldprint\n"
+        "try:\n"
+        "    import foldprint.torch\n"
+        "except ImportError as e:\n"
+        "    assert 'foldprint.torch needs PyTorch' in str(e), e\n"
+        "    print('refused')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "refused"
+
+
 # --- writing experiments --------------------------------------------------------
 
 def test_write_experiment_escapes_strings(tmp_path):
@@ -139,8 +156,19 @@ def test_write_experiment_escapes_strings(tmp_path):
                              "contract": ["fixed-order", "pairwise-tree"]}]
 
 
+def test_write_experiment_of_a_reduce_scatter(tmp_path):
+    tomllib = pytest.importorskip("tomllib")
+    p = foldprint.write_experiment(
+        tmp_path / "rs.toml", name="rs", addends="in{rank}.safetensors", world=4,
+        expect="out{rank}.safetensors", mean=True, collective="reduce-scatter",
+    )
+    doc = tomllib.loads(p.read_text(encoding="utf-8"))
+    assert doc["defaults"] == {"world": 4, "mean": True, "collective": "reduce-scatter"}
+
+
 @pytest.mark.parametrize("bad", [
     dict(addends="rank.npy"),            # no {rank}
+    dict(collective="all-gather"),
     dict(world=0),
     dict(world=True),
     dict(contracts=["fast-order"]),
@@ -289,3 +317,26 @@ def test_a_bad_experiment_raises_with_the_clis_message(tmp_path):
     assert "rank3.npy: not found" in e.value.stderr and "rank3.npy: not found" in str(e.value)
     with pytest.raises(foldprint.BadInput):
         foldprint.check(tmp_path)
+
+
+def test_a_reduce_scatter_gives_a_verdict_per_rank(tmp_path):
+    ranks = rank_addends((1000,), 5)
+    for r, a in enumerate(ranks):
+        np.save(tmp_path / f"in{r}.npy", a)
+    # The docs/SPEC.md §2 plan of 1000 over 3: 334, 333, 333. Rank 1's
+    # framework summed in another order.
+    bounds = [0, 334, 667, 1000]
+    fixed, other = fold(ranks), fold(ranks, OTHER)
+    for r in range(W):
+        src = other if r == 1 else fixed
+        np.save(tmp_path / f"out{r}.npy", src[bounds[r]:bounds[r + 1]])
+    want = differences(fixed[334:667].view(np.uint32), other[334:667].view(np.uint32), 32)
+    assert want[0] > 0
+    exp = foldprint.write_experiment(tmp_path / "rs.toml", name="rs", addends="in{rank}.npy", world=W,
+                                     expect="out{rank}.npy", collective="reduce-scatter")
+    rep = foldprint.run(exp)
+    (case,) = rep.cases
+    assert case.collective == "reduce-scatter" and case.equal is False and rep.exit_code == 1
+    assert [[a.len for a in r] for r in case.rank_arenas] == [[334], [333], [333]]
+    assert [(r[0].differing, r[0].max_ulp) for r in case.rank_arenas] == [(0, None), want, (0, None)]
+    assert (case.arenas[0].len, case.differing, case.max_ulp) == (1000, want[0], want[1])
