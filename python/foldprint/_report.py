@@ -174,7 +174,7 @@ def _case(c: Dict[str, Any]) -> CaseVerdict:
 
 def run(experiment: PathLike, backend: str = "cpu", out: Optional[PathLike] = None,
         nan_policy: str = "canonical", launch: Optional[int] = None,
-        emulate_hosts: bool = False) -> Report:
+        emulate_hosts: bool = False, expect_gate: str = "all") -> Report:
     """`foldprint run EXPERIMENT --backend BACKEND`, its report read back.
 
     Exit 0 and 1 are verdicts and return a `Report` (`exit_code` says
@@ -183,12 +183,16 @@ def run(experiment: PathLike, backend: str = "cpu", out: Optional[PathLike] = No
     without it the report goes to a temporary file, removed after reading.
     `launch=N` runs it as N rank processes (`foldprint launch -n N`), as
     `--backend nccl` needs for one process per GPU or, with
-    `emulate_hosts`, N ranks on the GPUs there are.
+    `emulate_hosts`, N ranks on the GPUs there are. `expect_gate` is
+    `--expect-gate`: `"all"` (a difference from `expect` exits 1), `"none"`
+    (a finding only, so no rank of a launched job exits 1 for it) or
+    contract names such as `"fixed-order"`.
     """
     with tempfile.TemporaryDirectory(prefix="foldprint-") as tmp:
         dest = Path(out) if out is not None else Path(tmp) / "report.json"
         args = ["run", os.fspath(experiment), "--backend", backend,
-                "--nan-policy", nan_policy, "--out", os.fspath(dest)]
+                "--nan-policy", nan_policy, "--out", os.fspath(dest),
+                "--expect-gate", expect_gate]
         if launch is not None:
             if isinstance(launch, bool) or not isinstance(launch, int) or launch < 1:
                 raise ValueError(f"launch must be a positive number of ranks, not {launch!r}")
@@ -325,7 +329,9 @@ def check(directory: PathLike, backend: str = "cpu", launch: Optional[int] = Non
     order) and return a verdict per step (`StepVerdict.tensors`: per tensor
     or bucket, which contracts equal the framework's result). A directory
     with no experiment, or an experiment the CLI refuses, raises.
-    `launch` and `emulate_hosts` are `run`'s."""
+    `launch` and `emulate_hosts` are `run`'s. A step's difference from
+    its `expect` is its verdict, never a failed rank (`--expect-gate none`);
+    gate CI on `CheckResult.fixed_order`."""
     root = Path(directory)
     if not root.is_dir():
         raise FoldprintError(f"{root} is not a directory")
@@ -334,7 +340,8 @@ def check(directory: PathLike, backend: str = "cpu", launch: Optional[int] = Non
         raise FoldprintError(f"no *.toml experiment under {root}")
     steps = []
     for exp in files:
-        report = run(exp, backend=backend, launch=launch, emulate_hosts=emulate_hosts)
+        report = run(exp, backend=backend, launch=launch, emulate_hosts=emulate_hosts,
+                     expect_gate="none")
         steps.append(StepVerdict(experiment=exp, report=report,
                                  cases=report.cases, skipped=report.skipped))
     return CheckResult(tuple(steps))

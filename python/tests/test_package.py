@@ -305,6 +305,11 @@ def test_check_gives_a_verdict_per_step(tmp_path):
     assert not s1.fixed_order and "fixed-order" not in s1.matches
     assert s1.case("fixed-order").differing > 0
     assert result.ok and not result.fixed_order
+    # A finding is no failed run: check never sees exit 1 for it, while a
+    # CI gate on fixed-order does (negative control).
+    assert s1.report.exit_code == 0
+    assert foldprint.run(grads / "step1.toml", expect_gate="fixed-order").exit_code == 1
+    assert foldprint.run(grads / "step0.toml", expect_gate="fixed-order").exit_code == 0
 
 
 def test_a_bad_experiment_raises_with_the_clis_message(tmp_path):

@@ -205,7 +205,7 @@ def test_fixed_order_hook_is_foldprints_fixed_order(ddp_run, tmp_path):
         bits(t)[0] ^= 1
     fpt.save_safetensors(d / "allreduced.safetensors", bumped)
     verdict = foldprint.check(d).steps[0]
-    assert not verdict.fixed_order and verdict.report.exit_code == 1
+    assert not verdict.fixed_order and verdict.report.exit_code == 0, "a finding, never exit 1"
     assert all((a.differing, a.max_ulp) == (1, 1) for t in verdict.tensors
                for a in t.contracts.values())
 
