@@ -156,12 +156,15 @@ FP_FOLD_ENTRY(fp_fold_tree_fast, fp_fold_fast, 2)
 // - N: elements of one row per thread and load: 1 (the edges), 4 (one
 //   8-byte load), 8 (16 bytes) or 16 (two 16-byte loads).
 // - B: rows whose loads are issued before their adds (FP_BATCH above).
+// - AHEAD (fixed order): 1 issues the next batch's loads before this
+//   batch's adds.
 
 // The production shape of every 16-bit entry (fold16_trials.cu measures
 // others beside it).
 constexpr int FP_F16_CONV = 1;
 constexpr int FP_FAST16_N = 8;
 constexpr int FP_FAST16_BATCH = 8;
+constexpr int FP_FAST16_AHEAD = 0;
 
 // N float32 values, and the N raw 16-bit elements they come from (element
 // 2k is the low half of w[k], little-endian; N = 1 uses w[0]'s low half).
@@ -272,12 +275,41 @@ __device__ __forceinline__ void fp_store16(u16* p, const fp_fv<N>& v, u32 dtype)
     }
 }
 
-// fp_fold_at over 16-bit rows: the same modes, adds and order.
-template <int MODE, int DT, int CONV, int N, int B>
+// The fixed-order chain with the next batch's loads issued before this
+// batch's adds (two batches of raw words in registers): the same adds in
+// the same order.
+template <int DT, int CONV, int N, int B>
+__device__ __forceinline__ fp_fv<N> fp_fold_fixed_ahead16(const u16* __restrict__ s, u64 ld,
+                                                          u64 i, u32 world, u32 dtype) {
+    const u16* base = s + i;
+    fp_fv<N> acc = fp_wide16<DT, CONV, N>(fp_raw16<N>(base), dtype);
+    fp_rv<N> cur[B];
+#pragma unroll
+    for (u32 j = 0; j < (u32)B; ++j)
+        if (1 + j < world) cur[j] = fp_raw16<N>(base + (u64)(1 + j) * ld);
+    for (u32 r = 1; r < world; r += B) {
+        fp_rv<N> next[B];
+#pragma unroll
+        for (u32 j = 0; j < (u32)B; ++j)
+            if (r + B + j < world) next[j] = fp_raw16<N>(base + (u64)(r + B + j) * ld);
+#pragma unroll
+        for (u32 j = 0; j < (u32)B; ++j)
+            if (r + j < world) acc = fp_add(acc, fp_wide16<DT, CONV, N>(cur[j], dtype));
+#pragma unroll
+        for (u32 j = 0; j < (u32)B; ++j) cur[j] = next[j];
+    }
+    return acc;
+}
+
+// fp_fold_at over 16-bit rows: the same modes, adds and order (AHEAD: the
+// fixed order through fp_fold_fixed_ahead16).
+template <int MODE, int DT, int CONV, int N, int B, int AHEAD = 0>
 __device__ __forceinline__ fp_fv<N> fp_fold_at16(const u16* __restrict__ s, u64 ld, u64 i,
                                                  u32 world, const u32* __restrict__ prog,
                                                  u32 prog_len, u32 dtype) {
-    if (MODE != 2) {
+    if (MODE == 0 && AHEAD) {
+        return fp_fold_fixed_ahead16<DT, CONV, N, B>(s, ld, i, world, dtype);
+    } else if (MODE != 2) {
         // The batch keeps the raw words, widened as they are added: the
         // registers hold B x N/2 words rather than B x N floats.
         const u16* base = s + i;
@@ -312,14 +344,15 @@ __device__ __forceinline__ fp_fv<N> fp_fold_at16(const u16* __restrict__ s, u64 
 }
 
 // out[i .. i+N) of the fold.
-template <int MODE, int DT, int CONV, int N, int B>
+template <int MODE, int DT, int CONV, int N, int B, int AHEAD = 0>
 __device__ __forceinline__ void fp_fold_elems16(u16* __restrict__ out,
                                                 const u16* __restrict__ s, u64 ld, u64 i,
                                                 u32 world, const u32* __restrict__ prog,
                                                 u32 prog_len, float scale, u32 use_scale,
                                                 u32 dtype) {
     constexpr bool fast = DT == FP_DTYPE_F16 && CONV == 1;
-    fp_fv<N> acc = fp_fold_at16<MODE, DT, fast ? 1 : 0, N, B>(s, ld, i, world, prog, prog_len, dtype);
+    fp_fv<N> acc =
+        fp_fold_at16<MODE, DT, fast ? 1 : 0, N, B, AHEAD>(s, ld, i, world, prog, prog_len, dtype);
     if (use_scale) acc = fp_scale(acc, scale);
     if (fast && fp_any_nan(acc)) {
         // A NaN addend (its payload is the contract's) or inf - inf: the
@@ -345,7 +378,8 @@ __device__ __forceinline__ void fp_fold_seed16(u16* __restrict__ out, const u16*
                                           dtype);
 }
 
-template <int MODE, int DT, int CONV = FP_F16_CONV, int N = FP_FAST16_N, int B = FP_FAST16_BATCH>
+template <int MODE, int DT, int CONV = FP_F16_CONV, int N = FP_FAST16_N, int B = FP_FAST16_BATCH,
+          int AHEAD = FP_FAST16_AHEAD>
 __device__ __forceinline__ void fp_fold_fast16(u16* __restrict__ out, const u16* __restrict__ s,
                                                u64 ld, u64 len, u32 world,
                                                const u32* __restrict__ prog, u32 prog_len,
@@ -359,8 +393,8 @@ __device__ __forceinline__ void fp_fold_fast16(u16* __restrict__ out, const u16*
     u64 tid = (u64)blockIdx.x * (u64)blockDim.x + threadIdx.x;
     u64 stride = (u64)gridDim.x * (u64)blockDim.x;
     for (u64 v = tid; v < nvec; v += stride)
-        fp_fold_elems16<MODE, DT, CONV, N, B>(out, s, ld, head + v * (u64)N, world, prog, prog_len,
-                                              scale, use_scale, dtype);
+        fp_fold_elems16<MODE, DT, CONV, N, B, AHEAD>(out, s, ld, head + v * (u64)N, world, prog,
+                                                     prog_len, scale, use_scale, dtype);
     if (tid < head)
         fp_fold_elems16<MODE, DT, CONV, 1, B>(out, s, ld, tid, world, prog, prog_len, scale,
                                               use_scale, dtype);

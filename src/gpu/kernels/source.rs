@@ -16,8 +16,9 @@ use std::sync::LazyLock;
 
 /// The generator's CUDA C, as written (without the generated `#define`s).
 pub const GENERATOR_CU: &str = include_str!("generate.cu");
-/// The dtype conversions (integer code mirroring `crate::dtype`), placed
-/// before `generate.cu` and `fold.cu`.
+/// The dtype conversions (integer code mirroring `crate::dtype`, and the
+/// hardware's f16 ones for the folds' fast path), placed before
+/// `generate.cu` and `fold.cu`.
 pub const DTYPE_CUH: &str = include_str!("dtype.cuh");
 /// The fold's CUDA C, as written (without the generated `#define`s).
 pub const FOLD_CU: &str = include_str!("fold.cu");
@@ -66,7 +67,7 @@ pub struct Fold16Trial {
 }
 
 /// Every trial kernel, in the order the sweep prints them.
-pub const FOLD16_TRIALS: [Fold16Trial; 7] = [
+pub const FOLD16_TRIALS: [Fold16Trial; 11] = [
     Fold16Trial {
         entry: "fp_fold16_before",
         elems_per_thread: 8,
@@ -94,6 +95,22 @@ pub const FOLD16_TRIALS: [Fold16Trial; 7] = [
     Fold16Trial {
         entry: "fp_fold16_hw_n16_b4",
         elems_per_thread: 16,
+    },
+    Fold16Trial {
+        entry: "fp_fold16_hw_n4_b8_ahead",
+        elems_per_thread: 4,
+    },
+    Fold16Trial {
+        entry: "fp_fold16_hw_n8_b4_ahead",
+        elems_per_thread: 8,
+    },
+    Fold16Trial {
+        entry: "fp_fold16_hw_n4_b4_occ2",
+        elems_per_thread: 4,
+    },
+    Fold16Trial {
+        entry: "fp_fold16_hw_n8_b2_occ2",
+        elems_per_thread: 8,
     },
 ];
 
