@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! cargo run --release --example gpu_diagnostics -- tuning-sweep
+//! cargo run --release --example gpu_diagnostics -- fold16-sweep
 //! cargo run --release --example gpu_diagnostics -- torch-peer-files DIR
 //! cargo run --release --example gpu_diagnostics -- fold-images DIR
 //! ```
@@ -11,6 +12,11 @@
 //! - `tuning-sweep`: the fast fold at 12 launch shapes (256-1024 threads,
 //!   4-64 blocks per SM) and W from 8 to 128, 50 launches each; exits 1 if
 //!   any shape's bits differ from the others'.
+//! - `fold16-sweep`: for bf16 then f16, the 16-bit fold at the bench's
+//!   shapes: the production `seed` and `fast`, every kernel of
+//!   `fold16_trials.cu`, and the D2D copy of the same bytes, 100 launches
+//!   each, with each row's ratio to the copy; exits 1 if any row's bits
+//!   differ from `seed`'s or from the host's sample.
 //! - `torch-peer-files DIR`: the addends and foldprint's reduced arena of
 //!   W = 8, n = 2^25, mixed-magnitude, fixed order (~1 GiB) for
 //!   `bench/torch_peer.py`.
@@ -20,6 +26,7 @@
 
 use foldprint::backend::cuda::CudaBackend;
 use foldprint::data::Distribution;
+use foldprint::dtype::Dtype;
 use foldprint::experiment::{Case, DeliveryOrder};
 use foldprint::fold::Contract;
 use foldprint::gpu::{self, bench, kernels, DeviceConfig, LaunchTuning};
@@ -48,10 +55,12 @@ fn main() -> ExitCode {
         .as_slice()
     {
         ["tuning-sweep"] => tuning_sweep(),
+        ["fold16-sweep"] => fold16_sweep(),
         ["torch-peer-files", dir] => torch_peer_files(PathBuf::from(dir)),
         ["fold-images", dir] => fold_images(PathBuf::from(dir)),
         _ => Err(
-            "usage: gpu_diagnostics tuning-sweep | torch-peer-files DIR | fold-images DIR".into(),
+            "usage: gpu_diagnostics tuning-sweep | fold16-sweep | torch-peer-files DIR | fold-images DIR"
+                .into(),
         ),
     };
     done.unwrap_or_else(|e| {
@@ -97,6 +106,46 @@ fn tuning_sweep() -> Result<ExitCode> {
     }
     Ok(if differ {
         eprintln!("error: a launch shape's bits differ from the others'");
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn fold16_sweep() -> Result<ExitCode> {
+    let mut differ = false;
+    for dtype in [Dtype::Bf16, Dtype::F16] {
+        let cfg = bench::BenchConfig {
+            dtype,
+            fold16_trials: true,
+            ..bench::BenchConfig::default()
+        };
+        let report = bench::bench_fold(&cfg).context(format_args!("{dtype} fold sweep"))?;
+        println!(
+            "{dtype} on {} (NVRTC {}, {})",
+            report.device, report.nvrtc, report.target
+        );
+        for r in &report.rows {
+            let copy = report
+                .rows
+                .iter()
+                .find(|c| (c.world, c.n, c.what.as_str()) == (r.world, r.n, "d2d-copy"))
+                .map_or(f64::NAN, |c| c.effective_tb_s);
+            println!(
+                "{dtype:<5} W={:<3} n={:<9} {:<20} median {:>8.4} ms {:>6.3} TB/s {:>5.3}x copy bits_ok={:?}",
+                r.world,
+                r.n,
+                r.what,
+                r.median_ms,
+                r.effective_tb_s,
+                r.effective_tb_s / copy,
+                r.bits_ok
+            );
+            differ |= r.bits_ok == Some(false);
+        }
+    }
+    Ok(if differ {
+        eprintln!("error: a kernel's bits differ from seed's or the host's");
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS

@@ -8,7 +8,9 @@ use foldprint::backend::{Backend, BackendError, CaseRun, RunOptions};
 use foldprint::data::{Distribution, Lane, ALL_DISTRIBUTIONS};
 use foldprint::digest::NanPolicy;
 use foldprint::experiment::{Case, DeliveryOrder};
-use foldprint::fold::{mean_scale, reference_fixed, Contract, ALL_CONTRACTS};
+use foldprint::fold::{
+    fold_fixed, fold_in_order, fold_pairwise, mean_scale, reference_fixed, Contract, ALL_CONTRACTS,
+};
 use foldprint::gpu::{
     self as cuda, kernels, CompileOptions, DeviceConfig, KernelVariant, LaunchTuning, Target,
 };
@@ -1078,10 +1080,19 @@ use foldprint::dtype::Dtype;
 
 const HALVES: [Dtype; 2] = [Dtype::Bf16, Dtype::F16];
 
-/// How many of `got[j]` differ from `want(first + j)`, and the first such j.
-fn mismatches(got: &[u16], first: u32, want: impl Fn(u32) -> u16 + Sync) -> (usize, Option<usize>) {
+/// How many of `got[j]` differ from `want(first + j)`, and the first such j;
+/// with `skip_nan`, patterns that are a float32 NaN are not compared.
+fn mismatches(
+    got: &[u16],
+    first: u32,
+    skip_nan: bool,
+    want: impl Fn(u32) -> u16 + Sync,
+) -> (usize, Option<usize>) {
     use rayon::prelude::*;
-    let bad = |j: usize| got[j] != want(first.wrapping_add(j as u32));
+    let bad = |j: usize| {
+        let b = first.wrapping_add(j as u32);
+        !(skip_nan && f32::from_bits(b).is_nan()) && got[j] != want(b)
+    };
     let count = (0..got.len()).into_par_iter().filter(|&j| bad(j)).count();
     let at = (0..got.len()).into_par_iter().find_first(|&j| bad(j));
     (count, at)
@@ -1089,31 +1100,53 @@ fn mismatches(got: &[u16], first: u32, want: impl Fn(u32) -> u16 + Sync) -> (usi
 
 /// The device's narrowing of every float32 pattern and widening of every
 /// 16-bit pattern equal the host's `Dtype::narrow` / `Dtype::widen` bit for
-/// bit (NaN payloads, subnormals and ties included). The same comparison
-/// finds a truncating narrowing and a single flipped bit, so it can fail.
+/// bit (NaN payloads, subnormals and ties included): the exact conversions
+/// on every input, and the f16 folds' hardware ones (`hw`, the fast path)
+/// on every non-NaN input, a NaN half widening to a NaN (what the fast
+/// path's NaN check rests on). The same comparison finds a truncating
+/// narrowing and a single flipped bit, so it can fail.
 #[test]
 fn device_conversions_equal_the_hosts_on_every_input() {
     let _g = HEAVY.lock().unwrap_or_else(|e| e.into_inner());
     let mut dev = gpu(DeviceConfig::default());
     const BATCH: usize = 1 << 28;
     let started = std::time::Instant::now();
-    for d in HALVES {
-        let (_, wide) = dev.convert_bits(d, 0, 0, 1 << 16).expect("widen");
-        let want: Vec<u32> = (0..=0xFFFFu32).map(|h| d.widen(h).to_bits()).collect();
-        let first_bad = wide.iter().zip(&want).position(|(a, b)| a != b);
-        assert_eq!(first_bad, None, "{d}: widening differs");
+    for (d, hw) in [
+        (Dtype::Bf16, false),
+        (Dtype::F16, false),
+        (Dtype::F16, true),
+    ] {
+        let (_, wide) = dev.convert_bits(d, 0, hw, 0, 1 << 16).expect("widen");
         assert_eq!(wide.len(), 1 << 16);
+        let mut nan_halves = 0;
+        for (h, &got) in (0..=0xFFFFu32).zip(&wide) {
+            let want = d.widen(h);
+            if hw && want.is_nan() {
+                nan_halves += 1;
+                assert!(
+                    f32::from_bits(got).is_nan(),
+                    "{d} hw: NaN {h:#06x} widened to {got:#010x}"
+                );
+            } else {
+                assert_eq!(
+                    got,
+                    want.to_bits(),
+                    "{d} hw={hw}: widening {h:#06x} differs"
+                );
+            }
+        }
+        assert_eq!(nan_halves, if hw { 2 * 1023 } else { 0 });
 
         let narrow = |b: u32| d.narrow(f32::from_bits(b)) as u16;
         for k in 0..(1usize << 32) / BATCH {
             let first = (k * BATCH) as u32;
-            let (mut got, _) = dev.convert_bits(d, first, BATCH, 0).expect("narrow");
+            let (mut got, _) = dev.convert_bits(d, first, hw, BATCH, 0).expect("narrow");
             assert_eq!(got.len(), BATCH);
-            let (count, at) = mismatches(&got, first, narrow);
+            let (count, at) = mismatches(&got, first, hw, narrow);
             assert_eq!(
                 (count, at),
                 (0, None),
-                "{d}: narrowing differs from the host's at {:#010x}",
+                "{d} hw={hw}: narrowing differs from the host's at {:#010x}",
                 first as u64 + at.unwrap_or(0) as u64
             );
             // Negative controls on the batch of ordinary magnitudes
@@ -1123,19 +1156,124 @@ fn device_conversions_equal_the_hosts_on_every_input() {
             if first == 0x3000_0000 {
                 let mask = if d == Dtype::Bf16 { 0xFFFF } else { 0x1FFF };
                 let truncate = |b: u32| d.narrow(f32::from_bits(b & !mask)) as u16;
-                let (wrong, _) = mismatches(&got, first, truncate);
+                let (wrong, _) = mismatches(&got, first, hw, truncate);
                 // (Measured on an H100: f16 about 0.25 of the batch, bf16
                 // about half.)
                 assert!(wrong > BATCH / 8, "{d}: truncation differs in only {wrong}");
                 got[12_345] ^= 1;
-                assert_eq!(mismatches(&got, first, narrow), (1, Some(12_345)));
+                assert_eq!(mismatches(&got, first, hw, narrow), (1, Some(12_345)));
             }
         }
     }
     println!(
-        "every conversion of bf16 and f16 checked in {:.1} s",
+        "every conversion of bf16 and f16 (and f16's hardware ones) checked in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// A 16-bit pattern for rank `r`, element `i`: rank 0 holds every pattern
+/// once in its first 65,536 elements; the others are scrambled, so NaNs
+/// (with payloads), infinities and subnormals meet each other in the sums.
+fn pattern16(r: usize, i: u32) -> u16 {
+    if r == 0 {
+        i as u16
+    } else {
+        ((i.wrapping_mul(2_654_435_761) >> 7) ^ (r as u32).wrapping_mul(0x5BD1)) as u16
+    }
+}
+
+/// The 16-bit folds on addends holding every 16-bit pattern (f16's fast
+/// path and its exact redo for NaN results both run): W = 1 gives back each
+/// pattern rounded through float32, a NaN keeping its payload (quieted);
+/// at W = 3 and 8, in every contract, with mean or not, every non-NaN
+/// result is the host's float32 fold rounded once, on raw bits, and a NaN
+/// result is a NaN; in fixed order both production variants equal the
+/// exact integer kernel (`fp_fold16_before`) bit for bit, NaN payloads
+/// included. Controls: the expected NaNs carry many payloads (a fold that
+/// made them canonical would fail), and the order of adds changes sums.
+#[test]
+fn bf16_and_f16_folds_keep_every_pattern_bit_for_bit() {
+    let n = 65_536 + 13;
+    for variant in KernelVariant::ALL {
+        let mut be = gpu_variant(variant);
+        let trials = be.fold16_trials().expect("the trials program");
+        let exact = kernels::FOLD16_TRIALS[0];
+        assert_eq!(exact.entry, "fp_fold16_before");
+        for d in HALVES {
+            for w in [1usize, 3, 8] {
+                let rows: Vec<Vec<u16>> = (0..w)
+                    .map(|r| (0..n as u32).map(|i| pattern16(r, i)).collect())
+                    .collect();
+                let refs: Vec<&[u16]> = rows.iter().map(|r| r.as_slice()).collect();
+                let order: Vec<usize> = (0..w).rev().collect();
+                let mut by_contract = Vec::new();
+                for contract in [
+                    Contract::FixedOrder,
+                    Contract::ArrivalOrder,
+                    Contract::PairwiseTree,
+                ] {
+                    for mean in [false, true] {
+                        let at = format!("{variant} {d} W={w} {contract:?} mean={mean}");
+                        let got = be
+                            .fold_slices16(d, &refs, contract, &order, mean, None)
+                            .expect("fold");
+                        assert_eq!(got.len(), n);
+                        let mut payloads = std::collections::HashSet::new();
+                        for i in 0..n {
+                            let slots: Vec<f32> =
+                                rows.iter().map(|r| d.widen(u32::from(r[i]))).collect();
+                            let mut acc = match contract {
+                                Contract::FixedOrder => fold_fixed(&slots),
+                                Contract::ArrivalOrder => fold_in_order(&slots, &order),
+                                _ => fold_pairwise(&slots),
+                            };
+                            if mean {
+                                acc *= mean_scale(w);
+                            }
+                            let want = d.narrow(acc) as u16;
+                            if !acc.is_nan() || (w == 1 && !mean) {
+                                assert_eq!(got[i], want, "{at} element {i}");
+                                if acc.is_nan() {
+                                    payloads.insert(want);
+                                }
+                            } else {
+                                assert!(d.widen(u32::from(got[i])).is_nan(), "{at} element {i}");
+                            }
+                        }
+                        if w == 1 && !mean {
+                            // Every quiet payload of both signs: 2 x 64
+                            // (bf16) or 2 x 512 (f16).
+                            let quiet = if d == Dtype::Bf16 { 128 } else { 1024 };
+                            assert_eq!(payloads.len(), quiet, "{at}: NaN payloads");
+                        }
+                        if contract == Contract::FixedOrder {
+                            let before = be
+                                .fold_slices16(
+                                    d,
+                                    &refs,
+                                    contract,
+                                    &order,
+                                    mean,
+                                    Some((&trials, exact)),
+                                )
+                                .expect("exact fold");
+                            let first_bad = got.iter().zip(&before).position(|(a, b)| a != b);
+                            assert_eq!(first_bad, None, "{at}: production vs exact kernel");
+                        }
+                        if !mean {
+                            by_contract.push(got);
+                        }
+                    }
+                }
+                if w >= 3 {
+                    assert_ne!(
+                        by_contract[0], by_contract[1],
+                        "{d} W={w}: order changes nothing"
+                    );
+                }
+            }
+        }
+    }
 }
 
 fn case_in(c: Case, dtype: Dtype) -> Case {

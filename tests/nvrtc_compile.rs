@@ -14,9 +14,10 @@
 //! Asked to run without that library, every test fails; it never skips.
 
 use foldprint::gpu::kernels::{
-    self, build_image, fold_entries, nvrtc_compile, option_list, BuildRequest, Image,
-    ResolvedTarget, FOLD_PROGRAM, FOLD_SRC, GENERATOR_ENTRIES, GENERATOR_PROGRAM, GENERATOR_SRC,
-    RANK_CHECK_ENTRIES, RANK_CHECK_PROGRAM, RANK_CHECK_SRC,
+    self, build_image, fold16_trial_entries, fold_entries, nvrtc_compile, option_list,
+    BuildRequest, Image, ResolvedTarget, FOLD16_TRIALS_PROGRAM, FOLD16_TRIALS_SRC, FOLD_PROGRAM,
+    FOLD_SRC, GENERATOR_ENTRIES, GENERATOR_PROGRAM, GENERATOR_SRC, RANK_CHECK_ENTRIES,
+    RANK_CHECK_PROGRAM, RANK_CHECK_SRC,
 };
 use foldprint::gpu::probe;
 use rayon::prelude::*;
@@ -124,7 +125,8 @@ fn the_given_nvrtc_is_the_one_loaded() {
 }
 
 /// The whole matrix: {CUBIN, PTX} x ARCHS x (fold with every option set,
-/// generator and rank check with the pinned options). Every image holds all its kernels
+/// generator, rank check and the 16-bit fold trials with the pinned
+/// options). Every image holds all its kernels
 /// (the fold: every mode x variant).
 #[test]
 #[ignore = "needs NVRTC: .ci/run runs it with --ignored and FOLDPRINT_NVRTC_LIBRARY"]
@@ -139,6 +141,7 @@ fn every_kernel_compiles_for_every_target() {
             }
             jobs.push((GENERATOR_PROGRAM, false, false, target(kind, arch)));
             jobs.push((RANK_CHECK_PROGRAM, false, false, target(kind, arch)));
+            jobs.push((FOLD16_TRIALS_PROGRAM, false, false, target(kind, arch)));
         }
     }
     let started = std::time::Instant::now();
@@ -148,6 +151,7 @@ fn every_kernel_compiles_for_every_target() {
             let (src, entries): (&str, Vec<&str>) = match program {
                 FOLD_PROGRAM => (&FOLD_SRC, fold.clone()),
                 GENERATOR_PROGRAM => (&GENERATOR_SRC, GENERATOR_ENTRIES.to_vec()),
+                FOLD16_TRIALS_PROGRAM => (&FOLD16_TRIALS_SRC, fold16_trial_entries()),
                 _ => (&RANK_CHECK_SRC, RANK_CHECK_ENTRIES.to_vec()),
             };
             let opts = option_list(fmad, ftz, t);
@@ -158,7 +162,7 @@ fn every_kernel_compiles_for_every_target() {
             format!("{program} {}", opts.join(" "))
         })
         .collect();
-    assert_eq!(done.len(), ARCHS.len() * 2 * (FOLD_OPTIONS.len() + 2));
+    assert_eq!(done.len(), ARCHS.len() * 2 * (FOLD_OPTIONS.len() + 3));
     println!(
         "{} images compiled in {:.1} s",
         done.len(),
@@ -193,15 +197,62 @@ fn pinned_code_says_what_the_contract_needs() {
         generator.contains("trap;"),
         "an unknown distribution code must trap"
     );
-    // The 16-bit conversions are the integer code of dtype.cuh, never the
-    // hardware's cvt (whose NaN and rounding rules are not the contract's).
+    // bf16 converts with integer code only. f16's hardware cvt (exact on
+    // non-NaN inputs only) is allowed where its result is checked: in the
+    // 16-bit fold entries, each of which also tests its result for NaN and
+    // holds the exact integer path (the clz of the subnormal widening) for
+    // that case; in the generator only in the conversion-check kernels,
+    // never in the one that makes arenas.
     for (name, text) in [("fold", &fold), ("generator", &generator)] {
-        for cvt in ["cvt.rn.bf16", "cvt.rn.f16", "cvt.f32.bf16", "cvt.f32.f16"] {
+        for cvt in ["cvt.rn.bf16", "cvt.f32.bf16"] {
             assert!(!text.contains(cvt), "the {name} program uses {cvt}");
         }
     }
+    assert_eq!(f16_cvt_rule(&fold), Ok(()));
+    for (entry, body) in entries(&generator) {
+        let hw = body.contains("cvt.f32.f16") || body.contains("cvt.rn.f16.f32");
+        let check = entry == "fp_narrow_bits" || entry == "fp_widen_bits";
+        assert_eq!(hw, check, "generator entry {entry}: hardware f16 cvt {hw}");
+    }
+    // Negative control: without the NaN check the rule fails.
+    let unchecked = FOLD_SRC.replace("if (fast && fp_any_nan(acc))", "if (false)");
+    assert_ne!(unchecked, *FOLD_SRC);
+    let err = f16_cvt_rule(&ptx(FOLD_PROGRAM, &unchecked, false)).expect_err("unchecked cvt");
+    assert!(err.starts_with("fp_fold_") && err.contains("16: "), "{err}");
     assert!(fold.contains(".entry fp_fold_fixed_fast16("));
     assert!(generator.contains(".entry fp_narrow_bits("));
+}
+
+/// Each `.entry` of a PTX text: its name and body (up to the next entry).
+fn entries(ptx: &str) -> Vec<(String, &str)> {
+    ptx.split(".entry ")
+        .skip(1)
+        .map(|body| (body.split('(').next().unwrap_or("").to_string(), body))
+        .collect()
+}
+
+/// The fold's rule for f16 hardware conversions: 16-bit entries use them
+/// and test for NaN and keep the exact path; float32 entries have none.
+fn f16_cvt_rule(fold_ptx: &str) -> Result<(), String> {
+    let all = entries(fold_ptx);
+    if all.len() != fold_entries().len() {
+        return Err(format!("{} entries in the PTX", all.len()));
+    }
+    for (entry, body) in all {
+        let hw = body.contains("cvt.f32.f16") && body.contains("cvt.rn.f16.f32");
+        let guarded = body.contains("setp.nan.f32") && body.contains("clz.b32");
+        let ok = if entry.ends_with("16") {
+            hw && guarded
+        } else {
+            !body.contains("cvt.f32.f16") && !body.contains("cvt.rn.f16.f32")
+        };
+        if !ok {
+            return Err(format!(
+                "{entry}: hardware cvt {hw}, NaN check and exact path {guarded}"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The build policy with a real NVRTC: `--ftz=true` for a CUBIN either
@@ -402,6 +453,19 @@ fn every_fold_entry_fits_a_1024_thread_block() {
     for arch in ARCHS {
         let regs = registers(&FOLD_SRC, arch);
         assert_eq!(regs.len(), fold_entries().len(), "sm_{arch}: {regs:?}");
+        for (entry, n) in &regs {
+            assert!(*n <= 64, "sm_{arch} {entry}: {n} registers per thread");
+        }
+    }
+    // The 16-bit trials launch with the bench's shapes, but may be chosen
+    // as the production shape: the same bound.
+    for arch in ARCHS {
+        let regs = registers(&FOLD16_TRIALS_SRC, arch);
+        assert_eq!(
+            regs.len(),
+            fold_entries().len() + fold16_trial_entries().len(),
+            "sm_{arch}: {regs:?}"
+        );
         for (entry, n) in &regs {
             assert!(*n <= 64, "sm_{arch} {entry}: {n} registers per thread");
         }

@@ -4,7 +4,9 @@
 use super::device::row_stride_of;
 use super::device::{Device, FoldArgs, LaunchTuning};
 use super::error::GpuError;
-use super::kernels::{CompileOptions, FoldMode, KernelVariant};
+use super::kernels::{
+    CompileOptions, Fold16Trial, FoldMode, KernelVariant, LoadedProgram, FOLD16_TRIALS,
+};
 use super::mem::{copy_d2d, ArenaElem, DeviceBuffer};
 use crate::data::{Distribution, Lane};
 use crate::dtype::Dtype;
@@ -28,6 +30,9 @@ pub struct BenchConfig {
     pub extra_fast: Vec<LaunchTuning>,
     /// What the rows and the output hold; the copy moves as many bytes.
     pub dtype: Dtype,
+    /// For 16-bit dtypes: also every shape of `fold16_trials.cu`
+    /// (rows `trial NAME`), with `tuning`.
+    pub fold16_trials: bool,
 }
 
 impl Default for BenchConfig {
@@ -55,6 +60,7 @@ impl Default for BenchConfig {
                 ..LaunchTuning::default()
             }],
             dtype: Dtype::F32,
+            fold16_trials: false,
         }
     }
 }
@@ -154,12 +160,17 @@ pub fn bench_fold(cfg: &BenchConfig) -> Result<BenchReport, GpuError> {
     let mut dev = Device::open(cfg.ordinal, cfg.compile)?;
     dev.startup.probe = probe_ms;
     let stream = dev.new_stream()?;
+    let trials = if cfg.fold16_trials && !cfg.dtype.is_f32() {
+        Some(dev.load_fold16_trials()?)
+    } else {
+        None
+    };
     let mut rows = Vec::new();
     for &(w, n) in &cfg.shapes {
         rows.extend(if cfg.dtype.is_f32() {
-            bench_shape::<f32>(&dev, &stream, cfg, w, n)?
+            bench_shape::<f32>(&dev, &stream, cfg, w, n, None)?
         } else {
-            bench_shape::<u16>(&dev, &stream, cfg, w, n)?
+            bench_shape::<u16>(&dev, &stream, cfg, w, n, trials.as_ref())?
         });
     }
     Ok(BenchReport {
@@ -177,10 +188,11 @@ pub fn bench_fold(cfg: &BenchConfig) -> Result<BenchReport, GpuError> {
         tuning: cfg.tuning,
         rows,
         startup: dev.startup,
-        kernel_cache: vec![
-            dev.fold.program.origin.clone(),
-            dev.generator.origin.clone(),
-        ],
+        kernel_cache: [&dev.fold.program.origin, &dev.generator.origin]
+            .into_iter()
+            .chain(trials.as_ref().map(|t| &t.origin))
+            .cloned()
+            .collect(),
     })
 }
 
@@ -190,6 +202,7 @@ fn bench_shape<T: ArenaElem>(
     cfg: &BenchConfig,
     w: usize,
     n: usize,
+    trials: Option<&LoadedProgram>,
 ) -> Result<Vec<BenchRow>, GpuError> {
     let dtype = cfg.dtype;
     let size = T::BYTES as usize;
@@ -244,21 +257,34 @@ fn bench_shape<T: ArenaElem>(
             bits_ok,
         }
     };
-    let mut runs: Vec<(String, KernelVariant, &DeviceBuffer<T>, LaunchTuning)> = vec![
+    // The kernel of a run: a variant of the fold program, or a trial.
+    type Kernel = Result<KernelVariant, Fold16Trial>;
+    let mut runs: Vec<(String, Kernel, &DeviceBuffer<T>, LaunchTuning)> = vec![
         (
             "seed".into(),
-            KernelVariant::PerElement,
+            Ok(KernelVariant::PerElement),
             &out_seed,
             cfg.tuning,
         ),
-        ("fast".into(), KernelVariant::Fast, &out_fast, cfg.tuning),
+        (
+            "fast".into(),
+            Ok(KernelVariant::Fast),
+            &out_fast,
+            cfg.tuning,
+        ),
     ];
     for t in &cfg.extra_fast {
         let label = format!("fast {}x{}/SM", t.fast_block, t.fast_blocks_per_sm);
-        runs.push((label, KernelVariant::Fast, &out_fast, *t));
+        runs.push((label, Ok(KernelVariant::Fast), &out_fast, *t));
+    }
+    if trials.is_some() {
+        for t in FOLD16_TRIALS {
+            let label = format!("trial {}", t.entry.trim_start_matches("fp_fold16_"));
+            runs.push((label, Err(t), &out_fast, cfg.tuning));
+        }
     }
     let mut outputs = Vec::new();
-    for (label, variant, out, tuning) in runs {
+    for (label, kernel, out, tuning) in runs {
         let args = FoldArgs {
             out: out.ptr(),
             stacked: stacked.ptr(),
@@ -270,9 +296,20 @@ fn bench_shape<T: ArenaElem>(
             scale: None,
             dtype,
         };
-        let times = time_each(stream, cfg.warmup, cfg.iters, || {
+        // Each run's output starts as garbage, so a kernel that writes
+        // nothing cannot pass on the previous run's bits.
+        out.upload(&T::from_carriers(
+            &vec![f32::from_bits(0x7FA5_A5A5); n],
+            dtype,
+        ))?;
+        let times = time_each(stream, cfg.warmup, cfg.iters, || match (kernel, trials) {
             // SAFETY: buffers sized above, both at phase 0.
-            unsafe { dev.fold(variant, FoldMode::Fixed, &args, &tuning, stream) }
+            (Ok(variant), _) => unsafe {
+                dev.fold(variant, FoldMode::Fixed, &args, &tuning, stream)
+            },
+            // SAFETY: the same buffers; `trials` was loaded for this device.
+            (Err(t), Some(p)) => unsafe { dev.fold16_trial(p, t, &args, &tuning, stream) },
+            (Err(_), None) => Err(GpuError::bounds("a trial row without the trials program")),
         })?;
         let mut host = Vec::with_capacity(n);
         T::carry(&out.to_host()?, dtype, &mut host);

@@ -9,7 +9,9 @@ use super::kernels::{
 use super::mem::{ArenaElem, DeviceView};
 use super::probe::{self, DeviceProbe};
 use crate::dtype::Dtype;
-use cudarc::driver::{self, sys, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    self, sys, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg,
+};
 use serde::Serialize;
 use std::sync::Arc;
 use std::time::Instant;
@@ -470,7 +472,10 @@ impl Device {
     /// Enqueue the device's conversions over a range of bit patterns, for
     /// checking them against the host's: `narrow[j]` = the `dtype` bits of
     /// float32 pattern `first + j`, and `wide[j]` = the float32 bits of
-    /// 16-bit pattern `(first + j) mod 2^16`. Either may be empty.
+    /// 16-bit pattern `(first + j) mod 2^16`. Either may be empty. `hw`:
+    /// the hardware conversions of the f16 folds' fast path (exact on
+    /// non-NaN inputs only; `wide` then of even length), else the exact
+    /// ones (bf16 has only those).
     ///
     /// # Safety
     /// Both views must stay allocated until `stream` has passed the launches.
@@ -478,6 +483,7 @@ impl Device {
         &self,
         dtype: Dtype,
         first: u32,
+        hw: bool,
         narrow: DeviceView<'_, u16>,
         wide: DeviceView<'_, u32>,
         stream: &CudaStream,
@@ -485,7 +491,11 @@ impl Device {
         if dtype.is_f32() {
             return Err(GpuError::bounds("conversions are of 16-bit dtypes"));
         }
+        if hw && !wide.len().is_multiple_of(2) {
+            return Err(GpuError::bounds("hardware widening checks pairs"));
+        }
         let code = kernels::dtype_code(dtype);
+        let hw = u32::from(hw);
         for (entry, ptr, n) in [
             (kernels::NARROW_BITS_ENTRY, narrow.ptr(), narrow.len()),
             (kernels::WIDEN_BITS_ENTRY, wide.ptr(), wide.len()),
@@ -505,7 +515,7 @@ impl Device {
             };
             let n64 = n as u64;
             let mut b = stream.launch_builder(f);
-            b.arg(&ptr).arg(&n64).arg(&first).arg(&code);
+            b.arg(&ptr).arg(&n64).arg(&first).arg(&code).arg(&hw);
             // SAFETY: arguments match `fp_narrow_bits` / `fp_widen_bits`;
             // each writes exactly its view's `n` elements.
             unsafe { b.launch(cfg) }
@@ -553,6 +563,60 @@ impl Device {
         } else {
             self.fold.function16(mode, variant)?
         };
+        // SAFETY: the caller's contract, checked above.
+        unsafe { self.launch_fold(f, variant, lanes, a, tuning, stream) }
+    }
+
+    /// The 16-bit fold trials (`fold16_trials.cu`), built with this
+    /// device's fold options and target (disk cache as configured).
+    pub fn load_fold16_trials(&self) -> Result<LoadedProgram, GpuError> {
+        let spec = ProgramSpec::fold16_trials(self.options, self.fold_target);
+        let (image, origin) = spec.image()?;
+        kernels::load_into_context(&self.ctx, image, origin, &spec.entries)
+    }
+
+    /// Enqueue one launch of a 16-bit trial kernel over the fixed order:
+    /// [`Device::fold`]'s `fast` launch with the trial's elements per thread.
+    ///
+    /// # Safety
+    /// As for [`Device::fold`] (a 16-bit dtype, `prog` unused).
+    pub unsafe fn fold16_trial(
+        &self,
+        trials: &LoadedProgram,
+        trial: kernels::Fold16Trial,
+        a: &FoldArgs,
+        tuning: &LaunchTuning,
+        stream: &CudaStream,
+    ) -> Result<(), GpuError> {
+        if a.dtype.is_f32() || a.len == 0 {
+            return Err(GpuError::bounds("fold trials are of 16-bit arenas"));
+        }
+        if a.world == 0
+            || !a.ld.is_multiple_of(8)
+            || a.ld < a.len
+            || (a.out & 15) != (a.stacked & 15)
+        {
+            return Err(GpuError::bounds(
+                "fold trial launch refused: shape or phase",
+            ));
+        }
+        let f = trials.function(trial.entry)?;
+        let lanes = u64::from(trial.elems_per_thread.max(1));
+        // SAFETY: the caller's contract, checked above.
+        unsafe { self.launch_fold(f, KernelVariant::Fast, lanes, a, tuning, stream) }
+    }
+
+    /// Launch fold kernel `f` (the signature of `FP_FOLD_ENTRY`, with the
+    /// dtype for 16-bit ones), `lanes` elements per `fast` thread.
+    unsafe fn launch_fold(
+        &self,
+        f: &CudaFunction,
+        variant: KernelVariant,
+        lanes: u64,
+        a: &FoldArgs,
+        tuning: &LaunchTuning,
+        stream: &CudaStream,
+    ) -> Result<(), GpuError> {
         let (block, blocks) = match variant {
             KernelVariant::PerElement => {
                 let block = tuning.seed_block.clamp(32, 1024);

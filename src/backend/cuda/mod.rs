@@ -421,11 +421,13 @@ impl CudaBackend {
 
     /// The device's conversions of `dtype` over bit patterns: the dtype
     /// bits of float32 patterns `first .. first + narrow`, and the float32
-    /// bits of the first `widen` 16-bit patterns from `first mod 2^16`.
+    /// bits of the first `widen` 16-bit patterns from `first mod 2^16`;
+    /// `hw`: the f16 folds' hardware conversions ([`Device::convert_bits`]).
     pub fn convert_bits(
         &mut self,
         dtype: Dtype,
         first: u32,
+        hw: bool,
         narrow: usize,
         widen: usize,
     ) -> Result<(Vec<u16>, Vec<u32>), BackendError> {
@@ -436,7 +438,7 @@ impl CudaBackend {
         // SAFETY: both buffers live until after the synchronize below.
         unsafe {
             self.dev
-                .convert_bits(dtype, first, out.view(), wide.view(), &self.main)
+                .convert_bits(dtype, first, hw, out.view(), wide.view(), &self.main)
                 .map_err(failed)?;
         }
         self.main
@@ -494,6 +496,78 @@ impl CudaBackend {
             self.dev
                 .fold(self.cfg.variant, mode, &args, &self.cfg.tuning, &self.main)
                 .map_err(failed)?;
+        }
+        self.main
+            .synchronize()
+            .map_err(|e| failed(GpuError::driver("cuStreamSynchronize", e)))?;
+        out.to_host().map_err(failed)
+    }
+
+    /// The 16-bit fold trials program (`fold16_trials.cu`) for this device.
+    pub fn fold16_trials(&self) -> Result<kernels::LoadedProgram, BackendError> {
+        self.dev
+            .load_fold16_trials()
+            .map_err(|e| gpu_failed("fold16-trials", "building the trials", e))
+    }
+
+    /// [`CudaBackend::fold_slices`] over 16-bit addends of `dtype` (their
+    /// bits), returning the result's bits: with `trial`, that kernel of the
+    /// trials program (fixed order only) instead of the configured variant.
+    pub fn fold_slices16(
+        &mut self,
+        dtype: Dtype,
+        addends: &[&[u16]],
+        contract: Contract,
+        order: &[usize],
+        mean: bool,
+        trial: Option<(&kernels::LoadedProgram, kernels::Fold16Trial)>,
+    ) -> Result<Vec<u16>, BackendError> {
+        let id = "fold-slices16";
+        let failed = |e| gpu_failed(id, "folding", e);
+        let w = addends.len();
+        let n = addends.first().map_or(0, |a| a.len());
+        if dtype.is_f32() || w == 0 || addends.iter().any(|a| a.len() != n) || order.len() != w {
+            return Err(unsupported(
+                id,
+                "need a 16-bit dtype and W >= 1 equal-length addends and a W-long order",
+            ));
+        }
+        if trial.is_some() && contract != Contract::FixedOrder {
+            return Err(unsupported(id, "the trials fold in fixed order only"));
+        }
+        let ld = device::row_stride_of(n, dtype);
+        let stacked = DeviceBuffer::<u16>::alloc(&self.dev.ctx, w * ld).map_err(failed)?;
+        let out = DeviceBuffer::<u16>::alloc(&self.dev.ctx, n).map_err(failed)?;
+        let mut host = vec![0u16; w * ld];
+        for (r, a) in addends.iter().enumerate() {
+            host[r * ld..r * ld + n].copy_from_slice(a);
+        }
+        stacked.upload(&host).map_err(failed)?;
+        let (mode, prog) =
+            kernels::fold_program(contract, w, order).map_err(|m| unsupported(id, m))?;
+        let prog_buf = upload_prog(&self.dev, &prog).map_err(failed)?;
+        let args = device::FoldArgs {
+            out: out.ptr(),
+            stacked: stacked.ptr(),
+            ld: ld as u64,
+            len: n as u64,
+            world: w as u32,
+            prog: prog_buf.as_ref().map_or(0, |p| p.ptr()),
+            prog_len: prog.len() as u32,
+            scale: mean.then(|| mean_scale(w)),
+            dtype,
+        };
+        // SAFETY: buffers sized above, same (zero) phase.
+        unsafe {
+            match trial {
+                Some((p, t)) => self
+                    .dev
+                    .fold16_trial(p, t, &args, &self.cfg.tuning, &self.main),
+                None => self
+                    .dev
+                    .fold(self.cfg.variant, mode, &args, &self.cfg.tuning, &self.main),
+            }
+            .map_err(failed)?;
         }
         self.main
             .synchronize()

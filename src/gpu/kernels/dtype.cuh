@@ -1,8 +1,9 @@
-// Conversions between float32 bits and the 16-bit dtypes, as integer
-// operations written line for line after src/dtype.rs (no cvt
-// instructions): the host and the device agree by construction, and the
-// GPU suite checks every input. FP_DTYPE_* are #defines the Rust side
-// prepends (kernels/source.rs).
+// Conversions between float32 bits and the 16-bit dtypes. The exact ones
+// are integer operations written line for line after src/dtype.rs: the
+// host and the device agree on every input, NaN payloads included. The
+// f16 folds' fast path uses the hardware's (fp_*_f16_hw, below) where no
+// NaN can be involved. The GPU suite checks both on every input.
+// FP_DTYPE_* are #defines the Rust side prepends (kernels/source.rs).
 
 typedef unsigned short u16;
 
@@ -70,4 +71,24 @@ __device__ __forceinline__ unsigned int fp_narrow16(unsigned int b, unsigned int
 // Whether 16-bit `h` of `dtype` is a NaN.
 __device__ __forceinline__ bool fp_is_nan16(unsigned int h, unsigned int dtype) {
     return dtype == FP_DTYPE_BF16 ? (h & 0x7FFFu) > 0x7F80u : (h & 0x7FFFu) > 0x7C00u;
+}
+
+// The hardware's f16 conversions, as inline PTX (no header, and immune to
+// --ftz, which only steers the compiler's own float instructions).
+// `cvt.f32.f16` is exact for every non-NaN half, subnormals included;
+// `cvt.rn.f16.f32` rounds to nearest-even, overflows to infinity and keeps
+// subnormals: both equal the integer code on every non-NaN input. A NaN
+// comes out as a NaN with the hardware's payload, not the contract's, so
+// a fold uses them only on values it then checks for NaN (fold.cu).
+__device__ __forceinline__ void fp_widen_f16x2_hw(unsigned int w, float& lo, float& hi) {
+    asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\t"
+        "cvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;\n\t}"
+        : "=f"(lo), "=f"(hi)
+        : "r"(w));
+}
+
+__device__ __forceinline__ unsigned int fp_narrow_f16_hw(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
 }

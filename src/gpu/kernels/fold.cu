@@ -140,145 +140,294 @@ FP_FOLD_ENTRY(fp_fold_tree_fast, fp_fold_fast, 2)
 // rows and out hold the dtype's bits, 2 bytes an element. Each slot is
 // widened exactly to float32 (dtype.cuh), the chain above runs in float32
 // (same adds, same order), the mean scales in float32, and the result is
-// narrowed once to the dtype. `fast` moves 8 elements per 16-byte load;
-// the batch keeps the raw 16-byte words, widened as they are added, so the
-// registers hold 8 x 4 words rather than 8 x 8 floats.
+// narrowed once to the dtype.
+//
+// Template parameters, none of which changes a bit of the result:
+// - DT: the dtype, FP_DTYPE_BF16 or FP_DTYPE_F16. Each entry dispatches on
+//   `dtype` once, so each dtype's body is compiled on its own (0: chosen per
+//   element at run time, the fold as first written; kept for measuring).
+// - CONV (f16 only; bf16 widens by a shift either way): 0, the exact
+//   integer conversions throughout. 1, the hardware's (dtype.cuh): they
+//   equal the exact ones on every non-NaN input, and a NaN addend makes its
+//   element's result a NaN (every add and the scale propagate NaN). So a
+//   result with no NaN element had no NaN addend and holds the exact path's
+//   bits; a result with one (a NaN addend, or inf - inf) is folded again
+//   with the exact conversions.
+// - N: elements of one row per thread and load: 1 (the edges), 4 (one
+//   8-byte load), 8 (16 bytes) or 16 (two 16-byte loads).
+// - B: rows whose loads are issued before their adds (FP_BATCH above).
+// - AHEAD (fixed order): 1 issues the next batch's loads before this
+//   batch's adds.
 
-struct fp_f8 {
-    float v[8];
+// The production shape of every 16-bit entry (fold16_trials.cu measures
+// others beside it).
+constexpr int FP_F16_CONV = 1;
+constexpr int FP_FAST16_N = 8;
+constexpr int FP_FAST16_BATCH = 8;
+constexpr int FP_FAST16_AHEAD = 0;
+
+// N float32 values, and the N raw 16-bit elements they come from (element
+// 2k is the low half of w[k], little-endian; N = 1 uses w[0]'s low half).
+template <int N> struct fp_fv {
+    float v[N];
+};
+template <int N> struct fp_rv {
+    u32 w[(N + 1) / 2];
 };
 
-__device__ __forceinline__ fp_f8 fp_add(const fp_f8& a, const fp_f8& b) {
-    fp_f8 r;
+template <int N>
+__device__ __forceinline__ fp_fv<N> fp_add(const fp_fv<N>& a, const fp_fv<N>& b) {
+    fp_fv<N> r;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) r.v[k] = __fadd_rn(a.v[k], b.v[k]);
+    for (int k = 0; k < N; ++k) r.v[k] = __fadd_rn(a.v[k], b.v[k]);
     return r;
 }
-__device__ __forceinline__ fp_f8 fp_scale(fp_f8 a, float s) {
+template <int N> __device__ __forceinline__ fp_fv<N> fp_scale(fp_fv<N> a, float s) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) a.v[k] = __fmul_rn(a.v[k], s);
+    for (int k = 0; k < N; ++k) a.v[k] = __fmul_rn(a.v[k], s);
     return a;
 }
-
-// R: what one load brings (one u16, or a uint4 of 8); V: its float32 value(s).
-template <typename R> __device__ __forceinline__ R fp_raw(const u16* p);
-template <> __device__ __forceinline__ u16 fp_raw<u16>(const u16* p) { return *p; }
-template <> __device__ __forceinline__ uint4 fp_raw<uint4>(const u16* p) {
-    return *reinterpret_cast<const uint4*>(p);
-}
-
-__device__ __forceinline__ float fp_wide(u16 r, u32 dtype) {
-    return __uint_as_float(fp_widen16(r, dtype));
-}
-// Element 0 is the low half of the first word (little-endian).
-__device__ __forceinline__ fp_f8 fp_wide(uint4 q, u32 dtype) {
-    u32 w[4] = {q.x, q.y, q.z, q.w};
-    fp_f8 r;
+template <int N> __device__ __forceinline__ bool fp_any_nan(const fp_fv<N>& a) {
+    bool nan = false;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        r.v[2 * k] = __uint_as_float(fp_widen16(w[k] & 0xFFFFu, dtype));
-        r.v[2 * k + 1] = __uint_as_float(fp_widen16(w[k] >> 16, dtype));
+    for (int k = 0; k < N; ++k) nan |= a.v[k] != a.v[k];
+    return nan;
+}
+
+template <int N> __device__ __forceinline__ fp_rv<N> fp_raw16(const u16* p) {
+    fp_rv<N> r;
+    if constexpr (N == 1) {
+        r.w[0] = *p;
+    } else if constexpr (N == 4) {
+        uint2 q = *reinterpret_cast<const uint2*>(p);
+        r.w[0] = q.x;
+        r.w[1] = q.y;
+    } else {
+#pragma unroll
+        for (int k = 0; k < N / 8; ++k) {
+            uint4 q = reinterpret_cast<const uint4*>(p)[k];
+            r.w[4 * k] = q.x;
+            r.w[4 * k + 1] = q.y;
+            r.w[4 * k + 2] = q.z;
+            r.w[4 * k + 3] = q.w;
+        }
     }
     return r;
 }
 
-__device__ __forceinline__ void fp_store16(u16* p, float v, u32 dtype) {
-    *p = (u16)fp_narrow16(__float_as_uint(v), dtype);
-}
-__device__ __forceinline__ void fp_store16(u16* p, const fp_f8& v, u32 dtype) {
-    u32 w[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        w[k] = fp_narrow16(__float_as_uint(v.v[2 * k]), dtype) |
-               (fp_narrow16(__float_as_uint(v.v[2 * k + 1]), dtype) << 16);
+// The two elements of word `w` widened to float32 (only `lo` for N = 1).
+template <int DT, int CONV>
+__device__ __forceinline__ void fp_wide2(u32 w, u32 dtype, float& lo, float& hi) {
+    const u32 d = DT != 0 ? (u32)DT : dtype;
+    if (DT == 0) {
+        lo = __uint_as_float(fp_widen16(w & 0xFFFFu, d));
+        hi = __uint_as_float(fp_widen16(w >> 16, d));
+    } else if (d == FP_DTYPE_BF16) {
+        lo = __uint_as_float(w << 16);
+        hi = __uint_as_float(w & 0xFFFF0000u);
+    } else if (CONV == 1) {
+        fp_widen_f16x2_hw(w, lo, hi);
+    } else {
+        lo = __uint_as_float(fp_widen_f16(w & 0xFFFFu));
+        hi = __uint_as_float(fp_widen_f16(w >> 16));
     }
-    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// fp_fold_at over 16-bit rows: the same modes, adds and order.
-template <int MODE, typename V, typename R>
-__device__ __forceinline__ V fp_fold_at16(const u16* __restrict__ s, u64 ld, u64 i, u32 world,
-                                          const u32* __restrict__ prog, u32 prog_len, u32 dtype) {
-    if (MODE != 2) {
+template <int DT, int CONV, int N>
+__device__ __forceinline__ fp_fv<N> fp_wide16(const fp_rv<N>& r, u32 dtype) {
+    fp_fv<N> o;
+    if constexpr (N == 1) {
+        float unused;
+        fp_wide2<DT, CONV>(r.w[0], dtype, o.v[0], unused);
+    } else {
+#pragma unroll
+        for (int k = 0; k < N / 2; ++k) fp_wide2<DT, CONV>(r.w[k], dtype, o.v[2 * k], o.v[2 * k + 1]);
+    }
+    return o;
+}
+
+// One float32 narrowed to the dtype (CONV 1 only on a value that is not a
+// NaN: see above).
+template <int DT, int CONV> __device__ __forceinline__ u32 fp_narrow1(float f, u32 dtype) {
+    const u32 d = DT != 0 ? (u32)DT : dtype;
+    if (DT != 0 && CONV == 1 && d == FP_DTYPE_F16) return fp_narrow_f16_hw(f);
+    return fp_narrow16(__float_as_uint(f), d);
+}
+
+template <int DT, int CONV, int N>
+__device__ __forceinline__ void fp_store16(u16* p, const fp_fv<N>& v, u32 dtype) {
+    if constexpr (N == 1) {
+        *p = (u16)fp_narrow1<DT, CONV>(v.v[0], dtype);
+    } else {
+        u32 w[N / 2];
+#pragma unroll
+        for (int k = 0; k < N / 2; ++k)
+            w[k] = fp_narrow1<DT, CONV>(v.v[2 * k], dtype) |
+                   (fp_narrow1<DT, CONV>(v.v[2 * k + 1], dtype) << 16);
+        if constexpr (N == 4) {
+            *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+        } else {
+#pragma unroll
+            for (int k = 0; k < N / 8; ++k)
+                reinterpret_cast<uint4*>(p)[k] =
+                    make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
+        }
+    }
+}
+
+// The fixed-order chain with the next batch's loads issued before this
+// batch's adds (two batches of raw words in registers): the same adds in
+// the same order.
+template <int DT, int CONV, int N, int B>
+__device__ __forceinline__ fp_fv<N> fp_fold_fixed_ahead16(const u16* __restrict__ s, u64 ld,
+                                                          u64 i, u32 world, u32 dtype) {
+    const u16* base = s + i;
+    fp_fv<N> acc = fp_wide16<DT, CONV, N>(fp_raw16<N>(base), dtype);
+    fp_rv<N> cur[B];
+#pragma unroll
+    for (u32 j = 0; j < (u32)B; ++j)
+        if (1 + j < world) cur[j] = fp_raw16<N>(base + (u64)(1 + j) * ld);
+    for (u32 r = 1; r < world; r += B) {
+        fp_rv<N> next[B];
+#pragma unroll
+        for (u32 j = 0; j < (u32)B; ++j)
+            if (r + B + j < world) next[j] = fp_raw16<N>(base + (u64)(r + B + j) * ld);
+#pragma unroll
+        for (u32 j = 0; j < (u32)B; ++j)
+            if (r + j < world) acc = fp_add(acc, fp_wide16<DT, CONV, N>(cur[j], dtype));
+#pragma unroll
+        for (u32 j = 0; j < (u32)B; ++j) cur[j] = next[j];
+    }
+    return acc;
+}
+
+// fp_fold_at over 16-bit rows: the same modes, adds and order (AHEAD: the
+// fixed order through fp_fold_fixed_ahead16).
+template <int MODE, int DT, int CONV, int N, int B, int AHEAD = 0>
+__device__ __forceinline__ fp_fv<N> fp_fold_at16(const u16* __restrict__ s, u64 ld, u64 i,
+                                                 u32 world, const u32* __restrict__ prog,
+                                                 u32 prog_len, u32 dtype) {
+    if (MODE == 0 && AHEAD) {
+        return fp_fold_fixed_ahead16<DT, CONV, N, B>(s, ld, i, world, dtype);
+    } else if (MODE != 2) {
+        // The batch keeps the raw words, widened as they are added: the
+        // registers hold B x N/2 words rather than B x N floats.
         const u16* base = s + i;
-        V acc = fp_wide(fp_raw<R>(base + (u64)(MODE == 0 ? 0u : prog[0]) * ld), dtype);
-        for (u32 r = 1; r < world; r += FP_BATCH) {
-            R v[FP_BATCH];
+        fp_fv<N> acc =
+            fp_wide16<DT, CONV, N>(fp_raw16<N>(base + (u64)(MODE == 0 ? 0u : prog[0]) * ld), dtype);
+        for (u32 r = 1; r < world; r += B) {
+            fp_rv<N> v[B];
 #pragma unroll
-            for (u32 j = 0; j < FP_BATCH; ++j)
-                if (r + j < world) v[j] = fp_raw<R>(base + (u64)(MODE == 0 ? r + j : prog[r + j]) * ld);
+            for (u32 j = 0; j < (u32)B; ++j)
+                if (r + j < world)
+                    v[j] = fp_raw16<N>(base + (u64)(MODE == 0 ? r + j : prog[r + j]) * ld);
 #pragma unroll
-            for (u32 j = 0; j < FP_BATCH; ++j)
-                if (r + j < world) acc = fp_add(acc, fp_wide(v[j], dtype));
+            for (u32 j = 0; j < (u32)B; ++j)
+                if (r + j < world) acc = fp_add(acc, fp_wide16<DT, CONV, N>(v[j], dtype));
         }
         return acc;
     } else {
-        V st[FP_STACK];
+        fp_fv<N> st[FP_STACK];
         int top = 0;
         for (u32 k = 0; k < prog_len; ++k) {
             u32 op = prog[k];
             if (op == FP_ADD_OP) {
-                V right = st[--top];
-                V left = st[--top];
+                fp_fv<N> right = st[--top];
+                fp_fv<N> left = st[--top];
                 st[top++] = fp_add(left, right);
             } else {
-                st[top++] = fp_wide(fp_raw<R>(s + (u64)op * ld + i), dtype);
+                st[top++] = fp_wide16<DT, CONV, N>(fp_raw16<N>(s + (u64)op * ld + i), dtype);
             }
         }
         return st[0];
     }
 }
 
-template <int MODE>
+// out[i .. i+N) of the fold.
+template <int MODE, int DT, int CONV, int N, int B, int AHEAD = 0>
+__device__ __forceinline__ void fp_fold_elems16(u16* __restrict__ out,
+                                                const u16* __restrict__ s, u64 ld, u64 i,
+                                                u32 world, const u32* __restrict__ prog,
+                                                u32 prog_len, float scale, u32 use_scale,
+                                                u32 dtype) {
+    constexpr bool fast = DT == FP_DTYPE_F16 && CONV == 1;
+    fp_fv<N> acc =
+        fp_fold_at16<MODE, DT, fast ? 1 : 0, N, B, AHEAD>(s, ld, i, world, prog, prog_len, dtype);
+    if (use_scale) acc = fp_scale(acc, scale);
+    if (fast && fp_any_nan(acc)) {
+        // A NaN addend (its payload is the contract's) or inf - inf: the
+        // exact conversions, same loads and adds.
+        // One element at a time: few registers for the rare path.
+#pragma unroll 1
+        for (u64 k = 0; k < (u64)N; ++k)
+            fp_fold_elems16<MODE, DT, 0, 1, B>(out, s, ld, i + k, world, prog, prog_len, scale,
+                                               use_scale, dtype);
+        return;
+    }
+    fp_store16<DT, fast ? 1 : 0, N>(out + i, acc, dtype);
+}
+
+template <int MODE, int DT, int CONV = FP_F16_CONV, int B = FP_FAST16_BATCH>
 __device__ __forceinline__ void fp_fold_seed16(u16* __restrict__ out, const u16* __restrict__ s,
                                                u64 ld, u64 len, u32 world,
                                                const u32* __restrict__ prog, u32 prog_len,
                                                float scale, u32 use_scale, u32 dtype) {
     u64 i = (u64)blockIdx.x * (u64)blockDim.x + threadIdx.x;
     if (i >= len) return;
-    float acc = fp_fold_at16<MODE, float, u16>(s, ld, i, world, prog, prog_len, dtype);
-    if (use_scale) acc = fp_scale(acc, scale);
-    fp_store16(out + i, acc, dtype);
+    fp_fold_elems16<MODE, DT, CONV, 1, B>(out, s, ld, i, world, prog, prog_len, scale, use_scale,
+                                          dtype);
 }
 
-template <int MODE>
+template <int MODE, int DT, int CONV = FP_F16_CONV, int N = FP_FAST16_N, int B = FP_FAST16_BATCH,
+          int AHEAD = FP_FAST16_AHEAD>
 __device__ __forceinline__ void fp_fold_fast16(u16* __restrict__ out, const u16* __restrict__ s,
                                                u64 ld, u64 len, u32 world,
                                                const u32* __restrict__ prog, u32 prog_len,
                                                float scale, u32 use_scale, u32 dtype) {
     // Scalar head up to the first 16-byte boundary of out (< 8 elements),
-    // 8-element body, scalar tail of < 8 elements.
+    // N-element body, scalar tail of < N elements.
     u64 head = ((16ULL - ((u64)out & 15ULL)) & 15ULL) >> 1;
     if (head > len) head = len;
-    u64 nvec = (len - head) >> 3;
-    u64 tail = head + nvec * 8ULL;
+    u64 nvec = (len - head) / (u64)N;
+    u64 tail = head + nvec * (u64)N;
     u64 tid = (u64)blockIdx.x * (u64)blockDim.x + threadIdx.x;
     u64 stride = (u64)gridDim.x * (u64)blockDim.x;
-    for (u64 v = tid; v < nvec; v += stride) {
-        u64 i = head + v * 8ULL;
-        fp_f8 acc = fp_fold_at16<MODE, fp_f8, uint4>(s, ld, i, world, prog, prog_len, dtype);
-        if (use_scale) acc = fp_scale(acc, scale);
-        fp_store16(out + i, acc, dtype);
+    // The edges first: nothing of them stays live across the body's loop,
+    // whose registers the batch takes (spills went from 96 to 12 bytes on
+    // sm_90). DT 0, the fold as first written, keeps them after it.
+    if constexpr (DT != 0) {
+        if (tid < head)
+            fp_fold_elems16<MODE, DT, CONV, 1, B>(out, s, ld, tid, world, prog, prog_len, scale,
+                                                  use_scale, dtype);
+        if (tail + tid < len)
+            fp_fold_elems16<MODE, DT, CONV, 1, B>(out, s, ld, tail + tid, world, prog, prog_len,
+                                                  scale, use_scale, dtype);
     }
-    if (tid < head) {
-        float acc = fp_fold_at16<MODE, float, u16>(s, ld, tid, world, prog, prog_len, dtype);
-        if (use_scale) acc = fp_scale(acc, scale);
-        fp_store16(out + tid, acc, dtype);
-    }
-    if (tail + tid < len) {
-        u64 i = tail + tid;
-        float acc = fp_fold_at16<MODE, float, u16>(s, ld, i, world, prog, prog_len, dtype);
-        if (use_scale) acc = fp_scale(acc, scale);
-        fp_store16(out + i, acc, dtype);
+    for (u64 v = tid; v < nvec; v += stride)
+        fp_fold_elems16<MODE, DT, CONV, N, B, AHEAD>(out, s, ld, head + v * (u64)N, world, prog,
+                                                     prog_len, scale, use_scale, dtype);
+    if constexpr (DT == 0) {
+        if (tid < head)
+            fp_fold_elems16<MODE, DT, CONV, 1, B>(out, s, ld, tid, world, prog, prog_len, scale,
+                                                  use_scale, dtype);
+        if (tail + tid < len)
+            fp_fold_elems16<MODE, DT, CONV, 1, B>(out, s, ld, tail + tid, world, prog, prog_len,
+                                                  scale, use_scale, dtype);
     }
 }
 
+// `dtype` is dispatched once per launch (a uniform branch).
 #define FP_FOLD16_ENTRY(NAME, IMPL, MODE)                                                 \
     extern "C" __global__ void __launch_bounds__(1024)                                    \
         NAME(u16* __restrict__ out, const u16* __restrict__ s, u64 ld, u64 len,           \
              u32 world, const u32* __restrict__ prog, u32 prog_len, float scale,          \
              u32 use_scale, u32 dtype) {                                                  \
-        IMPL<MODE>(out, s, ld, len, world, prog, prog_len, scale, use_scale, dtype);      \
+        if (dtype == FP_DTYPE_BF16)                                                       \
+            IMPL<MODE, FP_DTYPE_BF16>(out, s, ld, len, world, prog, prog_len, scale,      \
+                                      use_scale, dtype);                                  \
+        else                                                                              \
+            IMPL<MODE, FP_DTYPE_F16>(out, s, ld, len, world, prog, prog_len, scale,       \
+                                     use_scale, dtype);                                   \
     }
 
 FP_FOLD16_ENTRY(fp_fold_fixed_seed16, fp_fold_seed16, 0)

@@ -93,17 +93,35 @@ extern "C" __global__ void fp_generate16(u16* __restrict__ out, u64 n, u64 first
 }
 
 // The conversions alone, for checking them against the host's on every
-// input: out[j] = narrow(first + j) and wide[j] = widen(first + j).
-extern "C" __global__ void fp_narrow_bits(u16* __restrict__ out, u64 n, u32 first, u32 dtype) {
+// input: out[j] = narrow(first + j) and wide[j] = widen(first + j). `hw` 1
+// checks what the f16 folds' fast path runs (dtype.cuh's fp_*_f16_hw, the
+// widening two elements of a word at a time as the folds load them); 0, and
+// every bf16 call, the exact conversions.
+extern "C" __global__ void fp_narrow_bits(u16* __restrict__ out, u64 n, u32 first, u32 dtype,
+                                          u32 hw) {
     u64 stride = (u64)gridDim.x * (u64)blockDim.x;
     for (u64 j = (u64)blockIdx.x * (u64)blockDim.x + threadIdx.x; j < n; j += stride) {
-        out[j] = (u16)fp_narrow16(first + (u32)j, dtype);
+        u32 b = first + (u32)j;
+        out[j] = (u16)(hw && dtype == FP_DTYPE_F16 ? fp_narrow_f16_hw(__uint_as_float(b))
+                                                   : fp_narrow16(b, dtype));
     }
 }
 
-extern "C" __global__ void fp_widen_bits(u32* __restrict__ wide, u64 n, u32 first, u32 dtype) {
+// With `hw`, n must be even (pairs).
+extern "C" __global__ void fp_widen_bits(u32* __restrict__ wide, u64 n, u32 first, u32 dtype,
+                                         u32 hw) {
     u64 stride = (u64)gridDim.x * (u64)blockDim.x;
     for (u64 j = (u64)blockIdx.x * (u64)blockDim.x + threadIdx.x; j < n; j += stride) {
-        wide[j] = fp_widen16((first + (u32)j) & 0xFFFFu, dtype);
+        if (hw && dtype == FP_DTYPE_F16) {
+            if (2 * j + 1 >= n) break;
+            u32 lo_bits = (first + 2 * (u32)j) & 0xFFFFu;
+            u32 hi_bits = (first + 2 * (u32)j + 1) & 0xFFFFu;
+            float lo, hi;
+            fp_widen_f16x2_hw(lo_bits | (hi_bits << 16), lo, hi);
+            wide[2 * j] = __float_as_uint(lo);
+            wide[2 * j + 1] = __float_as_uint(hi);
+        } else {
+            wide[j] = fp_widen16((first + (u32)j) & 0xFFFFu, dtype);
+        }
     }
 }

@@ -26,8 +26,9 @@ pub use module::{
 };
 pub use nvrtc::{nvrtc_compile, Image};
 pub use source::{
-    dtype_code, fold_entries, fold_entry, fold_entry16, FoldMode, KernelVariant, CHUNK_SHA_ENTRY,
-    DTYPE_CUH, FOLD_PROGRAM, FOLD_SRC, GENERATE16_ENTRY, GENERATE_ENTRY, GENERATOR_ENTRIES,
+    dtype_code, fold16_trial_entries, fold_entries, fold_entry, fold_entry16, Fold16Trial,
+    FoldMode, KernelVariant, CHUNK_SHA_ENTRY, DTYPE_CUH, FOLD16_TRIALS, FOLD16_TRIALS_PROGRAM,
+    FOLD16_TRIALS_SRC, FOLD_PROGRAM, FOLD_SRC, GENERATE16_ENTRY, GENERATE_ENTRY, GENERATOR_ENTRIES,
     GENERATOR_PROGRAM, GENERATOR_SRC, NAN_CHUNKS_ENTRY, NARROW_BITS_ENTRY, RANK_CHECK_ENTRIES,
     RANK_CHECK_PROGRAM, RANK_CHECK_SRC, RANK_DIFF16_ENTRY, RANK_DIFF_ENTRY, WIDEN_BITS_ENTRY,
 };

@@ -8,9 +8,9 @@ use super::compile::{build_image, BuildRequest};
 use super::disk_cache::{self, DiskCache, KeyParts, Lookup};
 use super::nvrtc::Image;
 use super::source::{
-    fold_entries, fold_entry, fold_entry16, FoldMode, KernelVariant, FOLD_PROGRAM, FOLD_SRC,
-    GENERATOR_ENTRIES, GENERATOR_PROGRAM, GENERATOR_SRC, RANK_CHECK_ENTRIES, RANK_CHECK_PROGRAM,
-    RANK_CHECK_SRC,
+    fold16_trial_entries, fold_entries, fold_entry, fold_entry16, FoldMode, KernelVariant,
+    FOLD16_TRIALS_PROGRAM, FOLD16_TRIALS_SRC, FOLD_PROGRAM, FOLD_SRC, GENERATOR_ENTRIES,
+    GENERATOR_PROGRAM, GENERATOR_SRC, RANK_CHECK_ENTRIES, RANK_CHECK_PROGRAM, RANK_CHECK_SRC,
 };
 use super::target::{option_list, CompileOptions, ResolvedTarget, Target};
 use crate::gpu::error::GpuError;
@@ -285,6 +285,20 @@ impl ProgramSpec {
             use_disk: opts.disk_cache,
             src: &FOLD_SRC,
             entries: fold_entries(),
+        }
+    }
+
+    /// The 16-bit fold trials (`fold16_trials.cu`), with the fold's options.
+    pub fn fold16_trials(opts: CompileOptions, target: ResolvedTarget) -> Self {
+        let fold = Self::fold(opts, target);
+        ProgramSpec {
+            request: BuildRequest {
+                program: FOLD16_TRIALS_PROGRAM,
+                ..fold.request
+            },
+            src: &FOLD16_TRIALS_SRC,
+            entries: fold16_trial_entries(),
+            ..fold
         }
     }
 

@@ -16,8 +16,9 @@ use std::sync::LazyLock;
 
 /// The generator's CUDA C, as written (without the generated `#define`s).
 pub const GENERATOR_CU: &str = include_str!("generate.cu");
-/// The dtype conversions (integer code mirroring `crate::dtype`), placed
-/// before `generate.cu` and `fold.cu`.
+/// The dtype conversions (integer code mirroring `crate::dtype`, and the
+/// hardware's f16 ones for the folds' fast path), placed before
+/// `generate.cu` and `fold.cu`.
 pub const DTYPE_CUH: &str = include_str!("dtype.cuh");
 /// The fold's CUDA C, as written (without the generated `#define`s).
 pub const FOLD_CU: &str = include_str!("fold.cu");
@@ -42,6 +43,81 @@ pub const CHUNK_SHA_ENTRY: &str = "fp_chunk_sha256";
 pub const NAN_CHUNKS_ENTRY: &str = "fp_nan_chunks";
 /// The fold program as NVRTC compiles it: [`prelude`] + `fold.cu`.
 pub static FOLD_SRC: LazyLock<String> = LazyLock::new(|| program_with_dtypes("fold.cu", FOLD_CU));
+/// Other shapes of the 16-bit fixed-order `fast` fold, for measuring them
+/// beside each other (`fold16_trials.cu`, built on `fold.cu`'s templates).
+pub const FOLD16_TRIALS_CU: &str = include_str!("fold16_trials.cu");
+/// The trials as NVRTC compiles them: [`FOLD_SRC`] + `fold16_trials.cu`.
+/// Only the benchmark's sweep builds it.
+pub static FOLD16_TRIALS_SRC: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "{}#line 1 \"fold16_trials.cu\"\n{FOLD16_TRIALS_CU}",
+        *FOLD_SRC
+    )
+});
+/// NVRTC's name of the trials program.
+pub const FOLD16_TRIALS_PROGRAM: &str = "foldprint_fold16_trials";
+
+/// One shape of [`FOLD16_TRIALS_CU`]: its kernel (the signature of
+/// `FP_FOLD16_ENTRY`, fixed order) and the elements each thread folds per
+/// step (for the grid size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Fold16Trial {
+    pub entry: &'static str,
+    pub elems_per_thread: u32,
+}
+
+/// Every trial kernel, in the order the sweep prints them.
+pub const FOLD16_TRIALS: [Fold16Trial; 11] = [
+    Fold16Trial {
+        entry: "fp_fold16_before",
+        elems_per_thread: 8,
+    },
+    Fold16Trial {
+        entry: "fp_fold16_int_n8_b8",
+        elems_per_thread: 8,
+    },
+    Fold16Trial {
+        entry: "fp_fold16_hw_n8_b8",
+        elems_per_thread: 8,
+    },
+    Fold16Trial {
+        entry: "fp_fold16_hw_n8_b4",
+        elems_per_thread: 8,
+    },
+    Fold16Trial {
+        entry: "fp_fold16_hw_n4_b8",
+        elems_per_thread: 4,
+    },
+    Fold16Trial {
+        entry: "fp_fold16_hw_n4_b16",
+        elems_per_thread: 4,
+    },
+    Fold16Trial {
+        entry: "fp_fold16_hw_n16_b4",
+        elems_per_thread: 16,
+    },
+    Fold16Trial {
+        entry: "fp_fold16_hw_n4_b8_ahead",
+        elems_per_thread: 4,
+    },
+    Fold16Trial {
+        entry: "fp_fold16_hw_n8_b4_ahead",
+        elems_per_thread: 8,
+    },
+    Fold16Trial {
+        entry: "fp_fold16_hw_n4_b4_occ2",
+        elems_per_thread: 4,
+    },
+    Fold16Trial {
+        entry: "fp_fold16_hw_n8_b2_occ2",
+        elems_per_thread: 8,
+    },
+];
+
+/// The kernels of the trials program.
+pub fn fold16_trial_entries() -> Vec<&'static str> {
+    FOLD16_TRIALS.iter().map(|t| t.entry).collect()
+}
 
 /// [`prelude`], then `file`'s text under a `#line` directive, so NVRTC's
 /// messages name the `.cu` file and its own line numbers. (The directive
@@ -379,6 +455,7 @@ mod tests {
             ("generate.cu", GENERATOR_CU),
             ("fold.cu", FOLD_CU),
             ("dtype.cuh", DTYPE_CUH),
+            ("fold16_trials.cu", FOLD16_TRIALS_CU),
         ] {
             let upper = text.to_uppercase().replace('_', "");
             for d in defines() {
@@ -428,6 +505,31 @@ mod tests {
                 "{e}"
             );
         }
+        // Every trial is a kernel of fold16_trials.cu, and every kernel there
+        // a trial; each names its elements per thread (`_nN_`).
+        let kernels = FOLD16_TRIALS_CU.matches("\nFP_FOLD16_TRIAL(").count()
+            + FOLD16_TRIALS_CU.matches("\n    fp_fold16_before(").count();
+        assert_eq!(kernels, FOLD16_TRIALS.len());
+        for t in FOLD16_TRIALS {
+            assert!(
+                FOLD16_TRIALS_CU.contains(&format!("FP_FOLD16_TRIAL({}, ", t.entry))
+                    || FOLD16_TRIALS_CU.contains(&format!("\n    {}(", t.entry)),
+                "{}",
+                t.entry
+            );
+            let n = t
+                .entry
+                .split("_n")
+                .nth(1)
+                .map(|r| r.split('_').next().unwrap());
+            assert_eq!(
+                n.unwrap_or("8"),
+                t.elems_per_thread.to_string(),
+                "{}",
+                t.entry
+            );
+        }
+        assert!(FOLD16_TRIALS_SRC.starts_with(FOLD_SRC.as_str()));
         assert_eq!(FOLD_CU.matches("\nFP_FOLD_ENTRY(").count(), 6);
         assert_eq!(FOLD_CU.matches("\nFP_FOLD16_ENTRY(").count(), 6);
         for e in GENERATOR_ENTRIES {
