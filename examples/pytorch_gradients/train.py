@@ -24,7 +24,9 @@ all-reduce, the one DDP ran.
 
 With --emulate-hosts every rank gets its own NCCL host id (NCCL_HOSTID), so
 ranks sharing one GPU talk over NCCL's network transport as separate
-machines would.
+machines would. With --cpu it trains on the CPU over gloo, no GPU needed:
+the all-reduce recorded is then gloo's (the nccl-allreduce control has
+nothing to equal; check the recording with `--backend cpu`).
 """
 
 import argparse
@@ -47,6 +49,8 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--emulate-hosts", action="store_true")
     ap.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="f32")
+    ap.add_argument("--cpu", action="store_true",
+                    help="train on the CPU with gloo (no GPU needed; gloo's all-reduce, not NCCL's)")
     args = ap.parse_args()
 
     rank = int(os.environ["RANK"])
@@ -55,9 +59,13 @@ def main():
     if args.emulate_hosts:
         # Before NCCL starts: it reads the host id once.
         os.environ["NCCL_HOSTID"] = f"fp-example-host{rank}"
-    device = torch.device("cuda", local % torch.cuda.device_count())
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
+    if args.cpu:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    else:
+        device = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
 
     # The same initial weights on every rank; each rank its own data.
     torch.manual_seed(0)
@@ -68,7 +76,7 @@ def main():
         torch.nn.ReLU(),
         torch.nn.Linear(256, 10),
     ).to(device=device, dtype=DTYPES[args.dtype])
-    model = DDP(model, device_ids=[device])
+    model = DDP(model, device_ids=None if args.cpu else [device])
     foldprint.torch.record(model, args.out, steps=range(args.steps))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     data = torch.Generator(device="cpu").manual_seed(1000 + rank)

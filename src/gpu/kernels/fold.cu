@@ -160,10 +160,11 @@ FP_FOLD_ENTRY(fp_fold_tree_fast, fp_fold_fast, 2)
 //   batch's adds.
 
 // The production shape of every 16-bit entry (fold16_trials.cu measures
-// others beside it).
+// others beside it). A batch of 4 rows beat 8 at every W of the bench on
+// an H100 (docs/BENCHMARKS.md, the 16-bit fold's trial sweep).
 constexpr int FP_F16_CONV = 1;
 constexpr int FP_FAST16_N = 8;
-constexpr int FP_FAST16_BATCH = 8;
+constexpr int FP_FAST16_BATCH = 4;
 constexpr int FP_FAST16_AHEAD = 0;
 
 // N float32 values, and the N raw 16-bit elements they come from (element
