@@ -25,7 +25,7 @@ pub(super) struct Cli {
 const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0      every check held
-  1      a check failed: a digest, a rank copy, an invariance group, a golden or a comparison differs; or nothing was checked (every case skipped, no case shared, no dump listed, a report whose own run failed); or a case differs from its `expect` file
+  1      a check failed: a digest, a rank copy, an invariance group, a golden or a comparison differs; or nothing was checked (every case skipped, no case shared, no dump listed, a report whose own run failed); or a case differs from its `expect` file (`run --expect-gate` chooses which cases: all, none, or those of named contracts)
   2      bad input: usage, a malformed experiment, a corrupt or inconsistent report, an unusable output path; a rank file that is missing, malformed, changed during the run or unlike the other ranks'; a launcher variable that is malformed, out of range or contradicts another launcher's, or a rendezvous address rank 0 cannot listen on
   3      a resource is missing: no GPU (or none for this rank), driver or library, not enough memory or disk space
   4      the infrastructure failed mid-run: an NCCL error, a dead peer, the watchdog, the rendezvous
