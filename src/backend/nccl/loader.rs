@@ -36,6 +36,17 @@ pub struct UniqueId {
 
 type Send = unsafe extern "C" fn(*const c_void, usize, c_int, c_int, RawComm, Stream) -> NcclResult;
 type Recv = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, Stream) -> NcclResult;
+/// `ncclAllReduce` and `ncclReduceScatter` share one signature: send
+/// buffer, receive buffer, count, datatype, reduction op, comm, stream.
+type Collective = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    RawComm,
+    Stream,
+) -> NcclResult;
 
 /// The loaded library: its entry points stay private to this module and
 /// [`super::comm`], which wrap every call.
@@ -53,24 +64,8 @@ pub struct Nccl {
     get_error_string: unsafe extern "C" fn(NcclResult) -> *const c_char,
     pub(super) send: Send,
     pub(super) recv: Recv,
-    pub(super) all_reduce: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        RawComm,
-        Stream,
-    ) -> NcclResult,
-    pub(super) reduce_scatter: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        RawComm,
-        Stream,
-    ) -> NcclResult,
+    pub(super) all_reduce: Collective,
+    pub(super) reduce_scatter: Collective,
     pub(super) group_start: unsafe extern "C" fn() -> NcclResult,
     pub(super) group_end: unsafe extern "C" fn() -> NcclResult,
     /// `ncclGetLastError` (NCCL >= 2.13): NCCL's own words on the last
