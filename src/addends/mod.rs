@@ -987,28 +987,31 @@ fn same_arenas(
     Ok(())
 }
 
+/// Test support: an npy 1.0 file of float32 values, for this module's
+/// tests and the experiment loader's.
+#[cfg(test)]
+pub(crate) fn write_npy_f32(path: &Path, values: &[f32]) {
+    let mut dict = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+        values.len()
+    );
+    while (10 + dict.len() + 1) % 64 != 0 {
+        dict.push(' ');
+    }
+    dict.push('\n');
+    let mut b = b"\x93NUMPY\x01\x00".to_vec();
+    b.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+    b.extend_from_slice(dict.as_bytes());
+    for v in values {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(path, b).unwrap();
+}
+
 #[cfg(test)]
 mod tests {
+    use super::write_npy_f32 as npy;
     use super::*;
-
-    /// An npy 1.0 file of float32 values.
-    fn npy(path: &Path, values: &[f32]) {
-        let mut dict = format!(
-            "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
-            values.len()
-        );
-        while (10 + dict.len() + 1) % 64 != 0 {
-            dict.push(' ');
-        }
-        dict.push('\n');
-        let mut b = b"\x93NUMPY\x01\x00".to_vec();
-        b.extend_from_slice(&(dict.len() as u16).to_le_bytes());
-        b.extend_from_slice(dict.as_bytes());
-        for v in values {
-            b.extend_from_slice(&v.to_le_bytes());
-        }
-        std::fs::write(path, b).unwrap();
-    }
 
     /// Float16 bits widen as docs/SPEC.md defines, a signalling NaN's
     /// payload kept (it is not quieted on the way in), subnormals exact.

@@ -919,24 +919,7 @@ pub fn to_toml(name: &str, cases: &[(String, &Case)]) -> Result<String, WriteErr
 mod own_rank_tests {
     use super::*;
 
-    /// An npy 1.0 file of float32 values.
-    fn npy(path: &Path, values: &[f32]) {
-        let mut header = format!(
-            "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
-            values.len()
-        );
-        while (10 + header.len() + 1) % 64 != 0 {
-            header.push(' ');
-        }
-        header.push('\n');
-        let mut b = b"\x93NUMPY\x01\x00".to_vec();
-        b.extend_from_slice(&(header.len() as u16).to_le_bytes());
-        b.extend_from_slice(header.as_bytes());
-        for v in values {
-            b.extend_from_slice(&v.to_le_bytes());
-        }
-        std::fs::write(path, b).unwrap();
-    }
+    use crate::addends::write_npy_f32 as npy;
 
     /// Under one process per rank, a per-rank `expect` opens this rank's
     /// file alone (the others may live on other hosts): rank 1 loads while
