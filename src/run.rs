@@ -210,9 +210,10 @@ impl Loaded {
             placement::emulation_requested(o.emulate_hosts, |k| std::env::var(k).ok())
                 .map_err(Error::Emulation)
         };
-        // Rank files are hashed while the backend starts (a GPU context
-        // takes about as long as hashing a gigabyte); an NCCL rank presents
-        // its own file's digest in the rendezvous, so it hashes first.
+        // Rank files are read and hashed in the background while the
+        // backend starts and the cases run (a digest is waited for where a
+        // key needs it); an NCCL rank presents its own file's digest in the
+        // rendezvous, so it hashes first.
         let (experiments, (mut be, note), world) = match o.backend {
             BackendChoice::Nccl => {
                 let hashed = experiment::hash_rank_files(&self.experiments)?;
@@ -236,7 +237,7 @@ impl Loaded {
                 emulate_hosts()?;
                 let mut world = World::one_process(o.gpus, o.init_timeout);
                 let (hashed, started) = std::thread::scope(|s| {
-                    let hashing = s.spawn(|| experiment::hash_rank_files(&self.experiments));
+                    let hashing = s.spawn(|| experiment::read_rank_files(&self.experiments));
                     let started = backend::select(o.backend, &opts, &mut world);
                     (hashing.join(), started)
                 });
@@ -289,6 +290,9 @@ impl Loaded {
         };
         let (report, staged) = runner::run_staged(&experiments, be.as_mut(), &cfg, observer)
             .map_err(|e| self.interrupted(e, dump))?;
+        // A file no case read (all skipped) is still refused if its pass
+        // failed: the report would name bytes nobody saw.
+        experiment::rank_files_read(&experiments)?;
         observer.finished();
         if !reporting {
             return if report.summary.ok {

@@ -15,6 +15,7 @@
 //! learns the others' digests in the rendezvous ([`AddendFiles::complete`]).
 
 mod format;
+mod pass;
 mod read;
 
 pub use format::{Dtype, Format, Tensor};
@@ -205,13 +206,35 @@ struct RankFile {
     shown: String,
     facts: Option<FileFacts>,
     opened: Option<Arc<Opened>>,
-    /// The file's bytes as the one pass read and hashed them; the tensors
-    /// are read from here, never from the file again.
-    held: Option<Arc<Vec<u8>>>,
+    /// The file's one pass: the bytes the tensors are read from (never the
+    /// file again), and their digest once hashed.
+    pass: Option<Arc<pass::Pass>>,
 }
 
-/// A rank file's bytes as its one read pass saw and hashed them.
-type Held = Arc<Vec<u8>>;
+impl RankFile {
+    /// The file's digest and size: known, or waited for from its pass
+    /// (`None` if the pass failed; reading the file says why).
+    fn facts(&self) -> Option<FileFacts> {
+        self.facts.or_else(|| {
+            let p = self.pass.as_ref()?;
+            Some(FileFacts {
+                sha256: p.digest().ok()?,
+                bytes: self.opened.as_ref()?.stamp.size,
+            })
+        })
+    }
+}
+
+/// A failed pass, said of the file.
+fn pass_failed(shown: &str, e: pass::PassError) -> AddendError {
+    match e {
+        pass::PassError::Bad(m) => bad(shown, m),
+        pass::PassError::Changed => AddendError::Changed {
+            path: shown.into(),
+            what: "after it was opened, before its one read ended".into(),
+        },
+    }
+}
 
 /// The rank files of a case: what each rank's arenas are read from.
 #[derive(Debug, Clone)]
@@ -234,7 +257,7 @@ impl PartialEq for AddendFiles {
                 .files
                 .iter()
                 .zip(&other.files)
-                .all(|(a, b)| a.shown == b.shown && a.facts == b.facts)
+                .all(|(a, b)| a.shown == b.shown && a.facts() == b.facts())
     }
 }
 
@@ -356,7 +379,7 @@ impl AddendFiles {
                 shown: shown(r),
                 facts: None,
                 opened: None,
-                held: None,
+                pass: None,
             })
             .collect();
         // Open and read every header first (cheap), then hash in parallel.
@@ -434,17 +457,20 @@ impl AddendFiles {
             self.base.join(p)
         }
     }
-    /// Every file this process opened, read once and hashed in the same
-    /// pass (the files in parallel; a file that changed since it was
-    /// opened is refused), its bytes kept for the backends when they fit
-    /// in a quarter of the memory left, else hashed alone and read again
-    /// later. Until then the files' digests are unknown and the case key
-    /// says `pending`.
-    pub fn hashed(&self) -> Result<AddendFiles, AddendError> {
+    /// Every file this process opened, read once in the background when
+    /// all of them fit in a quarter of the memory left ([`pass`]: each
+    /// block hashed after it is read, the bytes kept for the backends),
+    /// else hashed here and read again later. Returns before the passes
+    /// end: a read waits for its file's bytes, a digest for its hash, so
+    /// hashing runs behind the backends' work. Until the digests are
+    /// known the case key says `pending`.
+    pub fn reading(&self) -> Result<AddendFiles, AddendError> {
         use rayon::prelude::*;
-        fn unread(f: &RankFile) -> Option<&Arc<Opened>> {
-            f.opened.as_ref().filter(|_| f.facts.is_none())
-        }
+        let unread = |f: &RankFile| {
+            f.opened
+                .clone()
+                .filter(|_| f.facts.is_none() && f.pass.is_none())
+        };
         let total: u64 = self
             .files
             .iter()
@@ -452,47 +478,75 @@ impl AddendFiles {
             .map(|o| o.stamp.size)
             .sum();
         let hold = crate::memory::available_memory().map_or(total <= 1 << 30, |m| total <= m / 4);
-        let done: Vec<(Option<FileFacts>, Option<Held>)> =
-            self.files
+        let mut out = self.clone();
+        if hold {
+            let (at, inputs): (Vec<usize>, Vec<Arc<dyn pass::Input>>) = self
+                .files
+                .iter()
+                .enumerate()
+                .filter_map(|(r, f)| Some((r, unread(f)? as Arc<dyn pass::Input>)))
+                .unzip();
+            for (r, p) in at.into_iter().zip(pass::start(inputs)) {
+                out.files[r].pass = Some(p);
+            }
+        } else {
+            let facts: Vec<Option<FileFacts>> = self
+                .files
                 .par_iter()
                 .map(|f| match unread(f) {
-                    Some(o) if hold => read_file(&f.shown, &o.file, o.stamp)
-                        .map(|(x, b)| (Some(x), Some(Arc::new(b)))),
-                    Some(o) => hash_file(&f.shown, &o.file, o.stamp).map(|x| (Some(x), None)),
-                    None => Ok((f.facts, f.held.clone())),
+                    Some(o) => hash_file(&f.shown, &o.file, o.stamp).map(Some),
+                    None => Ok(f.facts),
                 })
                 .collect::<Result<_, _>>()?;
-        let mut out = self.clone();
-        for (f, (facts, held)) in out.files.iter_mut().zip(done) {
-            f.facts = facts;
-            f.held = held;
+            for (f, x) in out.files.iter_mut().zip(facts) {
+                f.facts = x;
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`Self::reading`], then every digest waited for: a file whose read
+    /// failed, or that changed before its read ended, is refused here.
+    pub fn hashed(&self) -> Result<AddendFiles, AddendError> {
+        let mut out = self.reading()?;
+        for f in &mut out.files {
+            if let (None, Some(p), Some(o)) = (f.facts, &f.pass, &f.opened) {
+                let sha256 = p.digest().map_err(|e| pass_failed(&f.shown, e))?;
+                f.facts = Some(FileFacts {
+                    sha256,
+                    bytes: o.stamp.size,
+                });
+            }
         }
         Ok(out)
     }
 
     /// Whether rank `rank`'s file was read in one pass and is read from
-    /// the bytes kept then.
+    /// the bytes kept then (waits for them).
     pub fn is_held(&self, rank: usize) -> bool {
-        self.files.get(rank).is_some_and(|f| f.held.is_some())
+        self.files
+            .get(rank)
+            .and_then(|f| f.pass.as_ref())
+            .is_some_and(|p| p.bytes().is_ok())
     }
 
-    /// Whether every file this process opened has been hashed.
+    /// Whether every file this process opened is hashed, or being hashed.
     pub fn is_hashed(&self) -> bool {
         self.files
             .iter()
-            .all(|f| f.opened.is_none() || f.facts.is_some())
+            .all(|f| f.opened.is_none() || f.facts.is_some() || f.pass.is_some())
     }
 
     /// Whether every rank file's digest is known here.
     pub fn is_complete(&self) -> bool {
-        self.files.iter().all(|f| f.facts.is_some())
+        self.files.iter().all(|f| f.facts().is_some())
     }
     /// This process's own file's facts (the one it opened), if one.
     pub fn own_facts(&self) -> Option<FileFacts> {
         self.files
             .iter()
             .find(|f| f.opened.is_some())
-            .and_then(|f| f.facts)
+            .and_then(RankFile::facts)
     }
     /// The file the arenas were read from, as written: the first this
     /// process opened (every other rank's holds the same arenas).
@@ -523,7 +577,7 @@ impl AddendFiles {
         }
         let mut out = self.clone();
         for (f, given) in out.files.iter_mut().zip(facts) {
-            if let Some(mine) = f.facts {
+            if let Some(mine) = f.facts() {
                 if mine != *given {
                     return Err(bad(
                         &f.shown,
@@ -538,7 +592,7 @@ impl AddendFiles {
 
     /// The identity the case key holds, once every digest is known.
     pub fn identity(&self) -> Option<Sha256> {
-        let facts: Option<Vec<FileFacts>> = self.files.iter().map(|f| f.facts).collect();
+        let facts: Option<Vec<FileFacts>> = self.files.iter().map(RankFile::facts).collect();
         Some(identity(self.format, &self.arenas, &facts?))
     }
 
@@ -549,7 +603,7 @@ impl AddendFiles {
             .files
             .iter()
             .map(|f| {
-                let facts = f.facts.unwrap_or(FileFacts {
+                let facts = f.facts().unwrap_or(FileFacts {
                     sha256: Sha256::default(),
                     bytes: 0,
                 });
@@ -603,7 +657,11 @@ impl AddendFiles {
             rank,
             path: f.shown.clone(),
         })?;
-        let held = f.held.as_deref().map(Vec::as_slice);
+        let held = match &f.pass {
+            Some(p) => Some(p.bytes().map_err(|e| pass_failed(&f.shown, e))?),
+            None => None,
+        };
+        let held = held.map(|b| b.as_ref() as &dyn read::Source);
         o.read(&f.shown, arena, "before it was read", held, how)
     }
 
@@ -648,13 +706,13 @@ impl Opened {
         shown: &str,
         arena: usize,
         when: &str,
-        held: Option<&[u8]>,
+        held: Option<&dyn read::Source>,
         how: impl FnOnce(&dyn read::Source, &Tensor) -> std::io::Result<T>,
     ) -> Result<T, AddendError> {
         self.unchanged(shown, when)?;
         let t = &self.tensors[arena];
         let read = match held {
-            Some(bytes) => how(&bytes, t),
+            Some(bytes) => how(bytes, t),
             None => how(&self.file, t),
         };
         // A read cut short by a truncation is a change too, not an I/O error.
@@ -677,6 +735,18 @@ impl Opened {
             });
         }
         Ok(())
+    }
+}
+
+impl pass::Input for Opened {
+    fn file(&self) -> &std::fs::File {
+        &self.file
+    }
+    fn size(&self) -> u64 {
+        self.stamp.size
+    }
+    fn unchanged(&self) -> Result<bool, String> {
+        Ok(Stamp::of(&self.file).map_err(|e| e.to_string())? == self.stamp)
     }
 }
 
@@ -705,32 +775,6 @@ fn open_file(
         });
     }
     Ok((file, stamp, all))
-}
-
-/// The one pass: an opened file's bytes, read once, and their SHA-256 and
-/// size; refused if the file changed after it was opened (the stamp taken
-/// then is compared once every byte is read).
-fn read_file(
-    shown: &str,
-    file: &std::fs::File,
-    stamp: Stamp,
-) -> Result<(FileFacts, Vec<u8>), AddendError> {
-    let (sha256, bytes) = read::hash_and_hold(file, stamp.size)
-        .map_err(|e| bad(shown, format!("cannot read it: {e}")))?;
-    let now = Stamp::of(file).map_err(|e| bad(shown, e.to_string()))?;
-    if now != stamp {
-        return Err(AddendError::Changed {
-            path: shown.into(),
-            what: "after it was opened, before its one read ended".into(),
-        });
-    }
-    Ok((
-        FileFacts {
-            sha256,
-            bytes: stamp.size,
-        },
-        bytes,
-    ))
 }
 
 /// The SHA-256 and size of an opened file, refused if it changed meanwhile.
@@ -1142,10 +1186,11 @@ mod tests {
         for r in 0..3 {
             assert!(f.is_held(r), "rank {r}'s file read in one pass");
             let on_disk = std::fs::read(dir.path().join(format!("r{r}.npy"))).unwrap();
-            let facts = f.files[r].facts.unwrap();
+            let facts = f.files[r].facts().unwrap();
             assert_eq!(facts.sha256, Sha256::of(&on_disk));
             assert_eq!(facts.bytes, on_disk.len() as u64);
-            assert_eq!(f.files[r].held.as_deref(), Some(&on_disk));
+            let held = f.files[r].pass.as_ref().unwrap().bytes().unwrap();
+            assert_eq!(held.to_vec(), on_disk);
             let mut v = [0f32; 3];
             f.read(r, 0, &mut v).unwrap();
             assert_eq!(v.map(f32::to_bits), [r as f32, 0.5, -2.0].map(f32::to_bits));
@@ -1259,8 +1304,8 @@ mod tests {
             .unwrap();
         assert!(mine.is_open(1) && !mine.is_open(0) && !mine.is_open(2));
         assert!(!mine.is_complete() && mine.identity().is_none());
-        assert_eq!(mine.own_facts(), all.files[1].facts);
-        let facts: Vec<FileFacts> = all.files.iter().map(|f| f.facts.unwrap()).collect();
+        assert_eq!(mine.own_facts(), all.files[1].facts());
+        let facts: Vec<FileFacts> = all.files.iter().map(|f| f.facts().unwrap()).collect();
         let done = mine.complete(&facts).unwrap();
         assert_eq!(done.identity(), all.identity());
         assert!(done.identity().is_some());

@@ -1,9 +1,7 @@
 //! Reading a rank file's bytes: its SHA-256, and a tensor straight into an
 //! arena with positioned reads (safe to share one descriptor between
 //! threads; no mapping, so a file truncated under us is an I/O error, not
-//! a SIGBUS). The one pass ([`hash_and_hold`]) reads a file once, hashing
-//! each block as the next one is read, and keeps its bytes: the tensors
-//! are then read from exactly the bytes that were hashed.
+//! a SIGBUS), or from the bytes the one pass kept ([`super::pass`]).
 
 use super::format::{Dtype, Tensor};
 use crate::digest::Sha256;
@@ -20,6 +18,11 @@ const BLOCK: usize = 1 << 20;
 pub(super) trait Source: Sync {
     /// Exactly `buf.len()` bytes from offset `at`.
     fn fill_at(&self, buf: &mut [u8], at: u64) -> std::io::Result<()>;
+    /// Whether a read of a few bytes costs no more than copying them (so a
+    /// sample picks its values one by one instead of reading spans).
+    fn in_memory(&self) -> bool {
+        false
+    }
 }
 
 impl Source for std::fs::File {
@@ -42,62 +45,8 @@ impl Source for &[u8] {
         buf.copy_from_slice(from);
         Ok(())
     }
-}
-
-/// Bytes per block of the one pass: the next block is read while this one
-/// is hashed.
-const PASS_BLOCK: usize = 8 << 20;
-
-/// The file's first `size` bytes, read once, and their SHA-256: block k+1
-/// is read (into its place in the kept bytes) while block k is hashed.
-pub(super) fn hash_and_hold(file: &std::fs::File, size: u64) -> std::io::Result<(Sha256, Vec<u8>)> {
-    let len = usize::try_from(size).map_err(std::io::Error::other)?;
-    let mut bytes = vec![0u8; len];
-    huge_pages(&mut bytes);
-    let mut h = sha2::Sha256::new();
-    let mut blocks = bytes.chunks_mut(PASS_BLOCK);
-    let mut at = 0u64;
-    let mut done: Option<&mut [u8]> = None;
-    loop {
-        let next = blocks.next();
-        let reading = next.map(|b| {
-            let from = at;
-            at += b.len() as u64;
-            (b, from)
-        });
-        let (read, ()) = rayon::join(
-            || match reading {
-                Some((b, from)) => file.read_exact_at(b, from).map(|()| Some(b)),
-                None => Ok(None),
-            },
-            || {
-                if let Some(d) = done.take() {
-                    h.update(&*d);
-                }
-            },
-        );
-        match read? {
-            Some(b) => done = Some(b),
-            None => break,
-        }
-    }
-    Ok((Sha256::from_bytes(h.finalize().into()), bytes))
-}
-
-/// Ask for transparent huge pages on a large fresh allocation: first-touch
-/// page faults otherwise cost as much as the reading.
-fn huge_pages(v: &mut [u8]) {
-    const HUGE: usize = 2 << 20;
-    let start = v.as_mut_ptr() as usize;
-    let end = start + v.len();
-    let aligned = start.next_multiple_of(HUGE);
-    if end > aligned + HUGE {
-        let len = (end - aligned) / HUGE * HUGE;
-        // SAFETY: the range lies inside this allocation; madvise only
-        // changes how the kernel backs it. Failure is harmless.
-        unsafe {
-            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
-        }
+    fn in_memory(&self) -> bool {
+        true
     }
 }
 
@@ -218,9 +167,23 @@ pub(super) fn sample(
         all.truncate(picks as usize);
         return Ok(all);
     }
+    let picks = picks as usize;
+    if file.in_memory() {
+        // Kept bytes: each pick is a copy of its own few bytes.
+        let mut out = vec![0f32; picks];
+        out.par_chunks_mut(BLOCK / 16)
+            .enumerate()
+            .try_for_each_init(Vec::new, |scratch, (k, dst)| {
+                for (p, d) in dst.iter_mut().enumerate() {
+                    let at = (k * (BLOCK / 16) + p) * stride;
+                    block(file, t, at, std::slice::from_mut(d), scratch)?;
+                }
+                Ok::<(), std::io::Error>(())
+            })?;
+        return Ok(out);
+    }
     // Read in spans of whole strides (one read per span, not per pick),
     // in parallel, keeping every stride-th value.
-    let picks = picks as usize;
     let per_span = (BLOCK / stride).max(1);
     let mut out = vec![0f32; picks];
     out.par_chunks_mut(per_span)

@@ -24,7 +24,7 @@ pub enum BenchError {
     #[error("writing the benchmark's rank files: {0}")]
     Io(#[source] std::io::Error),
     #[error("the benchmark's rank files: {0}")]
-    Addends(#[source] crate::addends::AddendError),
+    Addends(#[from] crate::addends::AddendError),
 }
 
 /// Median of `v` (the upper one for an even count); NaN when empty.

@@ -143,34 +143,82 @@ impl FileCache {
 /// set once, the sets one after another, each set's files in parallel).
 /// Cases whose keys only the digests tell apart are checked again.
 pub fn hash_rank_files(experiments: &[Experiment]) -> Result<Vec<Experiment>, InputError> {
+    let out = with_rank_files(experiments, AddendFiles::hashed)?;
+    for e in &out {
+        unique_keys(&e.path, &e.cases)?;
+    }
+    Ok(out)
+}
+
+/// The experiments with every rank file this process opened being read
+/// and hashed in the background ([`AddendFiles::reading`]): a backend
+/// reads the bytes as soon as they are in, the digests are waited for
+/// where a key is needed. Only an experiment with several sets of rank
+/// files, whose cases' keys the digests may yet make equal, waits for its
+/// digests here; [`rank_files_read`] names any file whose pass failed.
+pub fn read_rank_files(experiments: &[Experiment]) -> Result<Vec<Experiment>, InputError> {
+    let out = with_rank_files(experiments, AddendFiles::reading)?;
+    for e in &out {
+        let mut sets: Vec<&Arc<AddendFiles>> = Vec::new();
+        for f in e.cases.iter().filter_map(Case::files) {
+            if !sets.iter().any(|s| Arc::ptr_eq(s, f)) {
+                sets.push(f);
+            }
+        }
+        if sets.len() > 1 {
+            rank_files_read(std::slice::from_ref(e))?;
+            unique_keys(&e.path, &e.cases)?;
+        }
+    }
+    Ok(out)
+}
+
+/// Every background pass ended: the first rank file whose read failed or
+/// that changed before its read ended, with its experiment.
+pub fn rank_files_read(experiments: &[Experiment]) -> Result<(), InputError> {
+    for s in rank_file_sets(experiments) {
+        s.hashed().map_err(|e| in_experiment(experiments, &s, e))?;
+    }
+    Ok(())
+}
+
+/// An error of rank-file set `s`, said with the experiment file naming it.
+fn in_experiment(
+    experiments: &[Experiment],
+    s: &Arc<AddendFiles>,
+    e: crate::addends::AddendError,
+) -> InputError {
+    InputError::File {
+        path: experiments
+            .iter()
+            .find(|x| {
+                x.cases
+                    .iter()
+                    .filter_map(Case::files)
+                    .any(|f| Arc::ptr_eq(f, s))
+            })
+            .map(|x| x.path.clone())
+            .unwrap_or_default(),
+        message: e.to_string(),
+    }
+}
+
+/// `experiments` with each rank-file set not yet hashed passed through
+/// `how` (one set after another).
+fn with_rank_files(
+    experiments: &[Experiment],
+    how: fn(&AddendFiles) -> Result<AddendFiles, crate::addends::AddendError>,
+) -> Result<Vec<Experiment>, InputError> {
     let sets = rank_file_sets(experiments);
     let mut done = Vec::with_capacity(sets.len());
     for s in &sets {
         done.push(if s.is_hashed() {
             s.clone()
         } else {
-            Arc::new(s.hashed().map_err(|e| {
-                InputError::File {
-                    path: experiments
-                        .iter()
-                        .find(|x| {
-                            x.cases
-                                .iter()
-                                .filter_map(Case::files)
-                                .any(|f| Arc::ptr_eq(f, s))
-                        })
-                        .map(|x| x.path.clone())
-                        .unwrap_or_default(),
-                    message: e.to_string(),
-                }
-            })?)
+            Arc::new(how(s).map_err(|e| in_experiment(experiments, s, e))?)
         });
     }
-    let out = with_sets(experiments, &sets, &done);
-    for e in &out {
-        unique_keys(&e.path, &e.cases)?;
-    }
-    Ok(out)
+    Ok(with_sets(experiments, &sets, &done))
 }
 
 /// `experiments` with each rank-file set of `old` replaced by the one at
@@ -968,5 +1016,66 @@ mod own_rank_tests {
             let e = load(scope).unwrap_err().to_string();
             assert!(e.contains("rank 2's shard"), "{e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod background_pass_tests {
+    use super::*;
+    use crate::addends::write_npy_f32 as npy;
+
+    fn experiment(d: &Path, cases: &str) -> Vec<Experiment> {
+        for r in 0..3 {
+            npy(&d.join(format!("r{r}.npy")), &[r as f32, 0.5, -2.0]);
+            npy(&d.join(format!("s{r}.npy")), &[r as f32, 0.5, -2.0]);
+        }
+        let exp = d.join("x.toml");
+        std::fs::write(&exp, format!("name = \"x\"\n{cases}")).unwrap();
+        load_all_in(std::slice::from_ref(&exp), Scope::AllRanks).unwrap()
+    }
+
+    /// A run reads its rank files in the background: the keys come out as
+    /// hashing them first gives, and a file written between its opening
+    /// and its read is refused once the passes end, naming the experiment
+    /// and the file (control: the same files left alone pass).
+    #[test]
+    fn a_file_changed_before_its_background_read_is_refused_with_its_experiment() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let one = "[[case]]\nid = \"c\"\naddends = \"r{rank}.npy\"\n";
+        let loaded = experiment(d, one);
+        let read = read_rank_files(&loaded).unwrap();
+        rank_files_read(&read).unwrap();
+        let hashed = hash_rank_files(&experiment(d, one)).unwrap();
+        assert_eq!(read[0].cases[0].key(), hashed[0].cases[0].key());
+        assert!(!read[0].cases[0].key().contains("pending"));
+
+        let loaded = experiment(d, one);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(d.join("r1.npy"))
+            .unwrap();
+        std::io::Write::write_all(&mut f, b"x").unwrap();
+        let read = read_rank_files(&loaded).unwrap();
+        let e = rank_files_read(&read).unwrap_err().to_string();
+        assert!(e.contains("x.toml") && e.contains("r1.npy") && e.contains("changed"), "{e}");
+    }
+
+    /// Two sets of files with the same bytes make two cases of one key:
+    /// an experiment with several sets waits for its digests and refuses
+    /// that, although the keys differed while pending.
+    #[test]
+    fn equal_files_under_two_names_are_one_key_even_read_in_the_background() {
+        let dir = tempfile::tempdir().unwrap();
+        let two = "[[case]]\nid = \"a\"\naddends = \"r{rank}.npy\"\n\
+                   [[case]]\nid = \"b\"\naddends = \"s{rank}.npy\"\n";
+        let e = read_rank_files(&experiment(dir.path(), two))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("identical parameters"), "{e}");
+        // Control: different bytes under the second name.
+        npy(&dir.path().join("s2.npy"), &[9.0, 0.5, -2.0]);
+        let loaded = load_all_in(&[dir.path().join("x.toml")], Scope::AllRanks).unwrap();
+        read_rank_files(&loaded).unwrap();
     }
 }

@@ -253,13 +253,15 @@ fn nothing_in_the_library_climbs_back_up_to_run() {
 /// What one run does, from the launcher's variables to its outputs in
 /// place: `foldprint::run`'s and `ranks::world`'s to call, never the
 /// command line's.
-const RUN_LIFECYCLE: [&str; 12] = [
+const RUN_LIFECYCLE: [&str; 14] = [
     "from_process_env(",
     "placement::place(",
     "rendezvous::exchange(",
     "experiment_plan(",
     "rank_file_sets(",
     "hash_rank_files(",
+    "read_rank_files(",
+    "rank_files_read(",
     "backend::select(",
     "complete_rank_files(",
     "lock_all(",
