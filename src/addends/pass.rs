@@ -53,6 +53,14 @@ impl Source for Blocks {
     fn in_memory(&self) -> bool {
         true
     }
+    fn view(&self, at: u64, len: usize) -> Option<&[u8]> {
+        let end = at.checked_add(len as u64)?;
+        if end > self.len {
+            return None;
+        }
+        let at = at as usize;
+        self.parts[at / BLOCK].get(at % BLOCK..at % BLOCK + len)
+    }
 }
 
 /// Why a file's pass failed: said as the file's own error would be.
@@ -247,6 +255,15 @@ mod tests {
             }
             let mut one = [0u8; 1];
             assert!(b.fill_at(&mut one, w.len() as u64).is_err());
+            assert!(b.view(w.len() as u64, 1).is_none());
+            if w.len() > BLOCK + 2 {
+                // A view never crosses a block edge; within one it is the bytes.
+                assert!(b.view(BLOCK as u64 - 2, 4).is_none());
+                assert_eq!(
+                    b.view(BLOCK as u64 + 1, 2).unwrap(),
+                    &w[BLOCK + 1..BLOCK + 3]
+                );
+            }
         }
         // Negative control: the digests differ between files.
         assert_ne!(passes[2].digest().unwrap(), passes[3].digest().unwrap());

@@ -23,6 +23,11 @@ pub(super) trait Source: Sync {
     fn in_memory(&self) -> bool {
         false
     }
+    /// The `len` bytes at `at` where they lie, when they lie in one piece
+    /// of memory.
+    fn view(&self, _at: u64, _len: usize) -> Option<&[u8]> {
+        None
+    }
 }
 
 impl Source for std::fs::File {
@@ -47,6 +52,10 @@ impl Source for &[u8] {
     }
     fn in_memory(&self) -> bool {
         true
+    }
+    fn view(&self, at: u64, len: usize) -> Option<&[u8]> {
+        let at = usize::try_from(at).ok()?;
+        self.get(at..at.checked_add(len)?)
     }
 }
 
@@ -174,9 +183,14 @@ pub(super) fn sample(
         out.par_chunks_mut(BLOCK / 16)
             .enumerate()
             .try_for_each_init(Vec::new, |scratch, (k, dst)| {
+                let width = t.dtype.bytes();
                 for (p, d) in dst.iter_mut().enumerate() {
-                    let at = (k * (BLOCK / 16) + p) * stride;
-                    block(file, t, at, std::slice::from_mut(d), scratch)?;
+                    let first = (k * (BLOCK / 16) + p) * stride;
+                    let at = t.offset + (first * width) as u64;
+                    match file.view(at, width) {
+                        Some(b) => *d = widen(t, b),
+                        None => block(file, t, first, std::slice::from_mut(d), scratch)?,
+                    }
                 }
                 Ok::<(), std::io::Error>(())
             })?;

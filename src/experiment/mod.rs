@@ -1058,7 +1058,10 @@ mod background_pass_tests {
         std::io::Write::write_all(&mut f, b"x").unwrap();
         let read = read_rank_files(&loaded).unwrap();
         let e = rank_files_read(&read).unwrap_err().to_string();
-        assert!(e.contains("x.toml") && e.contains("r1.npy") && e.contains("changed"), "{e}");
+        assert!(
+            e.contains("x.toml") && e.contains("r1.npy") && e.contains("changed"),
+            "{e}"
+        );
     }
 
     /// Two sets of files with the same bytes make two cases of one key:
