@@ -154,6 +154,17 @@ impl FromStr for Dtype {
     }
 }
 
+/// A stored 16-bit pattern of `dtype` as a case carries it: narrowing its
+/// exact widening, which is the pattern itself except that a signalling
+/// NaN gets the quiet bit (`narrow(widen(h))`, without the two steps).
+pub const fn carried_bits16(dtype: Dtype, h: u16) -> u16 {
+    match dtype {
+        Dtype::Bf16 if h & 0x7F80 == 0x7F80 && h & 0x007F != 0 => h | 0x0040,
+        Dtype::F16 if h & 0x7C00 == 0x7C00 && h & 0x03FF != 0 => h | 0x0200,
+        _ => h,
+    }
+}
+
 /// bfloat16 is the top half of a binary32: widening appends 16 zero bits.
 #[inline(always)]
 pub const fn widen_bf16(h: u16) -> u32 {
@@ -229,6 +240,31 @@ pub const fn narrow_f16(b: u32) -> u16 {
     let half = 1 << (shift - 1);
     let up = rest > half || (rest == half && h & 1 == 1);
     sign | (h + up as u32) as u16
+}
+
+#[cfg(test)]
+mod carried_tests {
+    use super::*;
+
+    /// On every 16-bit pattern of both dtypes, the shortcut is the two
+    /// conversions; and it does change a signalling NaN (negative control).
+    #[test]
+    fn carried_bits_are_narrowing_the_widening_on_every_pattern() {
+        for h in 0..=u16::MAX {
+            assert_eq!(
+                carried_bits16(Dtype::Bf16, h),
+                narrow_bf16(widen_bf16(h)),
+                "{h:#06x}"
+            );
+            assert_eq!(
+                carried_bits16(Dtype::F16, h),
+                narrow_f16(widen_f16(h)),
+                "{h:#06x}"
+            );
+        }
+        assert_ne!(carried_bits16(Dtype::Bf16, 0x7F81), 0x7F81);
+        assert_ne!(carried_bits16(Dtype::F16, 0x7C01), 0x7C01);
+    }
 }
 
 #[cfg(test)]

@@ -122,6 +122,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Instant;
 
+/// A command of this test process without the NCCL log variables an
+/// in-process NCCL test may have set meanwhile (foldprint routes NCCL's
+/// log by setting them process-wide): a world started here must route its
+/// own per-rank logs, not share one file.
+fn command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new(program);
+    c.env_remove("NCCL_DEBUG")
+        .env_remove("NCCL_DEBUG_SUBSYS")
+        .env_remove("NCCL_DEBUG_FILE");
+    c
+}
+
 fn bin() -> PathBuf {
     std::env::var_os("FOLDPRINT_BIN")
         .map(PathBuf::from)
@@ -161,7 +173,7 @@ fn setting(name: &str, env: &[(&str, &str)]) -> Setting {
 
 /// `foldprint launch -n W --emulate-hosts [...] -- ARGS`, in the checkout.
 fn launch(world: usize, s: &Setting, args: &[&str]) -> Output {
-    let mut cmd = Command::new(bin());
+    let mut cmd = command(bin());
     cmd.current_dir(repo())
         .args(["launch", "-n", &world.to_string(), "--emulate-hosts"]);
     if s.reversed {
@@ -396,7 +408,7 @@ fn run_settings(list: &[Setting], dir: &Path) -> BTreeMap<String, BTreeMap<Strin
 
 fn cpu_digests(dir: &Path) -> BTreeMap<String, Vec<String>> {
     let out = dir.join("cpu.json");
-    let o = Command::new(bin())
+    let o = command(bin())
         .args(["run", dir.join("settings.toml").to_str().unwrap()])
         .args(["--backend", "cpu", "--out", out.to_str().unwrap()])
         .stdout(Stdio::null())
@@ -495,7 +507,7 @@ fn a_second_nccl_build_gives_the_same_fixed_order_bits() {
 fn more_ranks_than_gpus_needs_emulated_hosts_and_threads_cannot_emulate() {
     let gpus = foldprint::gpu::probe().device_count;
     let n = (gpus + 1).to_string();
-    let o = Command::new(bin())
+    let o = command(bin())
         .current_dir(repo())
         .args(["launch", "-n", &n, "--", "run", "experiments/smoke.toml"])
         .args(["--backend", "nccl"])
@@ -504,7 +516,7 @@ fn more_ranks_than_gpus_needs_emulated_hosts_and_threads_cannot_emulate() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("--emulate-hosts"), "{err}");
-    let o = Command::new(bin())
+    let o = command(bin())
         .current_dir(repo())
         .args(["run", "experiments/smoke.toml", "--backend", "nccl"])
         .args(["--gpus", &n])
@@ -562,7 +574,7 @@ fn a_killed_rank_ends_the_others_fast_with_the_infrastructure_exit_code() {
     let mut ranks = Vec::new();
     for r in 0..world {
         let log = dir.path().join(format!("nccl.{r}.log"));
-        let child = Command::new(bin())
+        let child = command(bin())
             .args(["run", exp.to_str().unwrap(), "--backend", "nccl"])
             .args(["--timeout", &timeout_s.to_string()])
             .args(["--out", report.to_str().unwrap()])
@@ -628,7 +640,7 @@ fn launch_reports_a_killed_rank_as_an_infrastructure_failure() {
     let dir = tempfile::tempdir().unwrap();
     let exp = dir.path().join("kill.toml");
     std::fs::write(&exp, KILL_TOML).unwrap();
-    let mut launcher = Command::new(bin())
+    let mut launcher = command(bin())
         .args(["launch", "-n", "4", "--emulate-hosts", "--"])
         .args([
             "run",
@@ -701,7 +713,7 @@ fn torchrun_cmd(n: usize) -> Command {
         "set FOLDPRINT_TORCHRUN to torchrun's command, e.g. `python3 -m torch.distributed.run`",
     );
     let mut parts = cmd.split_whitespace();
-    let mut c = Command::new(parts.next().expect("FOLDPRINT_TORCHRUN is empty"));
+    let mut c = command(parts.next().expect("FOLDPRINT_TORCHRUN is empty"));
     c.args(parts)
         .args(["--standalone", "--nproc_per_node", &n.to_string()])
         .current_dir(repo());
@@ -1006,7 +1018,7 @@ fn rank_files_under_launch_each_rank_reading_its_own() {
     let dir = tempfile::tempdir().unwrap();
     let exp = rank_file_experiment(dir.path(), 4);
     let cpu_out = dir.path().join("cpu.json");
-    let o = Command::new(bin())
+    let o = command(bin())
         .args(["run", "--backend", "cpu", "--out"])
         .arg(&cpu_out)
         .arg(&exp)
@@ -1139,7 +1151,7 @@ fn rank_files_under_torchrun_equal_the_oracle() {
     let dir = tempfile::tempdir().unwrap();
     let exp = rank_file_experiment(dir.path(), 4);
     let cpu_out = dir.path().join("cpu.json");
-    let o = Command::new(bin())
+    let o = command(bin())
         .args(["run", "--backend", "cpu", "--out"])
         .arg(&cpu_out)
         .arg(&exp)
@@ -1309,7 +1321,7 @@ fn bf16_and_f16_under_emulated_hosts_equal_the_oracle_and_nccls_sum_drifts() {
     assert_emulated(&r, 8);
     let nccl = digests_by_key(&r);
     let cpu_out = dir.path().join("cpu.json");
-    let s = Command::new(bin())
+    let s = command(bin())
         .args(["run", exp.to_str().unwrap(), "--backend", "cpu"])
         .args(["--out", cpu_out.to_str().unwrap()])
         .stdout(Stdio::null())
@@ -1450,7 +1462,7 @@ fn reduce_scatter_at_w8_equals_the_oracle_and_the_control_skips_unequal_shards()
     let exp = dir.path().join("rs8.toml");
     std::fs::write(&exp, SCATTER_W8_TOML).unwrap();
     let cpu_out = dir.path().join("cpu.json");
-    let o = Command::new(bin())
+    let o = command(bin())
         .args(["run", "--backend", "cpu", "--out"])
         .arg(&cpu_out)
         .arg(&exp)

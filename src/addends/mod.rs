@@ -682,6 +682,21 @@ impl AddendFiles {
         self.with_tensor(rank, arena, |file, t| read::range(file, t, first, dst))
     }
 
+    /// Elements `first .. first + dst.len()` of rank `rank`'s 16-bit arena
+    /// `arena` as bit patterns, not widened: the bits [`Self::read_range`]'s
+    /// values narrow to (a 16-bit case holds only tensors of its own dtype).
+    pub fn read_bits16_range(
+        &self,
+        rank: usize,
+        arena: usize,
+        first: usize,
+        dst: &mut [u16],
+    ) -> Result<(), AddendError> {
+        self.with_tensor(rank, arena, |file, t| {
+            read::range_bits16(file, t, first, dst)
+        })
+    }
+
     /// Rank `rank`'s values of arena `arena` at `0, stride, 2 stride ...`
     /// (`picks` of them), for the order-sensitivity measure.
     pub fn sample(
@@ -1217,6 +1232,60 @@ mod tests {
         assert!(read::Source::fill_at(&held, &mut buf, 2).is_err());
         read::Source::fill_at(&held, &mut buf, 1).unwrap();
         assert_eq!(buf, [2, 3]);
+    }
+
+    /// The 16-bit upload's bits are what narrowing the read values gives,
+    /// on every pattern of both dtypes, across ranks and from an offset;
+    /// the stored bytes alone differ on a signalling NaN (negative control).
+    #[test]
+    fn bits16_ranges_are_the_narrowed_values_on_every_pattern() {
+        for (name, dtype) in [("BF16", Dtype::Bf16), ("F16", Dtype::F16)] {
+            let dir = tempfile::tempdir().unwrap();
+            let n = 1usize << 16;
+            for r in 0..3u16 {
+                let bytes: Vec<u8> = (0..n)
+                    .flat_map(|h| (h as u16).wrapping_add(r * 7).to_le_bytes())
+                    .collect();
+                let mut header = format!(
+                    "{{\"a\":{{\"dtype\":\"{name}\",\"shape\":[{n}],\"data_offsets\":[0,{}]}}}}",
+                    bytes.len()
+                );
+                while header.len() % 8 != 0 {
+                    header.push(' ');
+                }
+                let mut file = (header.len() as u64).to_le_bytes().to_vec();
+                file.extend_from_slice(header.as_bytes());
+                file.extend_from_slice(&bytes);
+                std::fs::write(dir.path().join(format!("s{r}.safetensors")), file).unwrap();
+            }
+            let f = AddendFiles::open(
+                "s{rank}.safetensors",
+                dir.path(),
+                None,
+                None,
+                Scope::AllRanks,
+            )
+            .unwrap()
+            .hashed()
+            .unwrap();
+            for r in 0..3 {
+                let first = 5 * r;
+                let mut values = vec![0f32; n - first];
+                f.read_range(r, 0, first, &mut values).unwrap();
+                let mut bits = vec![0u16; n - first];
+                f.read_bits16_range(r, 0, first, &mut bits).unwrap();
+                for (k, (v, b)) in values.iter().zip(&bits).enumerate() {
+                    assert_eq!(dtype.narrow(*v) as u16, *b, "{name} rank {r} element {k}");
+                }
+                let stored: Vec<u16> = (first..n)
+                    .map(|h| (h as u16).wrapping_add(r as u16 * 7))
+                    .collect();
+                assert_ne!(stored, bits, "{name}: signalling NaNs are carried quiet");
+            }
+            // A float32 tensor has no 16-bit bits to give.
+            let g = three_hashed(dir.path());
+            assert!(g.read_bits16_range(0, 0, 0, &mut [0u16; 1]).is_err());
+        }
     }
 
     #[test]

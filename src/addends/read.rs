@@ -5,7 +5,7 @@
 
 use super::format::{Dtype, Tensor};
 use crate::digest::Sha256;
-use crate::dtype::{widen_bf16, widen_f16};
+use crate::dtype::{carried_bits16, widen_bf16, widen_f16};
 use rayon::prelude::*;
 use sha2::Digest;
 use std::os::unix::fs::FileExt;
@@ -159,6 +159,51 @@ pub(super) fn range(
         .enumerate()
         .try_for_each_init(Vec::new, |scratch, (k, chunk)| {
             block(file, t, first + k * BLOCK, chunk, scratch)
+        })
+}
+
+/// Elements `first .. first + dst.len()` of the 16-bit tensor `t` as a
+/// case carries them ([`carried_bits16`]: the stored patterns, a
+/// signalling NaN made quiet), in the host's byte order, blocks in
+/// parallel.
+pub(super) fn range_bits16(
+    file: &(impl Source + ?Sized),
+    t: &Tensor,
+    first: usize,
+    dst: &mut [u16],
+) -> std::io::Result<()> {
+    if t.dtype.bytes() != 2 {
+        return Err(std::io::Error::other(format!(
+            "16-bit elements asked for, the tensor holds {}",
+            t.dtype
+        )));
+    }
+    if first.checked_add(dst.len()).is_none_or(|end| end > t.len) {
+        return Err(std::io::Error::other(format!(
+            "elements {first}.. (+{}) asked for, the tensor has {}",
+            dst.len(),
+            t.len
+        )));
+    }
+    dst.par_chunks_mut(BLOCK)
+        .enumerate()
+        .try_for_each(|(k, chunk)| {
+            let at = t.offset + ((first + k * BLOCK) * 2) as u64;
+            // SAFETY: any 2 bytes are a valid u16; the byte view covers
+            // exactly `chunk` and ends before `chunk` is used again.
+            let bytes = unsafe {
+                std::slice::from_raw_parts_mut(
+                    chunk.as_mut_ptr().cast::<u8>(),
+                    std::mem::size_of_val(chunk),
+                )
+            };
+            file.fill_at(bytes, at)?;
+            let swap = t.big_endian != cfg!(target_endian = "big");
+            for v in chunk.iter_mut() {
+                let h = if swap { v.swap_bytes() } else { *v };
+                *v = carried_bits16(t.dtype, h);
+            }
+            Ok(())
         })
 }
 

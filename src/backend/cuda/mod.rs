@@ -888,16 +888,16 @@ fn upload_rank_files<T: WorldElem>(
             let len = STAGE.min(n - first);
             let stage = &mut staging[k % 2];
             // Waits for this buffer's previous copy (two stages ago).
-            let host = stage.values_mut::<f32>(len).map_err(Upload::Gpu)?;
-            files.read_range(r, a, first, host).map_err(Upload::Read)?;
-            if !dtype.is_f32() {
-                // The file's values are the dtype's (the case checked):
-                // their bits go up, 2 bytes each, narrowed exactly.
-                let bits: Vec<u16> = host.iter().map(|&v| dtype.narrow(v) as u16).collect();
-                stage
-                    .values_mut::<u16>(len)
-                    .map_err(Upload::Gpu)?
-                    .copy_from_slice(&bits);
+            if dtype.is_f32() {
+                let host = stage.values_mut::<f32>(len).map_err(Upload::Gpu)?;
+                files.read_range(r, a, first, host).map_err(Upload::Read)?;
+            } else {
+                // The file's tensors are the dtype's (the case checked):
+                // their stored bits go up as they are, 2 bytes each.
+                let host = stage.values_mut::<u16>(len).map_err(Upload::Gpu)?;
+                files
+                    .read_bits16_range(r, a, first, host)
+                    .map_err(Upload::Read)?;
             }
             let dst = bufs.ranks[r].slice(first, len).map_err(Upload::Gpu)?;
             // SAFETY: part of rank r's arena of this context, which the
