@@ -36,10 +36,11 @@ pub struct BenchArgs {
     /// the on-disk kernel cache.
     #[arg(long)]
     no_kernel_cache: bool,
-    /// Time a case of rank files (W = --world float32 npy files of
-    /// 2^--log2-len elements, written to a temporary directory and read
-    /// from the page cache) next to the same case from the generator, on
-    /// --backend cpu or cuda.
+    /// Time a case of rank files (W = --world files of 2^--log2-len
+    /// elements, float32 npy or, with -d, bf16/f16 safetensors, written to
+    /// a temporary directory and read from the page cache) next to the
+    /// same case from the generator, on --backend cpu or cuda: each case
+    /// end to end, and whole `foldprint run`s.
     #[arg(long)]
     inputs: bool,
     /// NCCL sweep (as nccl-tests' -b): the smallest buffer per rank, in

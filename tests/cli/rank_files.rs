@@ -1055,3 +1055,44 @@ fn the_expect_gate_chooses_which_differences_exit_1() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("fixed-ordre"), "{err}");
 }
+
+/// `bench --inputs` on the CPU oracle, f32 and bf16: the files it writes
+/// give the generator's digests and sensitivity, each case is timed end
+/// to end (the pass's digests known inside it), and five whole runs of
+/// each experiment are recorded.
+#[test]
+fn bench_inputs_reads_the_generators_values_from_files_and_times_whole_cases() {
+    for dtype in ["f32", "bf16"] {
+        let o = fp()
+            .args(["bench", "--inputs", "--backend", "cpu", "--world", "3"])
+            .args(["--log2-len", "14", "-d", dtype, "--json"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["dtype"], dtype, "{v}");
+        assert_eq!(v["same_digests"], true, "{v}");
+        assert_eq!(v["same_sensitivity"], true, "{v}");
+        assert_eq!(
+            v["bytes"],
+            3 * (1 << 14) * if dtype == "f32" { 4 } else { 2 }
+        );
+        let ms = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
+        // The digests are known no sooner than the bytes, and the case
+        // holds the pass.
+        assert!(ms("files_hash_ms") >= ms("files_read_ms"), "{v}");
+        assert!(
+            ms("files_case_ms") > 0.0 && ms("generator_case_ms") > 0.0,
+            "{v}"
+        );
+        assert!((ms("ratio") - ms("files_case_ms") / ms("generator_case_ms")).abs() < 1e-9);
+        for k in ["files_run_ms", "generator_run_ms"] {
+            assert_eq!(v[k].as_array().map(Vec::len), Some(5), "{k}: {v}");
+        }
+    }
+}
