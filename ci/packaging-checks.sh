@@ -149,8 +149,8 @@ actionlint -config-file .github/actionlint.yaml .github/workflows/*.yml
 step "hadolint containers/Dockerfile ($(hadolint --version))"
 hadolint containers/Dockerfile
 
-step "shellcheck ci/*.sh .ci/run ($(shellcheck --version | sed -n 's/^version: //p'))"
-shellcheck ci/*.sh .ci/run
+step "shellcheck ci/*.sh .ci/run tools/offline-install/*.sh ($(shellcheck --version | sed -n 's/^version: //p'))"
+shellcheck ci/*.sh .ci/run tools/offline-install/*.sh
 
 # --- the report comparison, end to end on the CPU backend ------------------------
 foldprint=${FOLDPRINT:-target/release/foldprint}
