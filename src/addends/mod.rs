@@ -465,6 +465,13 @@ impl AddendFiles {
     /// hashing runs behind the backends' work. Until the digests are
     /// known the case key says `pending`.
     pub fn reading(&self) -> Result<AddendFiles, AddendError> {
+        self.reading_beside(0)
+    }
+
+    /// [`Self::reading`] while `kept` bytes of other files are already
+    /// being read into memory (their passes have not allocated them yet,
+    /// so the memory left does not show them).
+    pub fn reading_beside(&self, kept: u64) -> Result<AddendFiles, AddendError> {
         use rayon::prelude::*;
         let unread = |f: &RankFile| {
             f.opened
@@ -477,7 +484,8 @@ impl AddendFiles {
             .filter_map(unread)
             .map(|o| o.stamp.size)
             .sum();
-        let hold = crate::memory::available_memory().map_or(total <= 1 << 30, |m| total <= m / 4);
+        let need = total.saturating_add(kept);
+        let hold = crate::memory::available_memory().map_or(need <= 1 << 30, |m| need <= m / 4);
         let mut out = self.clone();
         if hold {
             let (at, inputs): (Vec<usize>, Vec<Arc<dyn pass::Input>>) = self
@@ -528,6 +536,16 @@ impl AddendFiles {
             .get(rank)
             .and_then(|f| f.pass.as_ref())
             .is_some_and(|p| p.bytes().is_ok())
+    }
+
+    /// Bytes this set's passes keep in memory.
+    pub fn kept_bytes(&self) -> u64 {
+        self.files
+            .iter()
+            .filter(|f| f.pass.is_some())
+            .filter_map(|f| f.opened.as_ref())
+            .map(|o| o.stamp.size)
+            .sum()
     }
 
     /// Whether every file this process opened is hashed, or being hashed.
@@ -1232,6 +1250,25 @@ mod tests {
         assert!(read::Source::fill_at(&held, &mut buf, 2).is_err());
         read::Source::fill_at(&held, &mut buf, 1).unwrap();
         assert_eq!(buf, [2, 3]);
+    }
+
+    /// Files that would not fit beside what other sets keep are hashed
+    /// where they lie and read again later, not kept (control: with
+    /// nothing else kept they are).
+    #[test]
+    fn a_set_that_would_not_fit_beside_the_others_is_not_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        three(dir.path());
+        let open =
+            || AddendFiles::open("r{rank}.npy", dir.path(), None, None, Scope::AllRanks).unwrap();
+        let kept = open().reading_beside(0).unwrap();
+        assert!(kept.is_held(0) && kept.kept_bytes() > 0);
+        let full = open().reading_beside(u64::MAX / 2).unwrap();
+        assert!(!full.is_held(0) && full.kept_bytes() == 0 && full.is_complete());
+        assert_eq!(full.identity(), kept.identity());
+        let mut v = [0f32; 3];
+        full.read(1, 0, &mut v).unwrap();
+        assert_eq!(v.map(f32::to_bits), [1f32, 0.5, -2.0].map(f32::to_bits));
     }
 
     /// The 16-bit upload's bits are what narrowing the read values gives,

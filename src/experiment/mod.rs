@@ -157,7 +157,14 @@ pub fn hash_rank_files(experiments: &[Experiment]) -> Result<Vec<Experiment>, In
 /// files, whose cases' keys the digests may yet make equal, waits for its
 /// digests here; [`rank_files_read`] names any file whose pass failed.
 pub fn read_rank_files(experiments: &[Experiment]) -> Result<Vec<Experiment>, InputError> {
-    let out = with_rank_files(experiments, AddendFiles::reading)?;
+    // The sets are read side by side: each one's memory check counts what
+    // the ones before it will keep.
+    let mut kept = 0u64;
+    let out = with_rank_files(experiments, |s| {
+        let r = s.reading_beside(kept)?;
+        kept = kept.saturating_add(r.kept_bytes());
+        Ok(r)
+    })?;
     for e in &out {
         let mut sets: Vec<&Arc<AddendFiles>> = Vec::new();
         for f in e.cases.iter().filter_map(Case::files) {
@@ -207,7 +214,7 @@ fn in_experiment(
 /// `how` (one set after another).
 fn with_rank_files(
     experiments: &[Experiment],
-    how: fn(&AddendFiles) -> Result<AddendFiles, crate::addends::AddendError>,
+    mut how: impl FnMut(&AddendFiles) -> Result<AddendFiles, crate::addends::AddendError>,
 ) -> Result<Vec<Experiment>, InputError> {
     let sets = rank_file_sets(experiments);
     let mut done = Vec::with_capacity(sets.len());
