@@ -140,6 +140,17 @@ pub(super) fn tensor(
     range(file, t, 0, dst)
 }
 
+/// Refused unless elements `first .. first + len` lie in `t`.
+fn within(t: &Tensor, first: usize, len: usize) -> std::io::Result<()> {
+    if first.checked_add(len).is_none_or(|end| end > t.len) {
+        return Err(std::io::Error::other(format!(
+            "elements {first}.. (+{len}) asked for, the tensor has {}",
+            t.len
+        )));
+    }
+    Ok(())
+}
+
 /// Elements `first .. first + dst.len()` of `t` into `dst`, blocks read
 /// in parallel.
 pub(super) fn range(
@@ -148,13 +159,7 @@ pub(super) fn range(
     first: usize,
     dst: &mut [f32],
 ) -> std::io::Result<()> {
-    if first.checked_add(dst.len()).is_none_or(|end| end > t.len) {
-        return Err(std::io::Error::other(format!(
-            "elements {first}.. (+{}) asked for, the tensor has {}",
-            dst.len(),
-            t.len
-        )));
-    }
+    within(t, first, dst.len())?;
     dst.par_chunks_mut(BLOCK)
         .enumerate()
         .try_for_each_init(Vec::new, |scratch, (k, chunk)| {
@@ -178,13 +183,7 @@ pub(super) fn range_bits16(
             t.dtype
         )));
     }
-    if first.checked_add(dst.len()).is_none_or(|end| end > t.len) {
-        return Err(std::io::Error::other(format!(
-            "elements {first}.. (+{}) asked for, the tensor has {}",
-            dst.len(),
-            t.len
-        )));
-    }
+    within(t, first, dst.len())?;
     dst.par_chunks_mut(BLOCK)
         .enumerate()
         .try_for_each(|(k, chunk)| {
