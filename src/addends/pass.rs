@@ -111,9 +111,25 @@ pub(super) fn start(files: Vec<Arc<dyn Input>>) -> Vec<Arc<Pass>> {
             .map(|i| (files[i].clone(), passes[i].clone()))
             .collect();
         let (tx, rx) = mpsc::channel::<Step>();
-        let hashing: Vec<Arc<Pass>> = mine.iter().map(|(_, p)| p.clone()).collect();
-        std::thread::spawn(move || hash_lane(rx, &hashing));
-        std::thread::spawn(move || read_lane(&mine, &tx));
+        let lane_passes: Vec<Arc<Pass>> = mine.iter().map(|(_, p)| p.clone()).collect();
+        let hashing = lane_passes.clone();
+        let started = std::thread::Builder::new()
+            .name("foldprint-hash".into())
+            .spawn(move || hash_lane(rx, &hashing))
+            .and_then(|_| {
+                std::thread::Builder::new()
+                    .name("foldprint-read".into())
+                    .spawn(move || read_lane(&mine, &tx))
+            });
+        // No thread, no pass: every file of the lane says why (a slot the
+        // hasher already filled keeps its value).
+        if let Err(e) = started {
+            let why = PassError::Bad(format!("cannot start a thread to read it: {e}"));
+            for p in &lane_passes {
+                let _ = p.bytes.set(Err(why.clone()));
+                let _ = p.digest.set(Err(why.clone()));
+            }
+        }
     }
     passes
 }
