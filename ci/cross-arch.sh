@@ -77,6 +77,7 @@ EXCLUDED=(
     "cli::exit_codes::a_thread_pool_that_cannot_start_is_exit_3  $reason_exec"
     "cli::exit_codes::memory_checks_honour_the_address_space_limit  $reason_exec"
     "cli::rank_files::rank_files_larger_than_memory_allows_are_refused_before_running  $reason_exec"
+    "cli::rank_files::bench_inputs_reads_the_generators_values_from_files_and_times_whole_cases  $reason_exec"
     "cli::readme::the_sample_output_is_what_the_code_prints  $reason_exec"
     "cli::progress::piped_rows_stream_as_cases_finish  $reason_exec"
     "cli::progress::reports_record_the_git_commit  $reason_exec"
