@@ -18,13 +18,9 @@ const BLOCK: usize = 1 << 20;
 pub(super) trait Source: Sync {
     /// Exactly `buf.len()` bytes from offset `at`.
     fn fill_at(&self, buf: &mut [u8], at: u64) -> std::io::Result<()>;
-    /// Whether a read of a few bytes costs no more than copying them (so a
-    /// sample picks its values one by one instead of reading spans).
-    fn in_memory(&self) -> bool {
-        false
-    }
     /// The `len` bytes at `at` where they lie, when they lie in one piece
-    /// of memory.
+    /// of memory (then a read of a few bytes costs no more than copying
+    /// them, and a sample picks its values one by one).
     fn view(&self, _at: u64, _len: usize) -> Option<&[u8]> {
         None
     }
@@ -49,9 +45,6 @@ impl Source for &[u8] {
             })?;
         buf.copy_from_slice(from);
         Ok(())
-    }
-    fn in_memory(&self) -> bool {
-        true
     }
     fn view(&self, at: u64, len: usize) -> Option<&[u8]> {
         let at = usize::try_from(at).ok()?;
@@ -221,7 +214,7 @@ pub(super) fn sample(
         return Ok(all);
     }
     let picks = picks as usize;
-    if file.in_memory() {
+    if file.view(t.offset, 0).is_some() {
         // Kept bytes: each pick is a copy of its own few bytes.
         let mut out = vec![0f32; picks];
         out.par_chunks_mut(BLOCK / 16)

@@ -166,13 +166,7 @@ pub fn read_rank_files(experiments: &[Experiment]) -> Result<Vec<Experiment>, In
         Ok(r)
     })?;
     for e in &out {
-        let mut sets: Vec<&Arc<AddendFiles>> = Vec::new();
-        for f in e.cases.iter().filter_map(Case::files) {
-            if !sets.iter().any(|s| Arc::ptr_eq(s, f)) {
-                sets.push(f);
-            }
-        }
-        if sets.len() > 1 {
+        if rank_file_sets(std::slice::from_ref(e)).len() > 1 {
             rank_files_read(std::slice::from_ref(e))?;
             unique_keys(&e.path, &e.cases)?;
         }

@@ -185,13 +185,18 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 9))'; then
     fail check-python 3 "python3 >= 3.9 needed, found $("$PYTHON" -V 2>&1)"
 fi
 
-CC_BIN=""
-for c in cc gcc clang; do
-    if command -v "$c" > /dev/null 2>&1; then
-        CC_BIN=$(command -v "$c")
-        break
-    fi
-done
+# The path of the first of the named programs on PATH, or nothing.
+first_on_path() {
+    local p
+    for p in "$@"; do
+        if command -v "$p" > /dev/null 2>&1; then
+            command -v "$p"
+            return
+        fi
+    done
+}
+
+CC_BIN=$(first_on_path cc gcc clang)
 if [ -z "$CC_BIN" ]; then
     say "ERROR: no C compiler/linker found (looked for cc, gcc, clang on PATH)."
     say "       rustc links through the system C compiler driver and the crate psm"
@@ -200,13 +205,7 @@ if [ -z "$CC_BIN" ]; then
     fail check-cc 3
 fi
 log "C compiler: $CC_BIN ($("$CC_BIN" --version 2>&1 | head -n 1))"
-AR_BIN=""
-for a in ar gcc-ar llvm-ar; do
-    if command -v "$a" > /dev/null 2>&1; then
-        AR_BIN=$(command -v "$a")
-        break
-    fi
-done
+AR_BIN=$(first_on_path ar gcc-ar llvm-ar)
 if [ -z "$AR_BIN" ]; then
     say "ERROR: C compiler $CC_BIN found but no archiver (ar, gcc-ar, llvm-ar): the"
     say "       crate psm's build script needs one (apt-get install binutils)."
