@@ -131,15 +131,11 @@ pub fn run_staged(
             progress.done(case, None);
             continue;
         }
-        let mut out = backend.run_case(case, &opts_for(case))?;
-        let s0 = std::time::Instant::now();
-        let sensitivity = match out.sensitivity.take() {
-            // Measured by the backend (NCCL ranks that each hold only
-            // their own file gather the sample).
-            Some(s) => s,
-            None => crate::sensitivity::measure(case).map_err(addends_error(case))?,
-        };
-        let sensitivity_ms = s0.elapsed().as_secs_f64() * 1e3;
+        // The sensitivity is measured beside the case (or by the backend:
+        // NCCL ranks that each hold only their own file gather the sample).
+        let (mut out, measured) =
+            crate::backend::run_case_measured(backend, case, &opts_for(case))?;
+        let (sensitivity, sensitivity_ms) = measured.map_err(addends_error(case))?;
         let compared = case.expect().is_some() || !case.expect_ranks().is_empty();
         let values: Option<Vec<&[f32]>> = out
             .arenas

@@ -1074,6 +1074,70 @@ fn rank_files_upload_to_the_oracles_bits() {
     );
 }
 
+/// Rank files larger than several upload stages, uploaded while their
+/// background pass is still reading them (the stages go across the ranks
+/// as the reading does): the device gives the CPU oracle's digest, in
+/// float32 and in bf16. A file changed after its opening is refused, not
+/// folded; a case of other addends differs (the comparison can fail).
+#[test]
+fn rank_files_uploaded_while_still_being_read_equal_the_oracle() {
+    let dir = tempfile::tempdir().unwrap();
+    // Three stages of 2^23 elements and a tail, per rank.
+    let n = (3 << 23) + 12_345;
+    for r in 0..3 {
+        let w = rank_files::mixed(7, r, 0, n);
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        rank_files::write_npy(&dir.path().join(format!("f{r}.npy")), "<f4", &[n], &bytes);
+        let h: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+        rank_files::write_safetensors(
+            &dir.path().join(format!("b{r}.safetensors")),
+            &[rank_files::T::bf16("g", &[n], &h)],
+        );
+    }
+    let text = "name = \"streamed\"\n\
+                [[case]]\nid = \"f\"\naddends = \"f{rank}.npy\"\n\
+                [[case]]\nid = \"b\"\naddends = \"b{rank}.safetensors\"\n";
+    let path = dir.path().join("streamed.toml");
+    let mut dev = gpu(DeviceConfig::default());
+    let mut cpu = CpuBackend::new();
+    let opts = RunOptions::default();
+    // Twice over: the pass of each is started here, and the device's
+    // upload meets it mid-read (the oracle's run waits for the end).
+    let mut seen = Vec::new();
+    for c in 0..2 {
+        let exp = foldprint::experiment::parse(&path, text).unwrap();
+        let exp = foldprint::experiment::read_rank_files(&[exp])
+            .unwrap()
+            .remove(0);
+        let case = &exp.cases[c];
+        let g = run(&mut dev, case, &opts);
+        let o = run(&mut cpu, case, &opts);
+        assert_eq!(g.arenas[0].digest(), o.arenas[0].digest(), "{}", case.id());
+        foldprint::experiment::rank_files_read(std::slice::from_ref(&exp)).unwrap();
+        seen.push(g.arenas[0].digest());
+    }
+    assert_ne!(seen[0], seen[1], "float32 and bf16 reduce to other bytes");
+    // Negative control: the same shape from the generator differs.
+    let exp = foldprint::experiment::parse(&path, text).unwrap();
+    let generated = exp.cases[0]
+        .clone()
+        .with_data(1, Distribution::MixedMagnitude);
+    assert_ne!(run(&mut dev, &generated, &opts).arenas[0].digest(), seen[0]);
+    // A file rewritten after its opening: the upload refuses it.
+    let exp = foldprint::experiment::parse(&path, text).unwrap();
+    let exp = foldprint::experiment::read_rank_files(&[exp])
+        .unwrap()
+        .remove(0);
+    let f1 = dir.path().join("f1.npy");
+    let mut bytes = std::fs::read(&f1).unwrap();
+    bytes.push(0);
+    std::fs::write(&f1, &bytes).unwrap();
+    let err = dev
+        .run_case(&exp.cases[0], &opts)
+        .expect_err("a file changed since its opening is never folded");
+    assert!(err.to_string().contains("f1.npy"), "{err}");
+}
+
 // ---- bf16 and f16 -------------------------------------------------------
 
 use foldprint::dtype::Dtype;

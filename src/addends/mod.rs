@@ -538,6 +538,19 @@ impl AddendFiles {
             .is_some_and(|p| p.bytes().is_ok())
     }
 
+    /// Waits until rank `rank`'s file is read to its end and found
+    /// unchanged: what was read of it while it was still being read (a
+    /// streamed upload) is then the file's. A failed read is refused.
+    pub fn read_through(&self, rank: usize) -> Result<(), AddendError> {
+        match self.files.get(rank) {
+            Some(f) => match &f.pass {
+                Some(p) => p.bytes().map(|_| ()).map_err(|e| pass_failed(&f.shown, e)),
+                None => Ok(()),
+            },
+            None => Ok(()),
+        }
+    }
+
     /// Bytes this set's passes keep in memory.
     pub fn kept_bytes(&self) -> u64 {
         self.files
@@ -664,10 +677,13 @@ impl AddendFiles {
 
     /// `how` on rank `rank`'s file and tensor `arena`, once the file is
     /// found unchanged since it was hashed.
+    /// With `elems`, only the bytes through element `elems` (exclusive)
+    /// are waited for when the file is still being read.
     fn with_tensor<T>(
         &self,
         rank: usize,
         arena: usize,
+        elems: Option<usize>,
         how: impl FnOnce(&dyn read::Source, &Tensor) -> std::io::Result<T>,
     ) -> Result<T, AddendError> {
         let f = &self.files[rank];
@@ -676,17 +692,27 @@ impl AddendFiles {
             path: f.shown.clone(),
         })?;
         let held = match &f.pass {
-            Some(p) => Some(p.bytes().map_err(|e| pass_failed(&f.shown, e))?),
+            Some(p) => Some(
+                match (elems, o.tensors.get(arena)) {
+                    // Only the bytes up to the last element read.
+                    (Some(end), Some(t)) => p.upto(
+                        t.offset
+                            .saturating_add(end.saturating_mul(t.dtype.bytes()) as u64),
+                    ),
+                    _ => p.bytes(),
+                }
+                .map_err(|e| pass_failed(&f.shown, e))?,
+            ),
             None => None,
         };
-        let held = held.map(|b| b.as_ref() as &dyn read::Source);
+        let held = held.as_ref().map(|b| b as &dyn read::Source);
         o.read(&f.shown, arena, "before it was read", held, how)
     }
 
     /// Rank `rank`'s arena `arena`, widened to float32, into `dst` (whose
     /// length is the arena's).
     pub fn read(&self, rank: usize, arena: usize, dst: &mut [f32]) -> Result<(), AddendError> {
-        self.with_tensor(rank, arena, |file, t| read::tensor(file, t, dst))
+        self.with_tensor(rank, arena, None, |file, t| read::tensor(file, t, dst))
     }
 
     /// Elements `first .. first + dst.len()` of rank `rank`'s arena `arena`.
@@ -697,7 +723,9 @@ impl AddendFiles {
         first: usize,
         dst: &mut [f32],
     ) -> Result<(), AddendError> {
-        self.with_tensor(rank, arena, |file, t| read::range(file, t, first, dst))
+        self.with_tensor(rank, arena, first.checked_add(dst.len()), |file, t| {
+            read::range(file, t, first, dst)
+        })
     }
 
     /// Elements `first .. first + dst.len()` of rank `rank`'s 16-bit arena
@@ -710,7 +738,7 @@ impl AddendFiles {
         first: usize,
         dst: &mut [u16],
     ) -> Result<(), AddendError> {
-        self.with_tensor(rank, arena, |file, t| {
+        self.with_tensor(rank, arena, first.checked_add(dst.len()), |file, t| {
             read::range_bits16(file, t, first, dst)
         })
     }
@@ -724,7 +752,9 @@ impl AddendFiles {
         stride: u64,
         picks: u64,
     ) -> Result<Vec<f32>, AddendError> {
-        self.with_tensor(rank, arena, |file, t| read::sample(file, t, stride, picks))
+        self.with_tensor(rank, arena, None, |file, t| {
+            read::sample(file, t, stride, picks)
+        })
     }
 }
 

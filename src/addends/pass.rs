@@ -1,64 +1,150 @@
 //! The one pass over a case's rank files, in the background: each file is
-//! read once into blocks that are kept, and each block is hashed after it
+//! read once into memory that is kept, and each block is hashed after it
 //! is read, by another thread, while the reader goes on. The backends wait
-//! only for the bytes; the SHA-256 is waited for where a digest is needed
-//! (the case key, the report), so hashing a gigabyte runs behind the
-//! upload and the fold instead of before them.
+//! only for the bytes they read, block by block, so an upload runs behind
+//! the reading; the SHA-256 is waited for where a digest is needed (the
+//! case key, the report), so hashing a gigabyte runs behind the upload
+//! and the fold instead of before them.
 
 use super::read::Source;
 use crate::digest::Sha256;
 use sha2::Digest;
 use std::os::unix::fs::FileExt;
 use std::sync::mpsc;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
-/// Bytes per block: one read, one hash update.
+/// Bytes per block: one read, one hash update, one step of progress.
 const BLOCK: usize = 8 << 20;
 
-/// A file's bytes as the pass read them, in blocks of [`BLOCK`] (the last
-/// shorter): exactly the bytes the digest is of.
+/// A file's bytes, in one anonymous mapping of their size, aligned to
+/// 2 MiB and backed by huge pages where the kernel gives them: the first
+/// touch of a gigabyte of fresh 4 KiB pages costs as much as reading it.
+/// The reader writes each block once, before it is published; everyone
+/// else reads only what was published.
 #[derive(Debug)]
-pub(super) struct Blocks {
-    parts: Vec<Arc<Vec<u8>>>,
-    len: u64,
+struct Region {
+    base: *mut u8,
+    len: usize,
+    map: *mut libc::c_void,
+    map_len: usize,
 }
 
-impl Blocks {
-    #[cfg(test)]
-    pub(super) fn to_vec(&self) -> Vec<u8> {
-        self.parts.iter().flat_map(|p| p.iter().copied()).collect()
+// SAFETY: the mapping is plain memory owned by the region; writes (the
+// reader's, to bytes not yet published) and reads (of published bytes)
+// never overlap, and publishing goes through the pass's mutex or channel.
+unsafe impl Send for Region {}
+// SAFETY: as for `Send`: shared use only reads published bytes.
+unsafe impl Sync for Region {}
+
+const HUGE: usize = 2 << 20;
+
+impl Region {
+    fn new(len: usize) -> std::io::Result<Region> {
+        if len == 0 {
+            return Ok(Region {
+                base: std::ptr::NonNull::dangling().as_ptr(),
+                len,
+                map: std::ptr::null_mut(),
+                map_len: 0,
+            });
+        }
+        let map_len = len
+            .checked_add(HUGE)
+            .ok_or_else(|| std::io::Error::other("too large to map"))?;
+        // SAFETY: a fresh private anonymous mapping; checked below.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let skip = (map as usize).next_multiple_of(HUGE) - map as usize;
+        // SAFETY: `skip < HUGE`, so `base .. base + len` lies in the mapping.
+        let base = unsafe { map.cast::<u8>().add(skip) };
+        #[cfg(target_os = "linux")]
+        // SAFETY: the range lies in this mapping; madvise only changes how
+        // the kernel backs it, and failing is harmless (4 KiB pages).
+        unsafe {
+            libc::madvise(
+                base.cast(),
+                len.next_multiple_of(HUGE).min(map_len - skip),
+                libc::MADV_HUGEPAGE,
+            );
+        }
+        Ok(Region {
+            base,
+            len,
+            map,
+            map_len,
+        })
+    }
+
+    /// Bytes `at .. at + n`, which must be published.
+    fn part(&self, at: usize, n: usize) -> &[u8] {
+        assert!(at <= self.len && n <= self.len - at);
+        // SAFETY: inside the mapping (checked), zero-filled or written
+        // before it was published, never written again.
+        unsafe { std::slice::from_raw_parts(self.base.add(at), n) }
+    }
+
+    /// Bytes `at .. at + n` to read into.
+    ///
+    /// # Safety
+    /// Only the pass's reader, on bytes it has not published yet.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn part_mut(&self, at: usize, n: usize) -> &mut [u8] {
+        assert!(at <= self.len && n <= self.len - at);
+        std::slice::from_raw_parts_mut(self.base.add(at), n)
     }
 }
 
-impl Source for Blocks {
+impl Drop for Region {
+    fn drop(&mut self) {
+        if self.map_len > 0 {
+            // SAFETY: the mapping this region made, unmapped once.
+            unsafe {
+                libc::munmap(self.map, self.map_len);
+            }
+        }
+    }
+}
+
+/// The first `len` bytes of a file as the pass read them: exactly bytes
+/// the digest is of.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Held<'a> {
+    region: &'a Region,
+    len: u64,
+}
+
+impl Held<'_> {
+    #[cfg(test)]
+    pub(super) fn to_vec(self) -> Vec<u8> {
+        self.region.part(0, self.len as usize).to_vec()
+    }
+}
+
+impl Source for Held<'_> {
     fn fill_at(&self, buf: &mut [u8], at: u64) -> std::io::Result<()> {
-        let end = at.checked_add(buf.len() as u64);
-        if end.is_none_or(|e| e > self.len) {
-            return Err(std::io::Error::new(
+        let from = self.view(at, buf.len()).ok_or_else(|| {
+            std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
                 "read past the bytes that were hashed",
-            ));
-        }
-        let mut done = 0;
-        while done < buf.len() {
-            let pos = at as usize + done;
-            let part = &self.parts[pos / BLOCK];
-            let from = &part[pos % BLOCK..];
-            let n = from.len().min(buf.len() - done);
-            buf[done..done + n].copy_from_slice(&from[..n]);
-            done += n;
-        }
+            )
+        })?;
+        buf.copy_from_slice(from);
         Ok(())
     }
     fn view(&self, at: u64, len: usize) -> Option<&[u8]> {
         let end = at.checked_add(len as u64)?;
-        if end > self.len {
-            return None;
-        }
-        let at = at as usize;
-        self.parts
-            .get(at / BLOCK)?
-            .get(at % BLOCK..at % BLOCK + len)
+        (end <= self.len).then(|| self.region.part(at as usize, len))
     }
 }
 
@@ -71,21 +157,88 @@ pub(super) enum PassError {
     Changed,
 }
 
-/// One file's pass: its bytes once read, then its SHA-256 once hashed.
+/// How far a file's read has come.
 #[derive(Debug, Default)]
+struct Progress {
+    /// Bytes read and published, from the start.
+    filled: u64,
+    /// The read's end: every byte read and the file unchanged, or why not.
+    end: Option<Result<(), PassError>>,
+}
+
+/// One file's pass: its bytes as they are read, then its SHA-256 once
+/// hashed.
+#[derive(Debug)]
 pub(super) struct Pass {
-    bytes: OnceLock<Result<Arc<Blocks>, PassError>>,
+    region: Result<Region, PassError>,
+    progress: Mutex<Progress>,
+    moved: Condvar,
     digest: OnceLock<Result<Sha256, PassError>>,
 }
 
 impl Pass {
-    /// The bytes, once every block is read (and the file found unchanged).
-    pub(super) fn bytes(&self) -> Result<&Arc<Blocks>, PassError> {
-        self.bytes.wait().as_ref().map_err(Clone::clone)
+    fn new(len: u64) -> Pass {
+        let region = usize::try_from(len)
+            .map_err(|_| std::io::Error::other("larger than this machine's address space"))
+            .and_then(Region::new)
+            .map_err(|e| PassError::Bad(format!("cannot map {len} bytes to read it into: {e}")));
+        Pass {
+            region,
+            progress: Mutex::default(),
+            moved: Condvar::new(),
+            digest: OnceLock::new(),
+        }
     }
+
+    /// Waits until `ready` says yes of the progress; the bytes read by then.
+    fn wait(&self, ready: impl Fn(&Progress) -> bool) -> (u64, Option<Result<(), PassError>>) {
+        let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        while !ready(&p) {
+            p = self.moved.wait(p).unwrap_or_else(|e| e.into_inner());
+        }
+        (p.filled, p.end.clone())
+    }
+
+    /// Every byte, once the read has ended with the file found unchanged.
+    pub(super) fn bytes(&self) -> Result<Held<'_>, PassError> {
+        let (filled, end) = self.wait(|p| p.end.is_some());
+        end.unwrap_or(Ok(()))?;
+        self.held(filled)
+    }
+
+    /// The bytes before `end` (and possibly more), as soon as they are
+    /// read: a backend copies them up while the rest is read. The file may
+    /// still fail its read later; [`Self::bytes`] says so.
+    pub(super) fn upto(&self, end: u64) -> Result<Held<'_>, PassError> {
+        let (filled, e) = self.wait(|p| p.filled >= end || p.end.is_some());
+        if filled < end {
+            // Ended short of `end`: failed, or `end` lies past the file.
+            e.unwrap_or(Ok(()))?;
+        }
+        self.held(filled)
+    }
+
+    fn held(&self, len: u64) -> Result<Held<'_>, PassError> {
+        let region = self.region.as_ref().map_err(Clone::clone)?;
+        Ok(Held { region, len })
+    }
+
     /// The SHA-256 of the bytes, once the last block is hashed.
     pub(super) fn digest(&self) -> Result<Sha256, PassError> {
         self.digest.wait().clone()
+    }
+
+    fn publish(&self, filled: u64) {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .filled = filled;
+        self.moved.notify_all();
+    }
+
+    fn end(&self, end: Result<(), PassError>) {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner()).end = Some(end);
+        self.moved.notify_all();
     }
 }
 
@@ -101,7 +254,10 @@ pub(super) trait Input: Send + Sync + 'static {
 /// (half the cores, at least one), each lane taking every lanes-th file.
 /// Returns at once; each file's [`Pass`] fills in as its blocks arrive.
 pub(super) fn start(files: Vec<Arc<dyn Input>>) -> Vec<Arc<Pass>> {
-    let passes: Vec<Arc<Pass>> = files.iter().map(|_| Arc::default()).collect();
+    let passes: Vec<Arc<Pass>> = files
+        .iter()
+        .map(|f| Arc::new(Pass::new(f.size())))
+        .collect();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let lanes = (cores / 2).clamp(1, files.len().max(1));
     for lane in 0..lanes {
@@ -125,7 +281,7 @@ pub(super) fn start(files: Vec<Arc<dyn Input>>) -> Vec<Arc<Pass>> {
         if let Err(e) = started {
             let why = PassError::Bad(format!("cannot start a thread to read it: {e}"));
             for p in &lane_passes {
-                let _ = p.bytes.set(Err(why.clone()));
+                p.end(Err(why.clone()));
                 let _ = p.digest.set(Err(why.clone()));
             }
         }
@@ -135,7 +291,8 @@ pub(super) fn start(files: Vec<Arc<dyn Input>>) -> Vec<Arc<Pass>> {
 
 /// What the reader tells the hasher.
 enum Step {
-    Block(Arc<Vec<u8>>),
+    /// Bytes `at .. at + n` of the lane's current file are read.
+    Block(usize, usize),
     /// The file's last block was sent and the file is unchanged.
     End,
     /// The read failed: no digest.
@@ -144,36 +301,36 @@ enum Step {
 
 fn read_lane(files: &[(Arc<dyn Input>, Arc<Pass>)], tx: &mpsc::Sender<Step>) {
     for (input, pass) in files {
-        let read = read_blocks(input.as_ref(), tx);
+        let read = read_blocks(input.as_ref(), pass, tx);
         // A hasher gone is a thread gone: the digest slot then stays
         // empty, which only a process that is exiting can meet.
         let _ = tx.send(match &read {
-            Ok(_) => Step::End,
+            Ok(()) => Step::End,
             Err(e) => Step::Failed(e.clone()),
         });
-        let _ = pass.bytes.set(read.map(Arc::new));
+        pass.end(read);
     }
 }
 
-fn read_blocks(input: &dyn Input, tx: &mpsc::Sender<Step>) -> Result<Blocks, PassError> {
-    let len = input.size();
-    let mut parts = Vec::new();
-    let mut at = 0u64;
+fn read_blocks(input: &dyn Input, pass: &Pass, tx: &mpsc::Sender<Step>) -> Result<(), PassError> {
+    let region = pass.region.as_ref().map_err(Clone::clone)?;
+    let len = region.len;
+    let mut at = 0;
     while at < len {
-        let n = (len - at).min(BLOCK as u64) as usize;
-        let mut b = vec![0u8; n];
-        huge_pages(&mut b);
+        let n = (len - at).min(BLOCK);
+        // SAFETY: this lane is the file's only reader, and `at ..` is not
+        // published yet.
+        let into = unsafe { region.part_mut(at, n) };
         input
             .file()
-            .read_exact_at(&mut b, at)
+            .read_exact_at(into, at as u64)
             .map_err(|e| PassError::Bad(format!("cannot read it: {e}")))?;
-        let b = Arc::new(b);
-        let _ = tx.send(Step::Block(b.clone()));
-        parts.push(b);
-        at += n as u64;
+        at += n;
+        pass.publish(at as u64);
+        let _ = tx.send(Step::Block(at - n, n));
     }
     match input.unchanged() {
-        Ok(true) => Ok(Blocks { parts, len }),
+        Ok(true) => Ok(()),
         Ok(false) => Err(PassError::Changed),
         Err(e) => Err(PassError::Bad(e)),
     }
@@ -181,37 +338,27 @@ fn read_blocks(input: &dyn Input, tx: &mpsc::Sender<Step>) -> Result<Blocks, Pas
 
 fn hash_lane(rx: mpsc::Receiver<Step>, passes: &[Arc<Pass>]) {
     let mut files = passes.iter();
+    let mut current = files.next();
     let mut h = sha2::Sha256::new();
     for step in rx {
         match step {
-            Step::Block(b) => h.update(&b[..]),
+            Step::Block(at, n) => {
+                // A block is only sent from a region that exists.
+                if let Some(Ok(region)) = current.map(|p| &p.region) {
+                    h.update(region.part(at, n));
+                }
+            }
             Step::End | Step::Failed(_) => {
                 let done = std::mem::take(&mut h);
                 let digest = match step {
                     Step::Failed(e) => Err(e),
                     _ => Ok(Sha256::from_bytes(done.finalize().into())),
                 };
-                if let Some(p) = files.next() {
+                if let Some(p) = current {
                     let _ = p.digest.set(digest);
                 }
+                current = files.next();
             }
-        }
-    }
-}
-
-/// Ask for transparent huge pages on a large fresh allocation: first-touch
-/// page faults otherwise cost as much as the reading.
-fn huge_pages(v: &mut [u8]) {
-    const HUGE: usize = 2 << 20;
-    let start = v.as_mut_ptr() as usize;
-    let end = start + v.len();
-    let aligned = start.next_multiple_of(HUGE);
-    if end > aligned + HUGE {
-        let len = (end - aligned) / HUGE * HUGE;
-        // SAFETY: the range lies inside this allocation; madvise only
-        // changes how the kernel backs it. Failure is harmless.
-        unsafe {
-            libc::madvise(aligned as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
         }
     }
 }
@@ -274,13 +421,15 @@ mod tests {
             // An empty view at the very end, even on a block edge, is no panic.
             b.view(w.len() as u64, 0);
             if w.len() > BLOCK + 2 {
-                // A view never crosses a block edge; within one it is the bytes.
-                assert!(b.view(BLOCK as u64 - 2, 4).is_none());
+                // One piece of memory: a view may cross a block edge.
                 assert_eq!(
-                    b.view(BLOCK as u64 + 1, 2).unwrap(),
-                    &w[BLOCK + 1..BLOCK + 3]
+                    b.view(BLOCK as u64 - 2, 4).unwrap(),
+                    &w[BLOCK - 2..BLOCK + 2]
                 );
             }
+            // As far as a file goes, `upto` gives the bytes read by then.
+            let part = p.upto(w.len() as u64).unwrap();
+            assert_eq!(part.view(0, w.len()).unwrap(), &w[..]);
         }
         // Negative control: the digests differ between files.
         assert_ne!(passes[2].digest().unwrap(), passes[3].digest().unwrap());
@@ -296,5 +445,54 @@ mod tests {
         let passes = start(vec![Arc::new(Mem(std::fs::File::open(&p).unwrap(), 20))]);
         assert!(matches!(passes[0].bytes(), Err(PassError::Bad(_))));
         assert!(matches!(passes[0].digest(), Err(PassError::Bad(_))));
+        // What was never read is never given: past the short end, `upto`
+        // says why instead of waiting.
+        assert!(matches!(passes[0].upto(15), Err(PassError::Bad(_))));
+    }
+
+    /// A read held back at its end (the unchanged check): `upto` gives
+    /// every byte read by then, while `bytes` and the digest wait for the
+    /// end.
+    #[test]
+    fn upto_answers_before_the_read_ends() {
+        struct Gated(std::fs::File, u64, Mutex<bool>, Condvar);
+        impl Input for Gated {
+            fn file(&self) -> &std::fs::File {
+                &self.0
+            }
+            fn size(&self) -> u64 {
+                self.1
+            }
+            fn unchanged(&self) -> Result<bool, String> {
+                // The end of the read waits for the gate.
+                let mut open = self.2.lock().unwrap();
+                while !*open {
+                    open = self.3.wait(open).unwrap();
+                }
+                Ok(true)
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("two-blocks");
+        let w: Vec<u8> = (0..BLOCK + 100).map(|k| (k % 253) as u8).collect();
+        std::fs::write(&p, &w).unwrap();
+        let gated = Arc::new(Gated(
+            std::fs::File::open(&p).unwrap(),
+            w.len() as u64,
+            Mutex::new(false),
+            Condvar::new(),
+        ));
+        let passes = start(vec![gated.clone()]);
+        // Every byte is read, but the read has not ended: `upto` answers.
+        let first = passes[0].upto(w.len() as u64).unwrap();
+        assert_eq!(first.view(0, w.len()).unwrap(), &w[..]);
+        assert!(
+            passes[0].digest.get().is_none(),
+            "the end is still held back"
+        );
+        *gated.2.lock().unwrap() = true;
+        gated.3.notify_all();
+        assert_eq!(passes[0].bytes().unwrap().to_vec(), w);
+        assert_eq!(passes[0].digest().unwrap(), Sha256::of(&w));
     }
 }

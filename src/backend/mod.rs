@@ -107,6 +107,12 @@ pub trait Backend {
     fn skip_reason(&self, _case: &Case) -> Option<String> {
         None
     }
+    /// Whether [`Self::run_case`] measures `case`'s order sensitivity
+    /// itself ([`CaseRun::sensitivity`]); otherwise [`run_case_measured`]
+    /// measures it from the addends beside the case.
+    fn measures_sensitivity(&self, _case: &Case) -> bool {
+        false
+    }
     /// Entries of the report's environment from the platform under the
     /// backend (the GPU backends' `host_driver`), so that the runner never
     /// asks the GPU platform itself and a CPU run never touches it.
@@ -127,6 +133,47 @@ pub trait Backend {
             ),
         ))
     }
+}
+
+/// A sensitivity measured beside a case, and how long it took.
+pub type MeasuredSensitivity =
+    Result<(crate::sensitivity::Sensitivity, f64), crate::addends::AddendError>;
+
+/// `backend.run_case`, with the case's order sensitivity measured on
+/// another thread meanwhile: it reads only the addends (the generator's
+/// or the rank files' kept bytes), so neither waits for the other and a
+/// case of rank files does not pay for its sample after its rounds. A
+/// backend that measures it itself ([`Backend::measures_sensitivity`])
+/// gives it back in the run, taken out here (0 ms).
+pub fn run_case_measured(
+    backend: &mut dyn Backend,
+    case: &Case,
+    opts: &RunOptions,
+) -> Result<(CaseRun, MeasuredSensitivity), BackendError> {
+    let measure = || {
+        let t = std::time::Instant::now();
+        crate::sensitivity::measure(case).map(|s| (s, t.elapsed().as_secs_f64() * 1e3))
+    };
+    if backend.measures_sensitivity(case) {
+        let mut run = backend.run_case(case, opts)?;
+        let s = match run.sensitivity.take() {
+            Some(s) => Ok((s, 0.0)),
+            None => measure(),
+        };
+        return Ok((run, s));
+    }
+    std::thread::scope(|scope| {
+        let beside = std::thread::Builder::new()
+            .name("foldprint-sensitivity".into())
+            .spawn_scoped(scope, measure);
+        let run = backend.run_case(case, opts);
+        // No thread to spare: measured after the case, as before.
+        let s = match beside {
+            Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            Err(_) => measure(),
+        };
+        Ok((run?, s))
+    })
 }
 
 /// The GPU platform's facts: how the host's CUDA driver was found, if this

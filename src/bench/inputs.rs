@@ -39,7 +39,8 @@ pub struct InputsBench {
     /// What one case costs, end to end (median of [`CASE_REPS`]): for the
     /// files from their opening through one round and the sensitivity to
     /// every digest known (the hashing runs behind the round); for the
-    /// generator one round and the sensitivity. And their ratio.
+    /// generator one round and the sensitivity. The sensitivity is
+    /// measured beside the round, as a run does. And their ratio.
     pub files_case_ms: f64,
     pub generator_case_ms: f64,
     pub ratio: f64,
@@ -167,13 +168,17 @@ pub fn compare(
     let (generator_sensitivity_ms, gs) = timed(&generated)?;
     // End to end, one case at a time, each from its start: the files'
     // opening, pass, round, sensitivity and digests; the generator's
-    // round and sensitivity.
+    // round and sensitivity. The sensitivity runs beside the round, as
+    // in a run.
+    let measured = |backend: &mut dyn Backend, case: &Case, opts: &RunOptions| {
+        let (_, s) = crate::backend::run_case_measured(backend, case, opts)?;
+        s.map_err(BenchError::Addends)
+    };
     let (mut files_case, mut generator_case) = (Vec::new(), Vec::new());
     for _ in 0..CASE_REPS {
         let t = Instant::now();
         let case = with_files(open()?.reading()?)?.single_round();
-        backend.run_case(&case, &opts)?;
-        crate::sensitivity::measure(&case).map_err(BenchError::Addends)?;
+        measured(backend, &case, &opts)?;
         if let Some(files) = case.files() {
             // Every digest known (a failed pass is refused here).
             files.hashed()?;
@@ -182,8 +187,7 @@ pub fn compare(
         drop(case);
         let t = Instant::now();
         let case = generated.clone().single_round();
-        backend.run_case(&case, &opts)?;
-        crate::sensitivity::measure(&case).map_err(BenchError::Addends)?;
+        measured(backend, &case, &opts)?;
         generator_case.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let files_case_ms = median(files_case);

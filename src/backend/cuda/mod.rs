@@ -871,7 +871,10 @@ const STAGE: usize = 1 << 23;
 
 /// Every rank's arena `a` from its file into its device arena, on `stream`,
 /// a stage at a time: one pinned buffer is read into while the other's copy
-/// to the device runs.
+/// to the device runs. The stages go across the ranks (the first stage of
+/// every rank, then the second ...), the order in which the files' one
+/// pass reads them side by side, so the upload follows the reading instead
+/// of waiting for its end.
 fn upload_rank_files<T: WorldElem>(
     files: &crate::addends::AddendFiles,
     a: usize,
@@ -882,10 +885,9 @@ fn upload_rank_files<T: WorldElem>(
 ) -> Result<(), Upload> {
     let n = bufs.len;
     let mut k = 0;
-    for r in 0..bufs.world {
-        let mut first = 0;
-        while first < n {
-            let len = STAGE.min(n - first);
+    for first in (0..n).step_by(STAGE) {
+        let len = STAGE.min(n - first);
+        for r in 0..bufs.world {
             let stage = &mut staging[k % 2];
             // Waits for this buffer's previous copy (two stages ago).
             if dtype.is_f32() {
@@ -903,9 +905,13 @@ fn upload_rank_files<T: WorldElem>(
             // SAFETY: part of rank r's arena of this context, which the
             // round reads only later on this same stream.
             unsafe { stage.upload_async(dst, stream) }.map_err(Upload::Gpu)?;
-            first += len;
             k += 1;
         }
+    }
+    // Read while the files were still being read: nothing is folded
+    // unless every file was read to its end unchanged.
+    for r in 0..bufs.world {
+        files.read_through(r).map_err(Upload::Read)?;
     }
     Ok(())
 }

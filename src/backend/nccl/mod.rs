@@ -325,6 +325,11 @@ impl Backend for NcclBackend {
         NAME
     }
 
+    fn measures_sensitivity(&self, case: &Case) -> bool {
+        // As `run_case` does: each rank holds only its own file.
+        case.files().is_some() && self.world.env().is_some()
+    }
+
     fn environment(&self) -> crate::environment::BackendEnvironment {
         let (token_source, job) = {
             let (_, job, src) = crate::ranks::job::identity();
