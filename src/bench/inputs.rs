@@ -42,6 +42,9 @@ pub struct InputsBench {
     /// generator one round and the sensitivity. The sensitivity is
     /// measured beside the round, as a run does. And their ratio.
     pub files_case_ms: f64,
+    /// Of `files_case_ms`, until the round and the sensitivity ended (the
+    /// rest is waiting for the last digest).
+    pub files_case_round_ms: f64,
     pub generator_case_ms: f64,
     pub ratio: f64,
     /// Both gave the same arena digest (the files hold the generator's
@@ -175,10 +178,12 @@ pub fn compare(
         s.map_err(BenchError::Addends)
     };
     let (mut files_case, mut generator_case) = (Vec::new(), Vec::new());
+    let mut files_case_round = Vec::new();
     for _ in 0..CASE_REPS {
         let t = Instant::now();
         let case = with_files(open()?.reading()?)?.single_round();
         measured(backend, &case, &opts)?;
+        files_case_round.push(t.elapsed().as_secs_f64() * 1e3);
         if let Some(files) = case.files() {
             // Every digest known (a failed pass is refused here).
             files.hashed()?;
@@ -210,6 +215,7 @@ pub fn compare(
         generator_round_ms,
         generator_generate_ms: steady(&g, |t| t.generate_ms),
         files_case_ms,
+        files_case_round_ms: median(files_case_round),
         generator_case_ms,
         ratio: files_case_ms / generator_case_ms,
         same_digests: f.arenas[0].digest() == g.arenas[0].digest(),

@@ -721,8 +721,9 @@ fn run_inputs(a: &BenchArgs) -> Result<i32> {
             r.generator_case_ms
         );
         outln!(
-            "CASE: end to end, median of {} (files: opening to every digest known, the hashing behind the round)",
-            foldprint::bench::inputs::CASE_REPS
+            "CASE: end to end, median of {} (files: opening to every digest known, the hashing behind the round; its round and sensitivity done at {:.1} ms)",
+            foldprint::bench::inputs::CASE_REPS,
+            r.files_case_round_ms
         );
         outln!(
             "files / generator: {:.2}x per case · digests {} · sensitivity {}",
