@@ -5,7 +5,7 @@
 
 use super::format::{Dtype, Tensor};
 use crate::digest::Sha256;
-use crate::dtype::{carried_bits16, widen_bf16, widen_f16};
+use crate::dtype::{widen_bf16, widen_f16};
 use rayon::prelude::*;
 use sha2::Digest;
 use std::os::unix::fs::FileExt;
@@ -161,7 +161,7 @@ pub(super) fn range(
 }
 
 /// Elements `first .. first + dst.len()` of the 16-bit tensor `t` as a
-/// case carries them ([`carried_bits16`]: the stored patterns, a
+/// case carries them ([`crate::dtype::carried_bits16`]: the stored patterns, a
 /// signalling NaN made quiet), in the host's byte order, blocks in
 /// parallel.
 pub(super) fn range_bits16(
@@ -190,13 +190,29 @@ pub(super) fn range_bits16(
                 )
             };
             file.fill_at(bytes, at)?;
-            let swap = t.big_endian != cfg!(target_endian = "big");
-            for v in chunk.iter_mut() {
-                let h = if swap { v.swap_bytes() } else { *v };
-                *v = carried_bits16(t.dtype, h);
+            if t.big_endian != cfg!(target_endian = "big") {
+                for v in chunk.iter_mut() {
+                    *v = v.swap_bytes();
+                }
             }
+            carry_all(t.dtype, chunk);
             Ok(())
         })
+}
+
+/// [`crate::dtype::carried_bits16`] on every pattern of `v`, in a loop without branches
+/// (the compiler vectorizes it: half a gigabyte of bf16 went up at a
+/// fifth of float32's speed one pattern at a time). A NaN is a pattern
+/// whose magnitude lies above infinity's; its quiet bit is set.
+fn carry_all(dtype: Dtype, v: &mut [u16]) {
+    let (inf, quiet) = match dtype {
+        Dtype::Bf16 => (0x7F80u16, 0x0040u16),
+        Dtype::F16 => (0x7C00, 0x0200),
+        Dtype::F32 => return,
+    };
+    for h in v.iter_mut() {
+        *h |= u16::from(*h & 0x7FFF > inf) * quiet;
+    }
 }
 
 /// Elements `0, stride, 2 stride ...` of `t`, `picks` of them.
