@@ -754,6 +754,7 @@ fn rank_copies_are_checked_on_the_device_as_the_host_would() {
         policy,
         false,
         RankCheck::Device,
+        None,
     )
     .unwrap();
     let on_host = world::digest_ranks(
@@ -764,6 +765,7 @@ fn rank_copies_are_checked_on_the_device_as_the_host_would() {
         policy,
         false,
         RankCheck::Host,
+        None,
     )
     .unwrap();
     assert_eq!(on_device.digests, on_host.digests);
@@ -784,6 +786,7 @@ fn rank_copies_are_checked_on_the_device_as_the_host_would() {
         policy,
         false,
         RankCheck::Device,
+        None,
     )
     .unwrap();
     let on_host = world::digest_ranks(
@@ -794,6 +797,7 @@ fn rank_copies_are_checked_on_the_device_as_the_host_would() {
         policy,
         false,
         RankCheck::Host,
+        None,
     )
     .unwrap();
     assert_eq!(on_device.differing, vec![(3usize, vec![3usize])]);
@@ -817,6 +821,7 @@ fn rank_copies_are_checked_on_the_device_as_the_host_would() {
         policy,
         false,
         RankCheck::Device,
+        None,
     )
     .unwrap();
     assert_eq!(
@@ -1143,6 +1148,120 @@ fn rank_files_uploaded_while_still_being_read_equal_the_oracle() {
 use foldprint::dtype::Dtype;
 
 const HALVES: [Dtype; 2] = [Dtype::Bf16, Dtype::F16];
+
+/// Rank files over several stages whose shards end between stage edges
+/// (W = 5, 2 x 2^23 + 777 elements): each shard is folded as its stages
+/// arrive and rank 0's digest is read back section by section meanwhile.
+/// The device gives the CPU oracle's rank and chunk digests and kept
+/// values, bit for bit, with NaN payloads in the data, under both rank
+/// checks, racing copies, all-reduce and reduce-scatter, float32 and
+/// bf16. One element changed by one ULP in
+/// one file changes the digest (the comparison can fail).
+#[test]
+fn staged_rounds_from_rank_files_equal_the_oracle_under_every_option() {
+    use foldprint::gpu::RankCheck;
+    let _heavy = HEAVY.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let n = (2 << 23) + 777;
+    let write = |dir: &std::path::Path, r: usize, bump: Option<usize>| {
+        let mut w = rank_files::mixed(11, r, 0, n);
+        if r == 1 {
+            // Signalling NaNs with payloads, one every 1,000,003 elements
+            // and one in the last stage's tail.
+            for (k, i) in (0..n).step_by(1_000_003).chain([n - 5]).enumerate() {
+                w[i] = f32::from_bits(0x7f80_0001 + k as u32);
+            }
+        }
+        if let Some(i) = bump {
+            w[i] = f32::from_bits(w[i].to_bits() + 1);
+        }
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        rank_files::write_npy(&dir.join(format!("f{r}.npy")), "<f4", &[n], &bytes);
+        let h: Vec<u16> = w.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+        rank_files::write_safetensors(
+            &dir.join(format!("b{r}.safetensors")),
+            &[rank_files::T::bf16("g", &[n], &h)],
+        );
+    };
+    for r in 0..5 {
+        write(dir.path(), r, None);
+    }
+    let sweep = |id: &str, files: &str| {
+        format!(
+            "[[sweep]]\nid = \"{id}\"\naddends = \"{files}\"\n\
+             collective = [\"all-reduce\", \"reduce-scatter\"]\n"
+        )
+    };
+    let text = format!(
+        "name = \"staged\"\n{}{}",
+        sweep("f", "f{rank}.npy"),
+        sweep("b", "b{rank}.safetensors")
+    );
+    let path = dir.path().join("staged.toml");
+    let exp = foldprint::experiment::parse(&path, &text).unwrap();
+    assert_eq!(exp.cases.len(), 4);
+    let mut cpu = CpuBackend::new();
+    let configs = [
+        DeviceConfig::default(),
+        DeviceConfig {
+            rank_check: RankCheck::Host,
+            ..DeviceConfig::default()
+        },
+        DeviceConfig {
+            copy_streams: 2,
+            ..DeviceConfig::default()
+        },
+    ];
+    let optss = [
+        RunOptions::default(),
+        RunOptions {
+            keep_values: true,
+            ..RunOptions::default()
+        },
+    ];
+    // Kept values: the NaNs' payloads are the platform's (docs/SPEC.md §5).
+    let bits = |v: &Option<Vec<f32>>| -> Vec<u32> {
+        v.as_ref()
+            .unwrap()
+            .iter()
+            .map(|x| canon(x.to_bits()))
+            .collect()
+    };
+    let mut first = None;
+    for cfg in configs {
+        let check = cfg.rank_check;
+        let mut dev = gpu(cfg);
+        for opts in &optss {
+            for c in &exp.cases {
+                let (g, o) = (
+                    dev.run_case(c, opts).unwrap(),
+                    cpu.run_case(c, opts).unwrap(),
+                );
+                let (x, y) = (&g.arenas[0], &o.arenas[0]);
+                let what = format!("{} {check:?} {opts:?}", c.id());
+                assert_eq!(x.digest(), y.digest(), "{what}");
+                assert_eq!(x.rank_digests, y.rank_digests, "{what}");
+                assert_eq!(x.chunks, y.chunks, "{what}");
+                assert_eq!(x.shard_digests(), y.shard_digests(), "{what}");
+                if opts.keep_values {
+                    assert!(bits(&x.values) == bits(&y.values), "{what}");
+                }
+                first.get_or_insert((c.clone(), x.digest()));
+            }
+        }
+    }
+    // Negative control: one ULP in one element of rank 3's file.
+    let (c, seen) = first.unwrap();
+    let bumped = tempfile::tempdir().unwrap();
+    for r in 0..5 {
+        write(bumped.path(), r, (r == 3).then_some(n - 100));
+    }
+    let exp = foldprint::experiment::parse(&bumped.path().join("staged.toml"), &text).unwrap();
+    let again = exp.cases.iter().find(|x| x.id() == c.id()).unwrap();
+    let mut dev = gpu(DeviceConfig::default());
+    let got = dev.run_case(again, &RunOptions::default()).unwrap();
+    assert_ne!(got.arenas[0].digest(), seen, "{}", c.id());
+}
 
 /// How many of `got[j]` differ from `want(first + j)`, and the first such j;
 /// with `skip_nan`, patterns that are a float32 NaN are not compared.
@@ -1595,7 +1714,17 @@ fn bf16_rank_copies_are_checked_on_the_device_as_the_host_would() {
         .collect();
     let policy = NanPolicy::Canonical;
     let mut check = |how| {
-        world::digest_ranks(&dev, &mut readers, &bufs, Dtype::Bf16, policy, false, how).unwrap()
+        world::digest_ranks(
+            &dev,
+            &mut readers,
+            &bufs,
+            Dtype::Bf16,
+            policy,
+            false,
+            how,
+            None,
+        )
+        .unwrap()
     };
     let (d, h) = (check(RankCheck::Device), check(RankCheck::Host));
     assert_eq!((&d.digests, &d.chunks), (&h.digests, &h.chunks));

@@ -45,6 +45,12 @@ pub struct InputsBench {
     /// Of `files_case_ms`, until the round and the sensitivity ended (the
     /// rest is waiting for the last digest).
     pub files_case_round_ms: f64,
+    /// The round inside that case (medians): its upload (on CUDA, waiting
+    /// for the bytes as the pass reads them, through each file's end
+    /// check), its digests, and the whole round.
+    pub files_cold_upload_ms: f64,
+    pub files_cold_digest_ms: f64,
+    pub files_cold_round_ms: f64,
     pub generator_case_ms: f64,
     pub ratio: f64,
     /// Both gave the same arena digest (the files hold the generator's
@@ -174,15 +180,16 @@ pub fn compare(
     // round and sensitivity. The sensitivity runs beside the round, as
     // in a run.
     let measured = |backend: &mut dyn Backend, case: &Case, opts: &RunOptions| {
-        let (_, s) = crate::backend::run_case_measured(backend, case, opts)?;
-        s.map_err(BenchError::Addends)
+        let (run, s) = crate::backend::run_case_measured(backend, case, opts)?;
+        s.map_err(BenchError::Addends)?;
+        Ok::<_, BenchError>(run.rounds.first().cloned().unwrap_or_default())
     };
     let (mut files_case, mut generator_case) = (Vec::new(), Vec::new());
-    let mut files_case_round = Vec::new();
+    let (mut files_case_round, mut cold) = (Vec::new(), Vec::new());
     for _ in 0..CASE_REPS {
         let t = Instant::now();
         let case = with_files(open()?.reading()?)?.single_round();
-        measured(backend, &case, &opts)?;
+        cold.push(measured(backend, &case, &opts)?);
         files_case_round.push(t.elapsed().as_secs_f64() * 1e3);
         if let Some(files) = case.files() {
             // Every digest known (a failed pass is refused here).
@@ -216,6 +223,9 @@ pub fn compare(
         generator_generate_ms: steady(&g, |t| t.generate_ms),
         files_case_ms,
         files_case_round_ms: median(files_case_round),
+        files_cold_upload_ms: median(cold.iter().map(|t| t.generate_ms).collect()),
+        files_cold_digest_ms: median(cold.iter().map(|t| t.digest_ms).collect()),
+        files_cold_round_ms: median(cold.iter().map(|t| t.total_ms).collect()),
         generator_case_ms,
         ratio: files_case_ms / generator_case_ms,
         same_digests: f.arenas[0].digest() == g.arenas[0].digest(),

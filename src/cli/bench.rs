@@ -726,6 +726,12 @@ fn run_inputs(a: &BenchArgs) -> Result<i32> {
             r.files_case_round_ms
         );
         outln!(
+            "files' round in that case: {:.1} ms (upload through the files' end checks {:.1} ms, digests {:.1} ms)",
+            r.files_cold_round_ms,
+            r.files_cold_upload_ms,
+            r.files_cold_digest_ms
+        );
+        outln!(
             "files / generator: {:.2}x per case · digests {} · sensitivity {}",
             r.ratio,
             if r.same_digests { "equal" } else { "DIFFER" },

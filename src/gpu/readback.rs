@@ -8,8 +8,9 @@ use super::error::GpuError;
 use super::mem::{ArenaElem, DeviceBuffer, DeviceView, PinnedBuffer};
 use crate::digest::{ArenaHasher, ChunkedDigest, NanPolicy, CHUNK_ELEMS};
 use crate::dtype::Dtype;
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaEvent, CudaStream};
 use serde::Serialize;
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -123,27 +124,72 @@ impl Reader {
         keep: bool,
         chunked: bool,
     ) -> Result<(ChunkedDigest, Option<Vec<f32>>), GpuError> {
-        if !T::holds(dtype) {
-            return Err(GpuError::bounds(format!(
-                "a {dtype} arena read back as {}-byte elements",
-                T::BYTES
-            )));
-        }
+        let mut out = Hashing::new::<T>(buf.len(), dtype, policy, keep, chunked)?;
+        let fed = self.feed(dev, buf, &mut out);
+        self.last = out.times();
+        fed?;
+        Ok(out.finish())
+    }
+
+    /// [`Reader::digest`] of an arena still being reduced: `sections` says,
+    /// in order, up to which element the arena is final once its event has
+    /// completed; each section is read back and hashed while the next ones
+    /// are still being folded.
+    #[allow(clippy::too_many_arguments)]
+    pub fn digest_sections<T: ArenaElem>(
+        &mut self,
+        dev: &Device,
+        buf: &DeviceBuffer<T>,
+        dtype: Dtype,
+        policy: NanPolicy,
+        keep: bool,
+        chunked: bool,
+        sections: &Receiver<Section>,
+    ) -> Result<(ChunkedDigest, Option<Vec<f32>>), GpuError> {
+        let n = buf.len();
+        let mut out = Hashing::new::<T>(n, dtype, policy, keep, chunked)?;
+        let mut done = 0;
+        let fed = (|| {
+            dev.bind()?;
+            while done < n {
+                let Section { end, ready } = sections.recv().map_err(|_| {
+                    GpuError::bounds(format!(
+                        "the round stopped with {done} of {n} elements reduced"
+                    ))
+                })?;
+                if end <= done || end > n {
+                    return Err(GpuError::bounds(format!(
+                        "section ending at {end} after {done} of {n}"
+                    )));
+                }
+                let t = Instant::now();
+                ready
+                    .synchronize()
+                    .map_err(|e| GpuError::driver("cuEventSynchronize", e))?;
+                out.spent.waited += t.elapsed();
+                self.feed(dev, buf.slice(done, end - done)?, &mut out)?;
+                done = end;
+            }
+            Ok(())
+        })();
+        self.last = out.times();
+        fed?;
+        Ok(out.finish())
+    }
+
+    /// Read `buf` back and hash it into `out`, after what it already holds.
+    fn feed<T: ArenaElem>(
+        &mut self,
+        dev: &Device,
+        buf: DeviceView<'_, T>,
+        out: &mut Hashing,
+    ) -> Result<(), GpuError> {
         dev.bind()?;
         let n = buf.len();
+        let dtype = out.dtype;
         // The pinned chunks hold as many bytes whatever the element.
         let chunk = (self.bufs[0].len() * 4 / T::BYTES as usize).max(1);
         let chunks = n.div_ceil(chunk);
-        let mut hasher = if chunked {
-            ArenaHasher::with_chunks_of(dtype, policy)
-        } else {
-            ArenaHasher::of(dtype, policy)
-        };
-        let mut kept = if keep {
-            Some(Vec::with_capacity(n))
-        } else {
-            None
-        };
         let count = |k: usize| chunk.min(n - k * chunk);
         // Under the canonical policy the host would scan every span for
         // NaNs before hashing it in place; the device says which spans can
@@ -152,20 +198,19 @@ impl Reader {
         // The device scan reads 16 bytes at a time from the view's start: a
         // window that does not start on 16 bytes (a shard) is scanned on the
         // host instead.
-        let nan_map = match policy {
+        let nan_map = match out.policy {
             NanPolicy::Canonical if n > 0 && T::BYTES == 4 && buf.ptr().is_multiple_of(16) => {
                 Some(self.nan_map(dev, buf)?)
             }
             _ => None,
         };
-        let device_scan = scanned.elapsed();
+        out.spent.device_scan += scanned.elapsed();
         let has_nan = |k: usize| {
             let (lo, hi) = (k * chunk, k * chunk + count(k));
             nan_map
                 .as_ref()
                 .is_none_or(|m| m[lo / CHUNK_ELEMS..hi.div_ceil(CHUNK_ELEMS)].contains(&true))
         };
-        let (mut waited, mut hashing) = (Duration::ZERO, Duration::ZERO);
         let result = (|| -> Result<(), GpuError> {
             for k in 0..chunks.min(2) {
                 self.issue(buf, k, chunk, count(k))?;
@@ -175,11 +220,11 @@ impl Reader {
                 // Waits for this slot's copy: the buffer will not lend out
                 // memory a copy is still writing.
                 let vals = self.bufs[k % 2].values::<T>(count(k))?;
-                waited += t.elapsed();
+                out.spent.waited += t.elapsed();
                 let t = Instant::now();
-                T::hash(&mut hasher, vals, !has_nan(k));
-                hashing += t.elapsed();
-                if let Some(v) = kept.as_mut() {
+                T::hash(&mut out.hasher, vals, !has_nan(k));
+                out.spent.hashing += t.elapsed();
+                if let Some(v) = out.kept.as_mut() {
                     T::carry(vals, dtype, v);
                 }
                 if k + 2 < chunks {
@@ -194,16 +239,7 @@ impl Reader {
             .synchronize()
             .map_err(|e| GpuError::driver("cuStreamSynchronize", e));
         result?;
-        synced?;
-        let scan = hasher.scan_time();
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        self.last = ReadTimes {
-            copy_wait_ms: ms(waited),
-            nan_scan_ms: ms(scan),
-            device_nan_scan_ms: ms(device_scan),
-            hash_ms: ms(hashing.saturating_sub(scan)),
-        };
-        Ok((hasher.finish_chunked(), kept))
+        synced
     }
 
     /// Start the copy of chunk `k` into its slot.
@@ -218,5 +254,71 @@ impl Reader {
         // SAFETY: the round has finished writing `buf`, which outlives the
         // copy (the stream is synchronized before `digest` returns).
         unsafe { self.bufs[k % 2].fill_async(src, &self.stream) }
+    }
+}
+
+/// Up to which element an arena being reduced is final, once `ready`
+/// has completed (see [`Reader::digest_sections`]).
+pub struct Section {
+    pub end: usize,
+    pub ready: CudaEvent,
+}
+
+/// One digest under way: the hasher, the kept values, where the time went.
+struct Hashing {
+    hasher: ArenaHasher,
+    kept: Option<Vec<f32>>,
+    dtype: Dtype,
+    policy: NanPolicy,
+    spent: Spent,
+}
+
+#[derive(Default)]
+struct Spent {
+    waited: Duration,
+    hashing: Duration,
+    device_scan: Duration,
+}
+
+impl Hashing {
+    fn new<T: ArenaElem>(
+        n: usize,
+        dtype: Dtype,
+        policy: NanPolicy,
+        keep: bool,
+        chunked: bool,
+    ) -> Result<Self, GpuError> {
+        if !T::holds(dtype) {
+            return Err(GpuError::bounds(format!(
+                "a {dtype} arena read back as {}-byte elements",
+                T::BYTES
+            )));
+        }
+        Ok(Hashing {
+            hasher: if chunked {
+                ArenaHasher::with_chunks_of(dtype, policy)
+            } else {
+                ArenaHasher::of(dtype, policy)
+            },
+            kept: keep.then(|| Vec::with_capacity(n)),
+            dtype,
+            policy,
+            spent: Spent::default(),
+        })
+    }
+
+    fn times(&self) -> ReadTimes {
+        let scan = self.hasher.scan_time();
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        ReadTimes {
+            copy_wait_ms: ms(self.spent.waited),
+            nan_scan_ms: ms(scan),
+            device_nan_scan_ms: ms(self.spent.device_scan),
+            hash_ms: ms(self.spent.hashing.saturating_sub(scan)),
+        }
+    }
+
+    fn finish(self) -> (ChunkedDigest, Option<Vec<f32>>) {
+        (self.hasher.finish_chunked(), self.kept)
     }
 }

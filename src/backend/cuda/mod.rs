@@ -288,29 +288,7 @@ impl CudaBackend {
                     GpuError::bounds("no buffers of the case's dtype"),
                 )
             })?;
-        let generate = match case.addends() {
-            Addends::Generated { seed, distribution } => Some((*distribution, *seed)),
-            Addends::Files(f) => {
-                let u = Instant::now();
-                let staging = staging_for(&mut self.staging, &self.dev, n.min(STAGE))
-                    .map_err(|e| gpu_failed(case.id(), "pinned staging buffers", e))?;
-                upload_rank_files(f, a, bufs, dtype, staging, &self.main).map_err(|e| match e {
-                    Upload::Read(e) => crate::backend::addends_error(case)(e),
-                    Upload::Gpu(e) => gpu_failed(case.id(), "uploading the rank files", e),
-                })?;
-                // The last copy up belongs to this phase's time.
-                self.main.synchronize().map_err(|e| {
-                    gpu_failed(
-                        case.id(),
-                        "uploading the rank files",
-                        GpuError::driver("cuStreamSynchronize", e),
-                    )
-                })?;
-                t.generate_ms += u.elapsed().as_secs_f64() * 1e3;
-                None
-            }
-        };
-        let spec = RoundSpec {
+        let mut spec = RoundSpec {
             plan: &plan,
             order: step.order,
             mode: step.mode,
@@ -319,15 +297,50 @@ impl CudaBackend {
             scale: step.scale,
             variant: self.cfg.variant,
             tuning: self.cfg.tuning,
-            generate,
+            generate: None,
             arena: a as u32,
             dtype,
             redistribute: case.collective().is_all_reduce(),
         };
-        let (gen_ms, reduce_ms) = world::run_round(&self.dev, &self.main, &self.copy, bufs, &spec)
-            .map_err(|e| gpu_failed(case.id(), "round", e))?;
-        t.generate_ms += gen_ms;
-        t.reduce_ms += reduce_ms;
+        let mut rank0 = None;
+        match case.addends() {
+            Addends::Generated { seed, distribution } => {
+                spec.generate = Some((*distribution, *seed));
+                let (gen_ms, reduce_ms) =
+                    world::run_round(&self.dev, &self.main, &self.copy, bufs, &spec)
+                        .map_err(|e| gpu_failed(case.id(), "round", e))?;
+                t.generate_ms += gen_ms;
+                t.reduce_ms += reduce_ms;
+            }
+            Addends::Files(f) => {
+                let u = Instant::now();
+                let staging = staging_for(&mut self.staging, &self.dev, n.min(STAGE))
+                    .map_err(|e| gpu_failed(case.id(), "pinned staging buffers", e))?;
+                let files = FileRound {
+                    files: f,
+                    a,
+                    dtype,
+                    stream: &self.main,
+                };
+                // An all-reduce's rank 0 is hashed while the later stages
+                // still arrive (the digest is one sequential stream).
+                let hashed_early = spec.redistribute && self.cfg.rank_check == RankCheck::Device;
+                let reader0 = self.readers.first_mut().filter(|_| hashed_early && n > 0);
+                let (uploaded, reduce_ms, hashed) = files
+                    .reduce(&self.dev, &self.copy, bufs, &spec, staging, reader0, opts)
+                    .map_err(|e| match e {
+                        Upload::Read(e) => crate::backend::addends_error(case)(e),
+                        Upload::Gpu(e) => gpu_failed(case.id(), "round", e),
+                    })?;
+                t.generate_ms += uploaded.duration_since(u).as_secs_f64() * 1e3;
+                t.reduce_ms += reduce_ms;
+                rank0 = hashed.map(|(h, since)| {
+                    // Rank 0's digest counts from the end of the upload.
+                    t.digest_ms += since.duration_since(uploaded).as_secs_f64() * 1e3;
+                    h
+                });
+            }
+        }
         let d = Instant::now();
         if !case.collective().is_all_reduce() {
             let reduced = scattered_digests(
@@ -352,6 +365,7 @@ impl CudaBackend {
             opts.nan_policy,
             opts.keep_values,
             self.cfg.rank_check,
+            rank0,
         )
         .map_err(|e| gpu_failed(case.id(), "digest", e))?;
         t.digest_ms += d.elapsed().as_secs_f64() * 1e3;
@@ -864,56 +878,137 @@ enum Upload {
     Gpu(GpuError),
 }
 
+impl From<GpuError> for Upload {
+    fn from(e: GpuError) -> Self {
+        Upload::Gpu(e)
+    }
+}
+
 /// Elements per pinned staging buffer (32 MiB): small enough to pin
 /// quickly (pinning a whole 128 MiB arena twice cost more than reading it),
 /// large enough that each read runs on several threads.
 const STAGE: usize = 1 << 23;
 
-/// Every rank's arena `a` from its file into its device arena, on `stream`,
-/// a stage at a time: one pinned buffer is read into while the other's copy
-/// to the device runs. The stages go across the ranks (the first stage of
-/// every rank, then the second ...), the order in which the files' one
-/// pass reads them side by side, so the upload follows the reading instead
-/// of waiting for its end.
-fn upload_rank_files<T: WorldElem>(
-    files: &crate::addends::AddendFiles,
+/// One arena's round from rank files.
+struct FileRound<'a> {
+    files: &'a crate::addends::AddendFiles,
     a: usize,
-    bufs: &world::WorldBuffers<T>,
     dtype: Dtype,
-    staging: &mut [PinnedBuffer; 2],
-    stream: &cudarc::driver::CudaStream,
-) -> Result<(), Upload> {
-    let n = bufs.len;
-    let mut k = 0;
-    for first in (0..n).step_by(STAGE) {
-        let len = STAGE.min(n - first);
-        for r in 0..bufs.world {
-            let stage = &mut staging[k % 2];
-            // Waits for this buffer's previous copy (two stages ago).
-            if dtype.is_f32() {
-                let host = stage.values_mut::<f32>(len).map_err(Upload::Gpu)?;
-                files.read_range(r, a, first, host).map_err(Upload::Read)?;
-            } else {
-                // The file's tensors are the dtype's (the case checked):
-                // their stored bits go up as they are, 2 bytes each.
-                let host = stage.values_mut::<u16>(len).map_err(Upload::Gpu)?;
-                files
-                    .read_bits16_range(r, a, first, host)
-                    .map_err(Upload::Read)?;
+    stream: &'a Arc<cudarc::driver::CudaStream>,
+}
+
+/// When the upload ended, the device ms of the folds, and rank 0's digest
+/// with when it was done (when it was made during the round).
+type Reduced = (Instant, f64, Option<(world::HashedRank, Instant)>);
+
+impl FileRound<'_> {
+    /// Upload every rank's arena from its file a stage at a time, each
+    /// shard folded as soon as its stages are in ([`world::run_round_staged`]);
+    /// with `reader0`, rank 0's reduced arena is read back and hashed on
+    /// its own thread as its sections become final. The files' end checks
+    /// come before anything is returned: a file that changed since its
+    /// opening fails the round, whatever was folded.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce<T: WorldElem>(
+        &self,
+        dev: &Device,
+        copy: &[Arc<cudarc::driver::CudaStream>],
+        bufs: &WorldBuffers<T>,
+        spec: &RoundSpec<'_>,
+        staging: &mut [PinnedBuffer; 2],
+        reader0: Option<&mut Reader>,
+        opts: &RunOptions,
+    ) -> Result<Reduced, Upload> {
+        let (sections, heard) = std::sync::mpsc::channel();
+        let mut k = 0;
+        let upload = |first: usize, len: usize| -> Result<(), Upload> {
+            for r in 0..bufs.world {
+                self.stage(r, first, len, bufs, &mut staging[k % 2])?;
+                k += 1;
             }
-            let dst = bufs.ranks[r].slice(first, len).map_err(Upload::Gpu)?;
-            // SAFETY: part of rank r's arena of this context, which the
-            // round reads only later on this same stream.
-            unsafe { stage.upload_async(dst, stream) }.map_err(Upload::Gpu)?;
-            k += 1;
+            Ok(())
+        };
+        let staged = |sections: &std::sync::mpsc::Sender<_>| -> Result<(f64, Instant), Upload> {
+            let ms = world::run_round_staged(
+                dev,
+                self.stream,
+                copy,
+                bufs,
+                spec,
+                STAGE,
+                upload,
+                sections,
+            )?;
+            let uploaded = Instant::now();
+            // Folded while the files were still being read: nothing is
+            // reported unless every file was read to its end unchanged.
+            for r in 0..bufs.world {
+                self.files.read_through(r).map_err(Upload::Read)?;
+            }
+            Ok((ms, uploaded))
+        };
+        let Some(reader) = reader0 else {
+            let (ms, uploaded) = staged(&sections)?;
+            return Ok((uploaded, ms, None));
+        };
+        std::thread::scope(|scope| {
+            let hashing = std::thread::Builder::new()
+                .name("foldprint-rank0-digest".into())
+                .spawn_scoped(scope, move || {
+                    let d = reader.digest_sections(
+                        dev,
+                        &bufs.ranks[0],
+                        self.dtype,
+                        opts.nan_policy,
+                        opts.keep_values,
+                        world::host_chunks::<T>(RankCheck::Device, bufs.len),
+                        &heard,
+                    );
+                    let times = reader.last_times();
+                    (d.map(|(d, v)| (d, v, times)), Instant::now())
+                })
+                .map_err(|e| Upload::Gpu(GpuError::bounds(format!("no digest thread: {e}"))))?;
+            let done = staged(&sections);
+            // Hung up: a digest still waiting for sections ends now.
+            drop(sections);
+            let (digest, at) = hashing
+                .join()
+                .map_err(|_| Upload::Gpu(GpuError::panicked("the rank-0 digest thread", None)))?;
+            let (ms, uploaded) = done?;
+            Ok((uploaded, ms, Some((digest?, at))))
+        })
+    }
+
+    /// Elements `first .. first + len` of rank `r`'s arena from its file to
+    /// the device through one pinned `stage` buffer, on the round's stream.
+    fn stage<T: WorldElem>(
+        &self,
+        r: usize,
+        first: usize,
+        len: usize,
+        bufs: &WorldBuffers<T>,
+        stage: &mut PinnedBuffer,
+    ) -> Result<(), Upload> {
+        // Waits for this buffer's previous copy (two stages ago).
+        if self.dtype.is_f32() {
+            let host = stage.values_mut::<f32>(len)?;
+            self.files
+                .read_range(r, self.a, first, host)
+                .map_err(Upload::Read)?;
+        } else {
+            // The file's tensors are the dtype's (the case checked):
+            // their stored bits go up as they are, 2 bytes each.
+            let host = stage.values_mut::<u16>(len)?;
+            self.files
+                .read_bits16_range(r, self.a, first, host)
+                .map_err(Upload::Read)?;
         }
+        let dst = bufs.ranks[r].slice(first, len)?;
+        // SAFETY: part of rank r's arena of this context, which the round
+        // reads only later on this same stream.
+        unsafe { stage.upload_async(dst, self.stream) }?;
+        Ok(())
     }
-    // Read while the files were still being read: nothing is folded
-    // unless every file was read to its end unchanged.
-    for r in 0..bufs.world {
-        files.read_through(r).map_err(Upload::Read)?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

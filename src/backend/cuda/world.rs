@@ -15,10 +15,12 @@ use crate::gpu::device::{row_stride_of, Device, FoldArgs, LaunchTuning};
 use crate::gpu::error::GpuError;
 use crate::gpu::kernels::{FoldMode, KernelVariant};
 use crate::gpu::mem::{copy_d2d, ArenaElem, DeviceBuffer};
-use crate::gpu::readback::{ReadTimes, Reader};
+use crate::gpu::readback::{ReadTimes, Reader, Section};
 use crate::gpu::RankCheck;
 use cudarc::driver::{sys::CUevent_flags, CudaEvent, CudaStream};
 use serde::Serialize;
+use std::ops::Range;
+use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -144,7 +146,6 @@ pub fn run_round<T: ArenaElem>(
         )));
     }
     dev.bind()?;
-    let world = bufs.world;
     let n = bufs.len;
     let t0 = ev(main, true)?;
     if let Some((distribution, seed)) = spec.generate {
@@ -166,7 +167,7 @@ pub fn run_round<T: ArenaElem>(
         }
     }
     let t1 = ev(main, true)?;
-    let result = exchange_fold_redistribute(dev, main, copy, bufs, spec, world, &t1);
+    let result = exchange_fold_redistribute(dev, main, copy, bufs, spec, &t1);
     // Drain before returning on every path: copies in flight reference
     // buffers the caller may free next.
     let synced = main
@@ -192,113 +193,244 @@ fn exchange_fold_redistribute<T: ArenaElem>(
     copy: &[Arc<CudaStream>],
     bufs: &WorldBuffers<T>,
     spec: &RoundSpec<'_>,
-    world: usize,
     generated: &CudaEvent,
 ) -> Result<CudaEvent, GpuError> {
-    let racing = copy.len() >= 2;
-    if racing {
-        for s in copy {
-            wait(s, generated)?;
-        }
+    let mut folds = ShardFolds::new(dev, main, copy, bufs, spec);
+    let all = 0..spec.plan.len();
+    folds.fold(all.clone(), generated)?;
+    if spec.redistribute {
+        folds.redistribute(all)?;
     }
-    let nbuf = bufs.scratch.len().max(1);
-    let mut last_fold: Vec<Option<CudaEvent>> = (0..nbuf).map(|_| None).collect();
-    let mut used = 0usize;
-    for (o, shard) in spec.plan.iter().enumerate() {
-        if shard.len == 0 {
-            continue;
+    ev(main, true)
+}
+
+/// A round whose addends arrive a stage at a time (rank files):
+/// `upload(first, len)` puts elements `first .. first + len` of every
+/// rank's arena in place on `main`. Each shard is exchanged, folded and
+/// redistributed as soon as all of its elements are in, and `sections`
+/// hears how far the arena is final, so its digest can read it back while
+/// later stages still arrive. Returns the device milliseconds of the folds
+/// and redistributions; on return the device is idle for these buffers.
+#[allow(clippy::too_many_arguments)]
+pub fn run_round_staged<T, E, U>(
+    dev: &Device,
+    main: &Arc<CudaStream>,
+    copy: &[Arc<CudaStream>],
+    bufs: &WorldBuffers<T>,
+    spec: &RoundSpec<'_>,
+    stage: usize,
+    mut upload: U,
+    sections: &Sender<Section>,
+) -> Result<f64, E>
+where
+    T: ArenaElem,
+    E: From<GpuError>,
+    U: FnMut(usize, usize) -> Result<(), E>,
+{
+    if !T::holds(spec.dtype) || spec.generate.is_some() || stage == 0 {
+        return Err(
+            GpuError::bounds("a staged round takes uploaded addends of the arenas' dtype").into(),
+        );
+    }
+    dev.bind()?;
+    let n = bufs.len;
+    let mut folds = ShardFolds::new(dev, main, copy, bufs, spec);
+    let mut timed = Vec::new();
+    let (mut next, mut sent) = (0, 0);
+    let result = (|| -> Result<(), E> {
+        for first in (0..n).step_by(stage) {
+            let upto = first + stage.min(n - first);
+            upload(first, upto - first)?;
+            let from = next;
+            while spec.plan.get(next).is_some_and(|s| s.start + s.len <= upto) {
+                next += 1;
+            }
+            if next == from {
+                continue;
+            }
+            let began = ev(main, true)?;
+            folds.fold(from..next, &began)?;
+            if spec.redistribute {
+                folds.redistribute(from..next)?;
+            }
+            timed.push((began, ev(main, true)?));
+            let end = spec.plan[next - 1].start + spec.plan[next - 1].len;
+            if end > sent {
+                let ready = ev(main, false)?;
+                // A digest that stopped listening failed on its own; the
+                // round still ends and drains.
+                let _ = sections.send(Section { end, ready });
+                sent = end;
+            }
         }
-        let b = used % nbuf;
-        used += 1;
-        let scratch = bufs
-            .scratch
-            .get(b)
-            .ok_or_else(|| GpuError::bounds("scratch missing for a non-empty shard"))?;
-        let out = bufs.ranks[o].slice(shard.start, shard.len)?;
-        // Rows start at the same 16-byte phase as the owner's shard, so the
-        // fast kernel can use float4 on both sides.
-        let phase = ((out.ptr() & 15) / T::BYTES) as usize;
-        // The W slots, row `src` at `src * ld`: the fold reads all of it.
-        let slots = scratch.slice(phase, (world - 1) * bufs.ld + shard.len)?;
-        let row = |src: usize| slots.slice(src * bufs.ld, shard.len);
-        let theirs = |src: usize| bufs.ranks[src].slice(shard.start, shard.len);
-        if racing {
-            if let Some(e) = &last_fold[b] {
-                for s in copy {
-                    wait(s, e)?;
-                }
-            }
-            for (k, &src) in spec.order.iter().enumerate() {
-                let s = &copy[k % copy.len()];
-                // SAFETY: views of this context's live buffers; scratch
-                // buffer `b` is reused only after the fold that read it.
-                unsafe { copy_d2d(row(src)?, theirs(src)?, s)? };
-            }
-            for s in copy {
-                wait(main, &ev(s, false)?)?;
-            }
-        } else {
-            for &src in spec.order {
-                // SAFETY: as above; one stream orders scratch reuse.
-                unsafe { copy_d2d(row(src)?, theirs(src)?, main)? };
-            }
-        }
-        let args = FoldArgs {
-            out: out.ptr(),
-            stacked: slots.ptr(),
-            ld: bufs.ld as u64,
-            len: shard.len as u64,
-            world: world as u32,
-            prog: spec.prog,
-            prog_len: spec.prog_len,
-            scale: spec.scale,
-            dtype: spec.dtype,
-        };
-        // SAFETY: `out` (the owner's shard) and `slots` (W rows of ld, the
-        // last `len` long) are checked views of this context's buffers.
-        unsafe { dev.fold(spec.variant, spec.mode, &args, &spec.tuning, main)? };
-        if racing {
-            last_fold[b] = Some(ev(main, false)?);
+        Ok(())
+    })();
+    let synced = main
+        .synchronize()
+        .map_err(|e| GpuError::driver("synchronizing the round", e));
+    for s in copy {
+        let _ = s.synchronize();
+    }
+    result?;
+    synced?;
+    let mut ms = 0.0;
+    for (a, b) in &timed {
+        ms += a
+            .elapsed_ms(b)
+            .map_err(|e| GpuError::driver("cuEventElapsedTime", e))? as f64;
+    }
+    Ok(ms)
+}
+
+/// The exchange, fold and redistribution of shards, asked for in order
+/// (all at once, or a few at a time as their addends arrive), with what
+/// reusing the scratch buffers needs to remember between calls.
+struct ShardFolds<'r, 's, T: ArenaElem> {
+    dev: &'r Device,
+    main: &'r Arc<CudaStream>,
+    copy: &'r [Arc<CudaStream>],
+    bufs: &'r WorldBuffers<T>,
+    spec: &'r RoundSpec<'s>,
+    racing: bool,
+    /// Per scratch buffer, the fold that last read it.
+    last_fold: Vec<Option<CudaEvent>>,
+    used: usize,
+}
+
+impl<'r, 's, T: ArenaElem> ShardFolds<'r, 's, T> {
+    fn new(
+        dev: &'r Device,
+        main: &'r Arc<CudaStream>,
+        copy: &'r [Arc<CudaStream>],
+        bufs: &'r WorldBuffers<T>,
+        spec: &'r RoundSpec<'s>,
+    ) -> Self {
+        let nbuf = bufs.scratch.len().max(1);
+        ShardFolds {
+            dev,
+            main,
+            copy,
+            bufs,
+            spec,
+            racing: copy.len() >= 2,
+            last_fold: (0..nbuf).map(|_| None).collect(),
+            used: 0,
         }
     }
 
-    if !spec.redistribute {
-        return ev(main, true);
-    }
-    // Redistribution: every owner's reduced shard to every other rank.
-    let folded = ev(main, false)?;
-    let movers: Vec<&Arc<CudaStream>> = if racing {
-        for s in copy {
-            wait(s, &folded)?;
+    /// Exchange and fold shards `which`, whose addends are in place once
+    /// `ready` (recorded on `main`) has completed.
+    fn fold(&mut self, which: Range<usize>, ready: &CudaEvent) -> Result<(), GpuError> {
+        let (bufs, spec, main, copy) = (self.bufs, self.spec, self.main, self.copy);
+        let world = bufs.world;
+        if self.racing {
+            for s in copy {
+                wait(s, ready)?;
+            }
         }
-        copy.iter().collect()
-    } else {
-        vec![main]
-    };
-    let mut k = 0usize;
-    for (o, shard) in spec.plan.iter().enumerate() {
-        if shard.len == 0 {
-            continue;
-        }
-        for (r, dst) in bufs.ranks.iter().enumerate() {
-            if r == o {
+        for o in which {
+            let shard = spec.plan[o];
+            if shard.len == 0 {
                 continue;
             }
-            let s = movers[k % movers.len()];
-            k += 1;
-            let to = dst.slice(shard.start, shard.len)?;
-            let from = bufs.ranks[o].slice(shard.start, shard.len)?;
-            // SAFETY: same shard range in two distinct rank arenas; the
-            // owner's shard was folded on `main`, which every mover waited for.
-            unsafe { copy_d2d(to, from, s)? };
+            let b = self.used % self.last_fold.len();
+            self.used += 1;
+            let scratch = bufs
+                .scratch
+                .get(b)
+                .ok_or_else(|| GpuError::bounds("scratch missing for a non-empty shard"))?;
+            let out = bufs.ranks[o].slice(shard.start, shard.len)?;
+            // Rows start at the same 16-byte phase as the owner's shard, so the
+            // fast kernel can use float4 on both sides.
+            let phase = ((out.ptr() & 15) / T::BYTES) as usize;
+            // The W slots, row `src` at `src * ld`: the fold reads all of it.
+            let slots = scratch.slice(phase, (world - 1) * bufs.ld + shard.len)?;
+            let row = |src: usize| slots.slice(src * bufs.ld, shard.len);
+            let theirs = |src: usize| bufs.ranks[src].slice(shard.start, shard.len);
+            if self.racing {
+                if let Some(e) = &self.last_fold[b] {
+                    for s in copy {
+                        wait(s, e)?;
+                    }
+                }
+                for (k, &src) in spec.order.iter().enumerate() {
+                    let s = &copy[k % copy.len()];
+                    // SAFETY: views of this context's live buffers; scratch
+                    // buffer `b` is reused only after the fold that read it.
+                    unsafe { copy_d2d(row(src)?, theirs(src)?, s)? };
+                }
+                for s in copy {
+                    wait(main, &ev(s, false)?)?;
+                }
+            } else {
+                for &src in spec.order {
+                    // SAFETY: as above; one stream orders scratch reuse.
+                    unsafe { copy_d2d(row(src)?, theirs(src)?, main)? };
+                }
+            }
+            let args = FoldArgs {
+                out: out.ptr(),
+                stacked: slots.ptr(),
+                ld: bufs.ld as u64,
+                len: shard.len as u64,
+                world: world as u32,
+                prog: spec.prog,
+                prog_len: spec.prog_len,
+                scale: spec.scale,
+                dtype: spec.dtype,
+            };
+            // SAFETY: `out` (the owner's shard) and `slots` (W rows of ld, the
+            // last `len` long) are checked views of this context's buffers.
+            unsafe {
+                self.dev
+                    .fold(spec.variant, spec.mode, &args, &spec.tuning, main)?
+            };
+            if self.racing {
+                self.last_fold[b] = Some(ev(main, false)?);
+            }
         }
+        Ok(())
     }
-    if racing {
-        for s in copy {
-            wait(main, &ev(s, false)?)?;
+
+    /// Every owner's reduced shard of `which` to every other rank; `main`
+    /// waits for the copies.
+    fn redistribute(&mut self, which: Range<usize>) -> Result<(), GpuError> {
+        let (bufs, main, copy) = (self.bufs, self.main, self.copy);
+        let folded = ev(main, false)?;
+        let movers: Vec<&Arc<CudaStream>> = if self.racing {
+            for s in copy {
+                wait(s, &folded)?;
+            }
+            copy.iter().collect()
+        } else {
+            vec![main]
+        };
+        let mut k = 0usize;
+        for o in which {
+            let shard = self.spec.plan[o];
+            if shard.len == 0 {
+                continue;
+            }
+            for (r, dst) in bufs.ranks.iter().enumerate() {
+                if r == o {
+                    continue;
+                }
+                let s = movers[k % movers.len()];
+                k += 1;
+                let to = dst.slice(shard.start, shard.len)?;
+                let from = bufs.ranks[o].slice(shard.start, shard.len)?;
+                // SAFETY: same shard range in two distinct rank arenas; the
+                // owner's shard was folded on `main`, which every mover waited for.
+                unsafe { copy_d2d(to, from, s)? };
+            }
         }
+        if self.racing {
+            for s in copy {
+                wait(main, &ev(s, false)?)?;
+            }
+        }
+        Ok(())
     }
-    ev(main, true)
 }
 
 /// A reduce-scatter's shards gathered in rank order into rank 0's arena:
@@ -464,9 +596,23 @@ impl DeviceChunks {
 /// (rank, digest, kept values, read-back times).
 type RankDigest = (usize, ChunkedDigest, Option<Vec<f32>>, ReadTimes);
 
+/// One rank's digest made apart: (digest, kept values, read-back times).
+pub type HashedRank = (ChunkedDigest, Option<Vec<f32>>, ReadTimes);
+
+/// Whether rank 0's chunk digests are the host's (made while hashing its
+/// arena) rather than the device's: always under the host check, and for
+/// 16-bit arenas.
+pub fn host_chunks<T: ArenaElem>(check: RankCheck, n: usize) -> bool {
+    !(check == RankCheck::Device && n > 0 && T::BYTES == 4)
+}
+
 /// Digest the ranks' arenas with up to `readers.len()` host threads:
 /// every rank under [`RankCheck::Host`]; under [`RankCheck::Device`] rank
 /// 0 and the ranks whose copy differs, the others taking rank 0's digest.
+///
+/// `rank0`, when given, is rank 0's digest already made while the round
+/// ran ([`Reader::digest_sections`]), with chunk digests when
+/// [`host_chunks`] says the host makes them.
 #[allow(clippy::too_many_arguments)]
 pub fn digest_ranks<T: ArenaElem>(
     dev: &Device,
@@ -476,6 +622,7 @@ pub fn digest_ranks<T: ArenaElem>(
     policy: NanPolicy,
     keep: bool,
     check: RankCheck,
+    rank0: Option<HashedRank>,
 ) -> Result<RankDigests, GpuError> {
     let world = bufs.ranks.len();
     if readers.is_empty() {
@@ -501,21 +648,30 @@ pub fn digest_ranks<T: ArenaElem>(
             .chain(differing.iter().map(|(r, _)| *r))
             .collect(),
     };
+    let hashed: Vec<usize> = hashed
+        .into_iter()
+        .filter(|&r| r != 0 || rank0.is_none())
+        .collect();
     // Under the device check rank 0's chunk digests come from the GPU, in
     // parallel with the host's sequential SHA-256 of the whole arena (a
     // 16-bit arena's are the host's).
     let n = bufs.len;
-    let device_chunks = match check {
-        RankCheck::Device if n > 0 && T::BYTES == 4 => {
-            Some(DeviceChunks::start(dev, &bufs.ranks[0], policy)?)
-        }
-        _ => None,
+    let chunked_on_host = host_chunks::<T>(check, n);
+    let device_chunks = if chunked_on_host {
+        None
+    } else {
+        Some(DeviceChunks::start(dev, &bufs.ranks[0], policy)?)
     };
-    let chunked_on_host = device_chunks.is_none();
-    let workers = readers.len().min(hashed.len()).max(1);
     let mut digests: Vec<Option<crate::digest::Sha256>> = vec![None; world];
     let mut chunks = Vec::new();
     let mut values = None;
+    if let Some((d, v, times)) = rank0 {
+        profile.read = times;
+        chunks = d.chunks;
+        digests[0] = Some(d.sha256);
+        values = v;
+    }
+    let workers = readers.len().min(hashed.len()).max(1);
     let outcome: Result<(), GpuError> = std::thread::scope(|scope| {
         let handles: Vec<_> = readers
             .iter_mut()
