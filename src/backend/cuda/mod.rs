@@ -40,6 +40,9 @@ pub struct CudaBackend {
     /// Two pinned buffers rank files are read into on their way up, kept
     /// for the largest arena so far.
     staging: Option<[PinnedBuffer; 2]>,
+    /// Those buffers being pinned on their own thread since the start
+    /// (when the run said rank files will come, [`DeviceConfig`]).
+    pinning: Option<std::thread::JoinHandle<Result<[PinnedBuffer; 2], GpuError>>>,
 }
 
 fn unavailable(reason: impl std::fmt::Display) -> BackendError {
@@ -70,6 +73,23 @@ impl CudaBackend {
         let mut dev = Device::open(cfg.ordinal, cfg.compile).map_err(unavailable)?;
         dev.startup.probe = probe_ms;
         let main = dev.new_stream().map_err(unavailable)?;
+        // Pinning 64 MiB takes tens of ms: done beside the rest of the
+        // start, not in the first round. A thread that cannot start only
+        // means the first round pins them.
+        let pinning = (cfg.rank_file_elems > 0)
+            .then(|| {
+                let (ctx, len) = (dev.ctx.clone(), cfg.rank_file_elems.min(STAGE));
+                std::thread::Builder::new()
+                    .name("foldprint-pin-staging".into())
+                    .spawn(move || {
+                        Ok([
+                            PinnedBuffer::alloc(&ctx, len)?,
+                            PinnedBuffer::alloc(&ctx, len)?,
+                        ])
+                    })
+                    .ok()
+            })
+            .flatten();
         let mut backend = CudaBackend {
             cfg: cfg.clone(),
             dev,
@@ -79,6 +99,7 @@ impl CudaBackend {
             worlds: HashMap::new(),
             profiles: Vec::new(),
             staging: None,
+            pinning,
         };
         backend.set_copy_streams(cfg.copy_streams)?;
         Ok(backend)
@@ -314,6 +335,11 @@ impl CudaBackend {
             }
             Addends::Files(f) => {
                 let u = Instant::now();
+                if let Some(h) = self.pinning.take() {
+                    // Buffers that failed to pin are pinned again below,
+                    // where a failure is the case's.
+                    self.staging = h.join().ok().and_then(Result::ok);
+                }
                 let staging = staging_for(&mut self.staging, &self.dev, n.min(STAGE))
                     .map_err(|e| gpu_failed(case.id(), "pinned staging buffers", e))?;
                 let files = FileRound {
