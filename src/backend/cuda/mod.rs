@@ -70,26 +70,33 @@ impl CudaBackend {
                 cfg.ordinal, p.device_count
             )));
         }
-        let mut dev = Device::open(cfg.ordinal, cfg.compile).map_err(unavailable)?;
+        // Pinning the rank files' staging (64 MiB) takes tens of ms: it runs
+        // from the moment the context exists, beside the programs' loading,
+        // not in the first round. A thread that cannot start only means the
+        // first round pins them.
+        let pinning = std::sync::Mutex::new(None);
+        let pin = |ctx: &Arc<cudarc::driver::CudaContext>| {
+            if cfg.rank_file_elems == 0 {
+                return;
+            }
+            let (ctx, len) = (ctx.clone(), cfg.rank_file_elems.min(STAGE));
+            let started = std::thread::Builder::new()
+                .name("foldprint-pin-staging".into())
+                .spawn(move || {
+                    Ok([
+                        PinnedBuffer::alloc(&ctx, len)?,
+                        PinnedBuffer::alloc(&ctx, len)?,
+                    ])
+                })
+                .ok();
+            if let Ok(mut slot) = pinning.lock() {
+                *slot = started;
+            }
+        };
+        let mut dev = Device::open_then(cfg.ordinal, cfg.compile, pin).map_err(unavailable)?;
         dev.startup.probe = probe_ms;
         let main = dev.new_stream().map_err(unavailable)?;
-        // Pinning 64 MiB takes tens of ms: done beside the rest of the
-        // start, not in the first round. A thread that cannot start only
-        // means the first round pins them.
-        let pinning = (cfg.rank_file_elems > 0)
-            .then(|| {
-                let (ctx, len) = (dev.ctx.clone(), cfg.rank_file_elems.min(STAGE));
-                std::thread::Builder::new()
-                    .name("foldprint-pin-staging".into())
-                    .spawn(move || {
-                        Ok([
-                            PinnedBuffer::alloc(&ctx, len)?,
-                            PinnedBuffer::alloc(&ctx, len)?,
-                        ])
-                    })
-                    .ok()
-            })
-            .flatten();
+        let pinning = pinning.into_inner().ok().flatten();
         let mut backend = CudaBackend {
             cfg: cfg.clone(),
             dev,
@@ -923,7 +930,8 @@ struct FileRound<'a> {
     stream: &'a Arc<cudarc::driver::CudaStream>,
 }
 
-/// When the upload ended, the device ms of the folds, and rank 0's digest
+/// When the upload and the files' end checks ended, the device ms of the
+/// folds, and rank 0's digest
 /// with when it was done (when it was made during the round).
 type Reduced = (Instant, f64, Option<(world::HashedRank, Instant)>);
 
@@ -965,13 +973,12 @@ impl FileRound<'_> {
                 upload,
                 sections,
             )?;
-            let uploaded = Instant::now();
             // Folded while the files were still being read: nothing is
             // reported unless every file was read to its end unchanged.
             for r in 0..bufs.world {
                 self.files.read_through(r).map_err(Upload::Read)?;
             }
-            Ok((ms, uploaded))
+            Ok((ms, Instant::now()))
         };
         let Some(reader) = reader0 else {
             let (ms, uploaded) = staged(&sections)?;
