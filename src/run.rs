@@ -200,18 +200,10 @@ impl Loaded {
     pub fn execute(&self, observer: &mut dyn Observer) -> Result<Option<Executed>, Error> {
         let o = &self.opts;
         let t0 = std::time::Instant::now();
-        let mut opts = BackendOptions {
+        let opts = BackendOptions {
             cuda: o.device.clone(),
             timeout: o.timeout,
         };
-        opts.cuda.rank_file_elems = self
-            .experiments
-            .iter()
-            .flat_map(|e| &e.cases)
-            .filter(|c| c.files().is_some())
-            .flat_map(|c| c.arenas().iter().copied())
-            .max()
-            .unwrap_or(0);
         // A value of FOLDPRINT_EMULATE_HOSTS that is neither yes nor no is
         // refused on every backend, so a typo never goes unseen.
         let emulate_hosts = || {

@@ -24,12 +24,6 @@ pub struct DeviceConfig {
     pub chunk: usize,
     /// How ranks 1..W-1's copies are checked against rank 0's.
     pub rank_check: RankCheck,
-    /// Largest arena (elements) the run's cases upload from rank files; 0
-    /// when none do. The CUDA backend then pins its staging buffers on a
-    /// thread of their own while it starts, instead of in the first round.
-    /// Not part of the report: it changes no result.
-    #[serde(skip)]
-    pub rank_file_elems: usize,
 }
 
 impl Default for DeviceConfig {
@@ -46,7 +40,6 @@ impl Default for DeviceConfig {
             // less than with 8 MiB chunks (docs/BENCHMARKS.md).
             chunk: 1 << 18,
             rank_check: RankCheck::Device,
-            rank_file_elems: 0,
         }
     }
 }

@@ -145,17 +145,6 @@ impl Device {
     /// from the disk cache or compiled by NVRTC on others, and finally the
     /// images are loaded into the context.
     pub fn open(ordinal: usize, options: CompileOptions) -> Result<Device, GpuError> {
-        Self::open_then(ordinal, options, |_| {})
-    }
-
-    /// [`Device::open`], calling `with_context` on the new context as soon
-    /// as it exists (on the thread that made it, while the programs are
-    /// still being built): work that needs only the context starts there.
-    pub fn open_then(
-        ordinal: usize,
-        options: CompileOptions,
-        with_context: impl FnOnce(&Arc<CudaContext>) + Send,
-    ) -> Result<Device, GpuError> {
         let started = Instant::now();
         probe::ensure_libraries()?;
         let cannot_open = |e| GpuError::driver(format!("cannot open CUDA device {ordinal}"), e);
@@ -199,11 +188,7 @@ impl Device {
         let (ctx, programs, times) = kernels::open_with_programs(
             ordinal,
             &specs,
-            || {
-                let ctx = CudaContext::new(ordinal).map_err(cannot_open)?;
-                with_context(&ctx);
-                Ok(ctx)
-            },
+            || CudaContext::new(ordinal).map_err(cannot_open),
             kernels::load_into_context,
         )?;
         // The context was made current on its own thread; callers expect

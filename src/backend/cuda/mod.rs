@@ -40,9 +40,6 @@ pub struct CudaBackend {
     /// Two pinned buffers rank files are read into on their way up, kept
     /// for the largest arena so far.
     staging: Option<[PinnedBuffer; 2]>,
-    /// Those buffers being pinned on their own thread since the start
-    /// (when the run said rank files will come, [`DeviceConfig`]).
-    pinning: Option<std::thread::JoinHandle<Result<[PinnedBuffer; 2], GpuError>>>,
 }
 
 fn unavailable(reason: impl std::fmt::Display) -> BackendError {
@@ -70,33 +67,9 @@ impl CudaBackend {
                 cfg.ordinal, p.device_count
             )));
         }
-        // Pinning the rank files' staging (64 MiB) takes tens of ms: it runs
-        // from the moment the context exists, beside the programs' loading,
-        // not in the first round. A thread that cannot start only means the
-        // first round pins them.
-        let pinning = std::sync::Mutex::new(None);
-        let pin = |ctx: &Arc<cudarc::driver::CudaContext>| {
-            if cfg.rank_file_elems == 0 {
-                return;
-            }
-            let (ctx, len) = (ctx.clone(), cfg.rank_file_elems.min(STAGE));
-            let started = std::thread::Builder::new()
-                .name("foldprint-pin-staging".into())
-                .spawn(move || {
-                    Ok([
-                        PinnedBuffer::alloc(&ctx, len)?,
-                        PinnedBuffer::alloc(&ctx, len)?,
-                    ])
-                })
-                .ok();
-            if let Ok(mut slot) = pinning.lock() {
-                *slot = started;
-            }
-        };
-        let mut dev = Device::open_then(cfg.ordinal, cfg.compile, pin).map_err(unavailable)?;
+        let mut dev = Device::open(cfg.ordinal, cfg.compile).map_err(unavailable)?;
         dev.startup.probe = probe_ms;
         let main = dev.new_stream().map_err(unavailable)?;
-        let pinning = pinning.into_inner().ok().flatten();
         let mut backend = CudaBackend {
             cfg: cfg.clone(),
             dev,
@@ -106,7 +79,6 @@ impl CudaBackend {
             worlds: HashMap::new(),
             profiles: Vec::new(),
             staging: None,
-            pinning,
         };
         backend.set_copy_streams(cfg.copy_streams)?;
         Ok(backend)
@@ -342,11 +314,6 @@ impl CudaBackend {
             }
             Addends::Files(f) => {
                 let u = Instant::now();
-                if let Some(h) = self.pinning.take() {
-                    // Buffers that failed to pin are pinned again below,
-                    // where a failure is the case's.
-                    self.staging = h.join().ok().and_then(Result::ok);
-                }
                 let staging = staging_for(&mut self.staging, &self.dev, n.min(STAGE))
                     .map_err(|e| gpu_failed(case.id(), "pinned staging buffers", e))?;
                 let files = FileRound {
