@@ -898,8 +898,8 @@ struct FileRound<'a> {
 }
 
 /// When the upload and the files' end checks ended, the device ms of the
-/// folds, and rank 0's digest
-/// with when it was done (when it was made during the round).
+/// folds, and rank 0's digest with when it was done (when it was made
+/// during the round).
 type Reduced = (Instant, f64, Option<(world::HashedRank, Instant)>);
 
 impl FileRound<'_> {
