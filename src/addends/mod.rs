@@ -200,6 +200,16 @@ struct Opened {
     tensors: Vec<Tensor>,
 }
 
+/// A file's bytes as its pass kept them, from its first byte: every byte
+/// read so far, which are never written again while the files live.
+#[derive(Debug, Clone, Copy)]
+pub struct Kept<'a> {
+    /// The bytes read so far, from the file's start.
+    pub bytes: &'a [u8],
+    /// Where the tensor's first element lies among them.
+    pub tensor: usize,
+}
+
 #[derive(Debug, Clone)]
 struct RankFile {
     /// As written, rank filled in.
@@ -743,6 +753,37 @@ impl AddendFiles {
         })
     }
 
+    /// Rank `rank`'s float32 arena `arena` where the one pass keeps it, to
+    /// be copied from as it lies (a device pins and reads these bytes in
+    /// place), once the bytes through element `end` are read. `None` when
+    /// the bytes are not kept as the arena's: no pass, or not little-endian
+    /// float32 on a little-endian host. The file may still fail its read
+    /// or change later: [`Self::read_through`] says so.
+    pub fn kept_f32(
+        &self,
+        rank: usize,
+        arena: usize,
+        end: usize,
+    ) -> Result<Option<Kept<'_>>, AddendError> {
+        let f = &self.files[rank];
+        let (Some(o), Some(p)) = (f.opened.as_deref(), f.pass.as_deref()) else {
+            return Ok(None);
+        };
+        let Some(t) = o.tensors.get(arena) else {
+            return Ok(None);
+        };
+        if t.dtype != Dtype::F32 || t.big_endian || cfg!(target_endian = "big") || end > t.len {
+            return Ok(None);
+        }
+        o.unchanged(&f.shown, "before it was read")?;
+        let through = t.offset.saturating_add(end as u64 * 4);
+        let held = p.upto(through).map_err(|e| pass_failed(&f.shown, e))?;
+        Ok(Some(Kept {
+            bytes: held.prefix(),
+            tensor: t.offset as usize,
+        }))
+    }
+
     /// Rank `rank`'s values of arena `arena` at `0, stride, 2 stride ...`
     /// (`picks` of them), for the order-sensitivity measure.
     pub fn sample(
@@ -1164,6 +1205,35 @@ mod tests {
             .unwrap()
             .hashed()
             .unwrap()
+    }
+
+    #[test]
+    fn kept_float32_bytes_are_the_files_and_only_those_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = three_hashed(dir.path());
+        let k = f.kept_f32(2, 0, 3).unwrap().expect("kept by the pass");
+        let file = std::fs::read(dir.path().join("r2.npy")).unwrap();
+        assert_eq!(k.bytes, &file[..]);
+        let vals: Vec<u32> = k.bytes[k.tensor..]
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(vals, [2.0f32, 0.5, -2.0].map(f32::to_bits));
+        // Past the tensor's end: not the arena's bytes.
+        assert!(f.kept_f32(2, 0, 4).unwrap().is_none());
+        // Control: read without the pass (hashed, not kept), nothing is lent.
+        let cold =
+            AddendFiles::open("r{rank}.npy", dir.path(), None, None, Scope::AllRanks).unwrap();
+        assert!(cold.kept_f32(2, 0, 3).unwrap().is_none());
+        // A file changed since its opening lends nothing.
+        npy_after_tick(&dir.path().join("r1.npy"), &[7.0, 0.5, -2.0]);
+        let e = f.kept_f32(1, 0, 3).unwrap_err();
+        assert!(matches!(e, AddendError::Changed { .. }), "{e}");
+    }
+
+    fn npy_after_tick(path: &Path, values: &[f32]) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        npy(path, values);
     }
 
     #[test]

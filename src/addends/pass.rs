@@ -124,7 +124,12 @@ pub(super) struct Held<'a> {
     len: u64,
 }
 
-impl Held<'_> {
+impl<'a> Held<'a> {
+    /// The bytes, from the file's start.
+    pub(super) fn prefix(self) -> &'a [u8] {
+        self.region.part(0, self.len as usize)
+    }
+
     #[cfg(test)]
     pub(super) fn to_vec(self) -> Vec<u8> {
         self.region.part(0, self.len as usize).to_vec()

@@ -2,7 +2,8 @@
 //! NVRTC ([`probe`], [`host_driver`], [`mapped`] for what was loaded), one
 //! opened device with its compiled programs ([`device`], [`kernels`]) and
 //! the options a backend opens it with ([`config`]),
-//! typed device and pinned memory ([`mem`]), reading an arena back and
+//! typed device and pinned memory ([`mem`]), host bytes pinned where
+//! they lie ([`in_place`]), reading an arena back and
 //! hashing it ([`readback`]), and one error type ([`error`]) that keeps
 //! every library's own code. It knows nothing of ranks, cases or reports.
 //!
@@ -15,6 +16,7 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod host_driver;
+pub mod in_place;
 pub mod kernels;
 pub mod mapped;
 pub mod mem;

@@ -13,6 +13,7 @@ use super::{
 use crate::dtype::Dtype;
 use crate::experiment::{Addends, Case};
 use crate::fold::{mean_scale, shard_plan, Contract};
+use crate::gpu::in_place::PinnedInPlace;
 use crate::gpu::kernels::{self, FoldMode, KernelVariant};
 use crate::gpu::mem::{DeviceBuffer, PinnedBuffer};
 use crate::gpu::readback::Reader;
@@ -40,6 +41,9 @@ pub struct CudaBackend {
     /// Two pinned buffers rank files are read into on their way up, kept
     /// for the largest arena so far.
     staging: Option<[PinnedBuffer; 2]>,
+    /// Bytes of rank files the current case sent up from where the files'
+    /// pass keeps them, pinned in place.
+    in_place: u64,
 }
 
 fn unavailable(reason: impl std::fmt::Display) -> BackendError {
@@ -79,6 +83,7 @@ impl CudaBackend {
             worlds: HashMap::new(),
             profiles: Vec::new(),
             staging: None,
+            in_place: 0,
         };
         backend.set_copy_streams(cfg.copy_streams)?;
         Ok(backend)
@@ -87,6 +92,13 @@ impl CudaBackend {
     /// Where each arena's digest time went in the last case, in round order.
     pub fn digest_profiles(&self) -> &[world::DigestProfile] {
         &self.profiles
+    }
+
+    /// Bytes of rank files the last case sent to the device straight from
+    /// where the files' pass keeps them (pinned in place), every round
+    /// counted; the rest went through the staging buffers.
+    pub fn in_place_bytes(&self) -> u64 {
+        self.in_place
     }
 
     pub fn config(&self) -> &DeviceConfig {
@@ -321,6 +333,7 @@ impl CudaBackend {
                     a,
                     dtype,
                     stream: &self.main,
+                    in_place: std::sync::atomic::AtomicU64::new(0),
                 };
                 // An all-reduce's rank 0 is hashed while the later stages
                 // still arrive (the digest is one sequential stream).
@@ -332,6 +345,7 @@ impl CudaBackend {
                         Upload::Read(e) => crate::backend::addends_error(case)(e),
                         Upload::Gpu(e) => gpu_failed(case.id(), "round", e),
                     })?;
+                self.in_place += files.in_place.into_inner();
                 t.generate_ms += uploaded.duration_since(u).as_secs_f64() * 1e3;
                 t.reduce_ms += reduce_ms;
                 rank0 = hashed.map(|(h, since)| {
@@ -830,6 +844,7 @@ impl Backend for CudaBackend {
         self.worlds
             .retain(|&(w, n), _| w == case.world() && case.arenas().contains(&n));
         self.profiles.clear();
+        self.in_place = 0;
         let (mode, prog) = super::fold_program(case)?;
         let prog_buf = upload_prog(&self.dev, &prog)
             .map_err(|e| gpu_failed(case.id(), "uploading the fold program", e))?;
@@ -895,6 +910,8 @@ struct FileRound<'a> {
     a: usize,
     dtype: Dtype,
     stream: &'a Arc<cudarc::driver::CudaStream>,
+    /// Bytes sent up from where the files' pass keeps them.
+    in_place: std::sync::atomic::AtomicU64,
 }
 
 /// When the upload and the files' end checks ended, the device ms of the
@@ -902,7 +919,7 @@ struct FileRound<'a> {
 /// during the round).
 type Reduced = (Instant, f64, Option<(world::HashedRank, Instant)>);
 
-impl FileRound<'_> {
+impl<'a> FileRound<'a> {
     /// Upload every rank's arena from its file a stage at a time, each
     /// shard folded as soon as its stages are in ([`world::run_round_staged`]);
     /// with `reader0`, rank 0's reduced arena is read back and hashed on
@@ -922,10 +939,24 @@ impl FileRound<'_> {
     ) -> Result<Reduced, Upload> {
         let (sections, heard) = std::sync::mpsc::channel();
         let mut k = 0;
-        let upload = |first: usize, len: usize| -> Result<(), Upload> {
-            for r in 0..bufs.world {
-                self.stage(r, first, len, bufs, &mut staging[k % 2])?;
+        // Each rank's file bytes pinned where the pass keeps them, while
+        // they go up that way; unpinned when the round drops the upload.
+        let mut pins: Vec<Option<PinnedInPlace<'_>>> = (0..bufs.world)
+            .map(|_| Some(PinnedInPlace::new(&dev.ctx)))
+            .collect();
+        let upload = move |first: usize, len: usize| -> Result<(), Upload> {
+            for (r, pin) in pins.iter_mut().enumerate() {
+                let stage = &mut staging[k % 2];
                 k += 1;
+                if let Some(p) = pin {
+                    if self.stage_in_place(r, first, len, bufs, p, stage)? {
+                        continue;
+                    }
+                    // Not kept as the arena's bytes, or not pinnable: the
+                    // rest of this rank goes through the staging buffers.
+                    *pin = None;
+                }
+                self.stage(r, first, len, bufs, stage)?;
             }
             Ok(())
         };
@@ -977,6 +1008,54 @@ impl FileRound<'_> {
             let (ms, uploaded) = done?;
             Ok((uploaded, ms, Some((digest?, at))))
         })
+    }
+
+    /// Elements `first .. first + len` of rank `r`'s arena straight from the
+    /// bytes the files' pass keeps, pinned in place by `pin`; the few
+    /// elements past the last whole page pinned go through `stage`. `false`
+    /// (nothing sent) when the bytes are not the arena's as they lie, or
+    /// cannot be pinned.
+    fn stage_in_place<'f, T: WorldElem>(
+        &self,
+        r: usize,
+        first: usize,
+        len: usize,
+        bufs: &WorldBuffers<T>,
+        pin: &mut PinnedInPlace<'f>,
+        stage: &mut PinnedBuffer,
+    ) -> Result<bool, Upload>
+    where
+        'a: 'f,
+    {
+        if !self.dtype.is_f32() || size_of::<T>() != 4 {
+            return Ok(false);
+        }
+        let end = first + len;
+        let Some(kept) = self.files.kept_f32(r, self.a, end).map_err(Upload::Read)? else {
+            return Ok(false);
+        };
+        if pin.pin_through(kept.bytes, kept.tensor + end * 4).is_err() {
+            return Ok(false);
+        }
+        let split = (pin.pinned().saturating_sub(kept.tensor) / 4).clamp(first, end);
+        let dst = bufs.ranks[r].slice(first, split - first)?;
+        // SAFETY: part of rank r's arena of this context, which the round
+        // reads only later on this same stream.
+        unsafe { pin.upload_async(kept.tensor + first * 4, dst, self.stream) }?;
+        self.in_place.fetch_add(
+            (split - first) as u64 * 4,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        if split < end {
+            let host = stage.values_mut::<f32>(end - split)?;
+            self.files
+                .read_range(r, self.a, split, host)
+                .map_err(Upload::Read)?;
+            let dst = bufs.ranks[r].slice(split, end - split)?;
+            // SAFETY: as above.
+            unsafe { stage.upload_async(dst, self.stream) }?;
+        }
+        Ok(true)
     }
 
     /// Elements `first .. first + len` of rank `r`'s arena from its file to
