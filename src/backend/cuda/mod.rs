@@ -13,7 +13,7 @@ use super::{
 use crate::dtype::Dtype;
 use crate::experiment::{Addends, Case};
 use crate::fold::{mean_scale, shard_plan, Contract};
-use crate::gpu::in_place::PinnedInPlace;
+use crate::gpu::in_place::{PinnedInPlace, PIN_ALIGN};
 use crate::gpu::kernels::{self, FoldMode, KernelVariant};
 use crate::gpu::mem::{DeviceBuffer, PinnedBuffer};
 use crate::gpu::readback::Reader;
@@ -326,8 +326,6 @@ impl CudaBackend {
             }
             Addends::Files(f) => {
                 let u = Instant::now();
-                let staging = staging_for(&mut self.staging, &self.dev, n.min(STAGE))
-                    .map_err(|e| gpu_failed(case.id(), "pinned staging buffers", e))?;
                 let files = FileRound {
                     files: f,
                     a,
@@ -340,7 +338,15 @@ impl CudaBackend {
                 let hashed_early = spec.redistribute && self.cfg.rank_check == RankCheck::Device;
                 let reader0 = self.readers.first_mut().filter(|_| hashed_early && n > 0);
                 let (uploaded, reduce_ms, hashed) = files
-                    .reduce(&self.dev, &self.copy, bufs, &spec, staging, reader0, opts)
+                    .reduce(
+                        &self.dev,
+                        &self.copy,
+                        bufs,
+                        &spec,
+                        &mut self.staging,
+                        reader0,
+                        opts,
+                    )
                     .map_err(|e| match e {
                         Upload::Read(e) => crate::backend::addends_error(case)(e),
                         Upload::Gpu(e) => gpu_failed(case.id(), "round", e),
@@ -887,6 +893,24 @@ fn staging_for<'a>(
         .ok_or_else(|| GpuError::bounds("no staging buffers".to_string()))
 }
 
+/// The two pinned staging buffers a round's uploads take turns with,
+/// allocated (or grown) only when a copy needs them: float32 files pinned
+/// in place need them only for a page's worth at each stage's end.
+struct Staging<'s> {
+    slot: &'s mut Option<[PinnedBuffer; 2]>,
+    dev: &'s Device,
+    turn: usize,
+}
+
+impl Staging<'_> {
+    /// The next buffer in turn, holding at least `n` float32s.
+    fn take(&mut self, n: usize) -> Result<&mut PinnedBuffer, GpuError> {
+        let k = self.turn % 2;
+        self.turn += 1;
+        Ok(&mut staging_for(self.slot, self.dev, n)?[k])
+    }
+}
+
 /// Why rank files did not reach the device.
 enum Upload {
     Read(crate::addends::AddendError),
@@ -933,12 +957,16 @@ impl<'a> FileRound<'a> {
         copy: &[Arc<cudarc::driver::CudaStream>],
         bufs: &WorldBuffers<T>,
         spec: &RoundSpec<'_>,
-        staging: &mut [PinnedBuffer; 2],
+        staging: &mut Option<[PinnedBuffer; 2]>,
         reader0: Option<&mut Reader>,
         opts: &RunOptions,
     ) -> Result<Reduced, Upload> {
         let (sections, heard) = std::sync::mpsc::channel();
-        let mut k = 0;
+        let mut staging = Staging {
+            slot: staging,
+            dev,
+            turn: 0,
+        };
         // Each rank's file bytes pinned where the pass keeps them, while
         // they go up that way; unpinned when the round drops the upload.
         let mut pins: Vec<Option<PinnedInPlace<'_>>> = (0..bufs.world)
@@ -946,17 +974,15 @@ impl<'a> FileRound<'a> {
             .collect();
         let upload = move |first: usize, len: usize| -> Result<(), Upload> {
             for (r, pin) in pins.iter_mut().enumerate() {
-                let stage = &mut staging[k % 2];
-                k += 1;
                 if let Some(p) = pin {
-                    if self.stage_in_place(r, first, len, bufs, p, stage)? {
+                    if self.stage_in_place(r, first, len, bufs, p, &mut staging)? {
                         continue;
                     }
                     // Not kept as the arena's bytes, or not pinnable: the
                     // rest of this rank goes through the staging buffers.
                     *pin = None;
                 }
-                self.stage(r, first, len, bufs, stage)?;
+                self.stage(r, first, len, bufs, staging.take(len)?)?;
             }
             Ok(())
         };
@@ -1012,7 +1038,7 @@ impl<'a> FileRound<'a> {
 
     /// Elements `first .. first + len` of rank `r`'s arena straight from the
     /// bytes the files' pass keeps, pinned in place by `pin`; the few
-    /// elements past the last whole page pinned go through `stage`. `false`
+    /// elements past the last whole page pinned go through `staging`. `false`
     /// (nothing sent) when the bytes are not the arena's as they lie, or
     /// cannot be pinned.
     fn stage_in_place<'f, T: WorldElem>(
@@ -1022,7 +1048,7 @@ impl<'a> FileRound<'a> {
         len: usize,
         bufs: &WorldBuffers<T>,
         pin: &mut PinnedInPlace<'f>,
-        stage: &mut PinnedBuffer,
+        staging: &mut Staging<'_>,
     ) -> Result<bool, Upload>
     where
         'a: 'f,
@@ -1047,6 +1073,7 @@ impl<'a> FileRound<'a> {
             std::sync::atomic::Ordering::Relaxed,
         );
         if split < end {
+            let stage = staging.take((PIN_ALIGN / 4 + 1).max(end - split))?;
             let host = stage.values_mut::<f32>(end - split)?;
             self.files
                 .read_range(r, self.a, split, host)
