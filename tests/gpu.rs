@@ -1278,7 +1278,8 @@ fn staged_rounds_from_rank_files_equal_the_oracle_under_every_option() {
 }
 
 /// Host bytes pinned in place go up as they lie: pieces pinned as the
-/// bytes grow, copies from inside one piece and across two, bit for bit.
+/// bytes grow, copies from inside one piece and across two, bit for bit;
+/// a copy sent with nothing in it is no error, wherever it points.
 /// Bytes not pinned yet, and a run that does not start on a page, are
 /// refused (nothing is sent from them).
 #[test]
@@ -1315,11 +1316,17 @@ fn bytes_pinned_in_place_go_up_as_they_lie() {
     assert!(past.is_err(), "bytes past the pinned ones were sent");
     pin.pin_through(bytes, n * 4).unwrap();
     assert_eq!(pin.pinned(), 3 * PIN_ALIGN);
-    // Across the second piece's end, then the third piece to its end.
-    let (a, b, c) = (PIN_ALIGN / 4, 2 * PIN_ALIGN / 4 + 77, 3 * PIN_ALIGN / 4);
+    // Across the first piece's end into the second (the driver copies
+    // from one piece at a time), then the second piece to its end.
+    let (a, b, c) = (
+        PIN_ALIGN / 4 - 10,
+        2 * PIN_ALIGN / 4 + 77,
+        3 * PIN_ALIGN / 4,
+    );
     send(&mut pin, a, b - a).unwrap();
     send(&mut pin, b, c - b).unwrap();
     assert!(send(&mut pin, c, 1).is_err(), "the unpinned tail was sent");
+    send(&mut pin, n, 0).unwrap();
     let misaligned = PinnedInPlace::new(&dev.ctx).pin_through(&bytes[4..], n * 4 - 4);
     assert!(misaligned.is_err(), "a run off a page was pinned");
     drop(pin);

@@ -20,9 +20,14 @@ pub const PIN_ALIGN: usize = 64 << 10;
 /// freed before.
 pub struct PinnedInPlace<'a> {
     bytes: &'a [u8],
-    /// Bytes `0 .. pinned` are pinned, in `pieces`.
+    /// Bytes `0 .. pinned` are pinned, in `pieces` (each one's start and
+    /// end). The driver copies from one piece at a time: a copy from two
+    /// is refused.
     pinned: usize,
-    pieces: Vec<*mut std::ffi::c_void>,
+    pieces: Vec<(usize, usize)>,
+    /// Whether pieces are pinned for reading only (unpinning them costs
+    /// half as much), which not every device supports.
+    read_only: bool,
     /// Recorded after the last enqueued copy; `None` once waited for.
     pending: Option<CudaEvent>,
     ctx: Arc<CudaContext>,
@@ -35,6 +40,7 @@ impl<'a> PinnedInPlace<'a> {
             bytes: &[],
             pinned: 0,
             pieces: Vec::new(),
+            read_only: true,
             pending: None,
             ctx: ctx.clone(),
         }
@@ -72,14 +78,21 @@ impl<'a> PinnedInPlace<'a> {
         self.ctx
             .bind_to_thread()
             .map_err(|e| GpuError::driver("binding the context", e))?;
-        // SAFETY: `at .. at + len` lies in `bytes`, starts and ends on a
-        // page, and overlaps no piece pinned before; flags 0: pinned for the
-        // device to read. The pages stay mapped while the borrow lives, and
-        // the drop unpins them.
-        unsafe { sys::cuMemHostRegister_v2(at, len, 0) }
-            .result()
-            .map_err(|e| GpuError::driver(format!("cuMemHostRegister of {len} bytes"), e))?;
-        self.pieces.push(at);
+        let register = |flags| {
+            // SAFETY: `at .. at + len` lies in `bytes`, starts and ends on a
+            // page, and overlaps no piece pinned before. The pages stay
+            // mapped while the borrow lives, and the drop unpins them.
+            unsafe { sys::cuMemHostRegister_v2(at, len, flags) }.result()
+        };
+        if self.read_only {
+            // CU_MEMHOSTREGISTER_READ_ONLY: the device only reads them.
+            self.read_only = register(0x08).is_ok();
+        }
+        if !self.read_only {
+            register(0)
+                .map_err(|e| GpuError::driver(format!("cuMemHostRegister of {len} bytes"), e))?;
+        }
+        self.pieces.push((self.pinned, end));
         self.pinned = end;
         Ok(())
     }
@@ -98,7 +111,7 @@ impl<'a> PinnedInPlace<'a> {
         stream: &CudaStream,
     ) -> Result<(), GpuError> {
         let len = dst.len() * size_of::<T>();
-        if at.checked_add(len).is_none_or(|end| end > self.pinned) {
+        if len > 0 && at.checked_add(len).is_none_or(|end| end > self.pinned) {
             return Err(GpuError::bounds(format!(
                 "an upload of bytes {at}.. (+{len}) of which {} are pinned",
                 self.pinned
@@ -107,18 +120,23 @@ impl<'a> PinnedInPlace<'a> {
         if len == 0 {
             return Ok(());
         }
-        // SAFETY: the source lies in pinned bytes the borrow keeps alive and
-        // nobody writes; `dst` per the contract above.
-        unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
-                dst.ptr(),
-                self.bytes[at..at + len].as_ptr().cast(),
-                len,
-                stream.cu_stream(),
-            )
+        let end = at + len;
+        for &(from, to) in self.pieces.iter().filter(|&&(f, t)| f < end && t > at) {
+            let (a, b) = (from.max(at), to.min(end));
+            // SAFETY: the source lies in one piece of pinned bytes the
+            // borrow keeps alive and nobody writes; `dst` per the contract
+            // above, `a - at .. b - at` inside it.
+            unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    dst.ptr() + (a - at) as u64,
+                    self.bytes[a..b].as_ptr().cast(),
+                    b - a,
+                    stream.cu_stream(),
+                )
+            }
+            .result()
+            .map_err(|e| GpuError::driver("cuMemcpyHtoDAsync from pinned file bytes", e))?;
         }
-        .result()
-        .map_err(|e| GpuError::driver("cuMemcpyHtoDAsync from pinned file bytes", e))?;
         let done = stream
             .record_event(None)
             .map_err(|e| GpuError::driver("recording a pinned copy's event", e))?;
@@ -137,7 +155,8 @@ impl Drop for PinnedInPlace<'_> {
         if self.pieces.is_empty() || self.ctx.bind_to_thread().is_err() {
             return;
         }
-        for at in self.pieces.drain(..) {
+        for (from, _) in self.pieces.drain(..) {
+            let at = self.bytes[from..].as_ptr().cast_mut().cast();
             // SAFETY: a piece this value pinned, unpinned once.
             let _ = unsafe { sys::cuMemHostUnregister(at) };
         }

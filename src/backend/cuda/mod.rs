@@ -968,12 +968,16 @@ impl<'a> FileRound<'a> {
             turn: 0,
         };
         // Each rank's file bytes pinned where the pass keeps them, while
-        // they go up that way; unpinned when the round drops the upload.
-        let mut pins: Vec<Option<PinnedInPlace<'_>>> = (0..bufs.world)
+        // they go up that way; unpinned once the upload's time is taken,
+        // beside rank 0's hash.
+        let pins: std::cell::RefCell<Vec<Option<PinnedInPlace<'_>>>> = (0..bufs.world)
             .map(|_| Some(PinnedInPlace::new(&dev.ctx)))
-            .collect();
+            .collect::<Vec<_>>()
+            .into();
+        let pinned = &pins;
+        let unpin = || pins.borrow_mut().clear();
         let upload = move |first: usize, len: usize| -> Result<(), Upload> {
-            for (r, pin) in pins.iter_mut().enumerate() {
+            for (r, pin) in pinned.borrow_mut().iter_mut().enumerate() {
                 if let Some(p) = pin {
                     if self.stage_in_place(r, first, len, bufs, p, &mut staging)? {
                         continue;
@@ -1005,7 +1009,9 @@ impl<'a> FileRound<'a> {
             Ok((ms, Instant::now()))
         };
         let Some(reader) = reader0 else {
-            let (ms, uploaded) = staged(&sections)?;
+            let done = staged(&sections);
+            unpin();
+            let (ms, uploaded) = done?;
             return Ok((uploaded, ms, None));
         };
         std::thread::scope(|scope| {
@@ -1028,6 +1034,7 @@ impl<'a> FileRound<'a> {
             let done = staged(&sections);
             // Hung up: a digest still waiting for sections ends now.
             drop(sections);
+            unpin();
             let (digest, at) = hashing
                 .join()
                 .map_err(|_| Upload::Gpu(GpuError::panicked("the rank-0 digest thread", None)))?;
