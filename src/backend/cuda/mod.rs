@@ -231,13 +231,16 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn round(
+    #[allow(clippy::too_many_arguments)]
+    fn round<'c>(
         &mut self,
-        case: &Case,
+        case: &'c Case,
         opts: &RunOptions,
         mode: FoldMode,
         prog: &Option<DeviceBuffer<u32>>,
         prog_len: u32,
+        pins: &mut CasePins<'c>,
+        last: bool,
     ) -> Result<(Vec<ReducedArena>, RoundTimings), BackendError> {
         let start = Instant::now();
         let mut t = RoundTimings::default();
@@ -245,7 +248,8 @@ impl CudaBackend {
         let order = case.order().sequence(case.world());
         let scale = case.mean().then(|| mean_scale(case.world()));
         let racing = self.copy.len() >= 2;
-        for (a, &n) in case.arenas().iter().enumerate() {
+        pins.resize_with(case.arenas().len(), Vec::new);
+        for ((a, &n), pins) in case.arenas().iter().enumerate().zip(pins.iter_mut()) {
             let arena = ArenaStep {
                 a,
                 n,
@@ -255,11 +259,12 @@ impl CudaBackend {
                 order: &order,
                 scale,
                 racing,
+                last,
             };
             let reduced = if case.dtype().is_f32() {
-                self.arena_round::<f32>(case, opts, &arena, &mut t)?
+                self.arena_round::<f32>(case, opts, &arena, &mut t, pins)?
             } else {
-                self.arena_round::<u16>(case, opts, &arena, &mut t)?
+                self.arena_round::<u16>(case, opts, &arena, &mut t, pins)?
             };
             out.push(reduced);
         }
@@ -269,12 +274,13 @@ impl CudaBackend {
 
     /// One arena of a round in `T` (the case's dtype's width): rank files
     /// uploaded or addends generated, exchange, fold, redistribution, digests.
-    fn arena_round<T: WorldElem>(
+    fn arena_round<'c, T: WorldElem>(
         &mut self,
-        case: &Case,
+        case: &'c Case,
         opts: &RunOptions,
         step: &ArenaStep<'_>,
         t: &mut RoundTimings,
+        pins: &mut Vec<Option<PinnedInPlace<'c>>>,
     ) -> Result<ReducedArena, BackendError> {
         let (a, n) = (step.a, step.n);
         let dtype = case.dtype();
@@ -346,6 +352,7 @@ impl CudaBackend {
                         &mut self.staging,
                         reader0,
                         opts,
+                        (pins, step.last),
                     )
                     .map_err(|e| match e {
                         Upload::Read(e) => crate::backend::addends_error(case)(e),
@@ -854,8 +861,14 @@ impl Backend for CudaBackend {
         let (mode, prog) = super::fold_program(case)?;
         let prog_buf = upload_prog(&self.dev, &prog)
             .map_err(|e| gpu_failed(case.id(), "uploading the fold program", e))?;
+        // Rank files stay pinned in place from round to round of the case.
+        let mut pins = CasePins::new();
+        let mut left = case.rounds().max(1);
         super::repeat_rounds(case.rounds(), || {
-            self.round(case, opts, mode, &prog_buf, prog.len() as u32)
+            left = left.saturating_sub(1);
+            let last = left == 0;
+            let prog_len = prog.len() as u32;
+            self.round(case, opts, mode, &prog_buf, prog_len, &mut pins, last)
         })
     }
 }
@@ -871,7 +884,13 @@ struct ArenaStep<'a> {
     order: &'a [usize],
     scale: Option<f32>,
     racing: bool,
+    /// The case's last round: its rank files are unpinned during it.
+    last: bool,
 }
+
+/// Per arena of a case, each rank's file bytes pinned in place (`None`:
+/// that rank goes through the staging buffers).
+type CasePins<'c> = Vec<Vec<Option<PinnedInPlace<'c>>>>;
 
 /// The pinned staging buffers, reallocated when `n`'s float32s outgrow them.
 fn staging_for<'a>(
@@ -929,8 +948,8 @@ impl From<GpuError> for Upload {
 const STAGE: usize = 1 << 23;
 
 /// One arena's round from rank files.
-struct FileRound<'a> {
-    files: &'a crate::addends::AddendFiles,
+struct FileRound<'a, 'c> {
+    files: &'c crate::addends::AddendFiles,
     a: usize,
     dtype: Dtype,
     stream: &'a Arc<cudarc::driver::CudaStream>,
@@ -943,7 +962,7 @@ struct FileRound<'a> {
 /// during the round).
 type Reduced = (Instant, f64, Option<(world::HashedRank, Instant)>);
 
-impl<'a> FileRound<'a> {
+impl<'a, 'c> FileRound<'a, 'c> {
     /// Upload every rank's arena from its file a stage at a time, each
     /// shard folded as soon as its stages are in ([`world::run_round_staged`]);
     /// with `reader0`, rank 0's reduced arena is read back and hashed on
@@ -960,6 +979,7 @@ impl<'a> FileRound<'a> {
         staging: &mut Option<[PinnedBuffer; 2]>,
         reader0: Option<&mut Reader>,
         opts: &RunOptions,
+        (kept, last): (&mut Vec<Option<PinnedInPlace<'c>>>, bool),
     ) -> Result<Reduced, Upload> {
         let (sections, heard) = std::sync::mpsc::channel();
         let mut staging = Staging {
@@ -968,14 +988,21 @@ impl<'a> FileRound<'a> {
             turn: 0,
         };
         // Each rank's file bytes pinned where the pass keeps them, while
-        // they go up that way; unpinned once the upload's time is taken,
-        // beside rank 0's hash.
-        let pins: std::cell::RefCell<Vec<Option<PinnedInPlace<'_>>>> = (0..bufs.world)
-            .map(|_| Some(PinnedInPlace::new(&dev.ctx)))
-            .collect::<Vec<_>>()
-            .into();
+        // they go up that way (kept from the case's earlier rounds); after
+        // its last round, unpinned once the upload's time is taken, beside
+        // rank 0's hash.
+        if kept.len() != bufs.world {
+            *kept = (0..bufs.world)
+                .map(|_| Some(PinnedInPlace::new(&dev.ctx)))
+                .collect();
+        }
+        let pins = std::cell::RefCell::new(std::mem::take(kept));
         let pinned = &pins;
-        let unpin = || pins.borrow_mut().clear();
+        let unpin = || {
+            if last {
+                pins.borrow_mut().clear();
+            }
+        };
         let upload = move |first: usize, len: usize| -> Result<(), Upload> {
             for (r, pin) in pinned.borrow_mut().iter_mut().enumerate() {
                 if let Some(p) = pin {
@@ -1011,10 +1038,11 @@ impl<'a> FileRound<'a> {
         let Some(reader) = reader0 else {
             let done = staged(&sections);
             unpin();
+            *kept = pins.into_inner();
             let (ms, uploaded) = done?;
             return Ok((uploaded, ms, None));
         };
-        std::thread::scope(|scope| {
+        let out = std::thread::scope(|scope| {
             let hashing = std::thread::Builder::new()
                 .name("foldprint-rank0-digest".into())
                 .spawn_scoped(scope, move || {
@@ -1040,7 +1068,9 @@ impl<'a> FileRound<'a> {
                 .map_err(|_| Upload::Gpu(GpuError::panicked("the rank-0 digest thread", None)))?;
             let (ms, uploaded) = done?;
             Ok((uploaded, ms, Some((digest?, at))))
-        })
+        });
+        *kept = pins.into_inner();
+        out
     }
 
     /// Elements `first .. first + len` of rank `r`'s arena straight from the
@@ -1058,7 +1088,7 @@ impl<'a> FileRound<'a> {
         staging: &mut Staging<'_>,
     ) -> Result<bool, Upload>
     where
-        'a: 'f,
+        'c: 'f,
     {
         if !self.dtype.is_f32() || size_of::<T>() != 4 {
             return Ok(false);
