@@ -248,8 +248,8 @@ impl CudaBackend {
         let order = case.order().sequence(case.world());
         let scale = case.mean().then(|| mean_scale(case.world()));
         let racing = self.copy.len() >= 2;
-        pins.resize_with(case.arenas().len(), Vec::new);
-        for ((a, &n), pins) in case.arenas().iter().enumerate().zip(pins.iter_mut()) {
+        let arenas = case.arenas().len();
+        for (a, &n) in case.arenas().iter().enumerate() {
             let arena = ArenaStep {
                 a,
                 n,
@@ -259,7 +259,7 @@ impl CudaBackend {
                 order: &order,
                 scale,
                 racing,
-                last,
+                last: last && a + 1 == arenas,
             };
             let reduced = if case.dtype().is_f32() {
                 self.arena_round::<f32>(case, opts, &arena, &mut t, pins)?
@@ -280,7 +280,7 @@ impl CudaBackend {
         opts: &RunOptions,
         step: &ArenaStep<'_>,
         t: &mut RoundTimings,
-        pins: &mut Vec<Option<PinnedInPlace<'c>>>,
+        pins: &mut CasePins<'c>,
     ) -> Result<ReducedArena, BackendError> {
         let (a, n) = (step.a, step.n);
         let dtype = case.dtype();
@@ -861,7 +861,7 @@ impl Backend for CudaBackend {
         let (mode, prog) = super::fold_program(case)?;
         let prog_buf = upload_prog(&self.dev, &prog)
             .map_err(|e| gpu_failed(case.id(), "uploading the fold program", e))?;
-        // Rank files stay pinned in place from round to round of the case.
+        // Rank files stay pinned in place through the case's rounds.
         let mut pins = CasePins::new();
         let mut left = case.rounds().max(1);
         super::repeat_rounds(case.rounds(), || {
@@ -884,13 +884,15 @@ struct ArenaStep<'a> {
     order: &'a [usize],
     scale: Option<f32>,
     racing: bool,
-    /// The case's last round: its rank files are unpinned during it.
+    /// The case's last round and arena: its rank files are unpinned
+    /// during it.
     last: bool,
 }
 
-/// Per arena of a case, each rank's file bytes pinned in place (`None`:
-/// that rank goes through the staging buffers).
-type CasePins<'c> = Vec<Vec<Option<PinnedInPlace<'c>>>>;
+/// Each rank's file bytes pinned in place for a case's rounds and arenas
+/// (every arena's tensor lies in the same pinned prefix of its file;
+/// `None`: that rank goes through the staging buffers).
+type CasePins<'c> = Vec<Option<PinnedInPlace<'c>>>;
 
 /// The pinned staging buffers, reallocated when `n`'s float32s outgrow them.
 fn staging_for<'a>(
@@ -979,7 +981,7 @@ impl<'a, 'c> FileRound<'a, 'c> {
         staging: &mut Option<[PinnedBuffer; 2]>,
         reader0: Option<&mut Reader>,
         opts: &RunOptions,
-        (kept, last): (&mut Vec<Option<PinnedInPlace<'c>>>, bool),
+        (kept, last): (&mut CasePins<'c>, bool),
     ) -> Result<Reduced, Upload> {
         let (sections, heard) = std::sync::mpsc::channel();
         let mut staging = Staging {
