@@ -341,26 +341,7 @@ fn read_blocks(input: &dyn Input, pass: &Pass, tx: &mpsc::Sender<Step>) -> Resul
     }
 }
 
-/// The nice value of the pass's hashing threads. A file's digest is waited
-/// for only where a digest is needed, last in a case; the reading, the
-/// upload and the hash of the reduced arena are waited for first. Measured
-/// on 16 cores: with eight hashers at the same priority, rank 0's arena
-/// hashed its first 32 MiB three times slower than alone.
-const HASHER_NICE: libc::c_int = 10;
-
-/// Let this thread yield to the process's others when cores are short
-/// (a higher nice value is always allowed; failing leaves it as it was).
-fn behind_the_rest() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: plain system calls about this thread only.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid);
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, HASHER_NICE);
-    }
-}
-
 fn hash_lane(rx: mpsc::Receiver<Step>, passes: &[Arc<Pass>]) {
-    behind_the_rest();
     let mut files = passes.iter();
     let mut current = files.next();
     let mut h = sha2::Sha256::new();
