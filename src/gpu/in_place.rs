@@ -16,8 +16,7 @@ pub const PIN_ALIGN: usize = 64 << 10;
 /// A prefix of one run of host bytes, pinned as it grows.
 ///
 /// Every piece is unpinned on drop, after the last copy from the bytes has
-/// passed; the borrow of the bytes outlives the value, so they cannot be
-/// freed before.
+/// passed; the value borrows the bytes, so they cannot be freed before.
 pub struct PinnedInPlace<'a> {
     bytes: &'a [u8],
     /// Bytes `0 .. pinned` are pinned, in `pieces` (each one's start and
