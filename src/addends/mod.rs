@@ -1211,6 +1211,11 @@ mod tests {
     fn kept_float32_bytes_are_the_files_and_only_those_read() {
         let dir = tempfile::tempdir().unwrap();
         let f = three_hashed(dir.path());
+        if cfg!(target_endian = "big") {
+            // The stored little-endian bytes are not the arena's here.
+            assert!(f.kept_f32(2, 0, 3).unwrap().is_none());
+            return;
+        }
         let k = f.kept_f32(2, 0, 3).unwrap().expect("kept by the pass");
         let file = std::fs::read(dir.path().join("r2.npy")).unwrap();
         assert_eq!(k.bytes, &file[..]);
