@@ -132,7 +132,7 @@ impl<'a> Held<'a> {
 
     #[cfg(test)]
     pub(super) fn to_vec(self) -> Vec<u8> {
-        self.region.part(0, self.len as usize).to_vec()
+        self.prefix().to_vec()
     }
 }
 

@@ -1113,13 +1113,7 @@ impl<'a, 'c> FileRound<'a, 'c> {
         );
         if split < end {
             let stage = staging.take((PIN_ALIGN / 4 + 1).max(end - split))?;
-            let host = stage.values_mut::<f32>(end - split)?;
-            self.files
-                .read_range(r, self.a, split, host)
-                .map_err(Upload::Read)?;
-            let dst = bufs.ranks[r].slice(split, end - split)?;
-            // SAFETY: as above.
-            unsafe { stage.upload_async(dst, self.stream) }?;
+            self.stage(r, split, end - split, bufs, stage)?;
         }
         Ok(true)
     }
