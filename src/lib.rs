@@ -20,6 +20,7 @@ pub mod environment;
 pub mod exit;
 pub mod experiment;
 pub mod fold;
+pub mod fpenv;
 pub mod gpu;
 pub mod host;
 pub mod input;

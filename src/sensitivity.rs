@@ -86,6 +86,7 @@ pub fn picks(n: usize, stride: u64) -> u64 {
 /// The sensitivity of `case`, from the generator or the rank files (read
 /// here: every rank's file must be open in this process).
 pub fn measure(case: &Case) -> Result<Sensitivity, AddendError> {
+    let _ieee = crate::fpenv::IeeeMode::enter();
     let stride = stride(case);
     let world = case.world();
     let dtype = case.dtype();

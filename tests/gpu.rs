@@ -366,6 +366,15 @@ fn ptx_for_compute_75_and_cubin_for_the_device_agree() {
             });
             let img = &be.device().fold.program.image;
             targets.push(format!("{} {}", img.target.kind, img.target.arch_option()));
+            // What loading the module left in the host's float mode, on
+            // this thread and on the pool's (the CPU oracle guards itself).
+            eprintln!(
+                "{} {} {variant}: host float mode altered here {}, in the pool {:?}",
+                img.target.kind,
+                img.target.arch_option(),
+                foldprint::fpenv::is_altered(),
+                rayon::broadcast(|_| foldprint::fpenv::is_altered())
+            );
             for c in &cases {
                 assert_matches_cpu(&mut be, c);
             }

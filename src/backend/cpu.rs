@@ -404,6 +404,9 @@ fn fold_scale_round(
     dtype: crate::dtype::Dtype,
     out: &mut [f32],
 ) {
+    // IEEE 754's default mode on whichever thread this runs (a pool's
+    // worker inherits the mode of the thread that started the pool).
+    let _ieee = crate::fpenv::IeeeMode::enter();
     fold_stacked(contract, stacked, world, order, out);
     if let Some(s) = scale {
         scale_rows(out, s);
@@ -434,6 +437,55 @@ fn fold_stacked(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Threads left flushing subnormals (as PyTorch's
+    /// `set_flush_denormal(True)` leaves the thread that called it, and
+    /// any pool that thread starts) get the same digests from the oracle as
+    /// threads in the default mode, and keep their mode after.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    #[test]
+    fn the_oracle_ignores_threads_left_flushing_subnormals() {
+        use crate::data::{Distribution, Lane};
+        let case = Case::builder(5, [40_009])
+            .seed(11)
+            .distribution(Distribution::SubnormalHeavy)
+            .contract(Contract::FixedOrder)
+            .build()
+            .unwrap();
+        let digests = |case: &Case| {
+            let run = CpuBackend::new()
+                .run_case(case, &RunOptions::default())
+                .unwrap();
+            run.arenas
+                .iter()
+                .map(|a| a.rank_digests.clone())
+                .collect::<Vec<_>>()
+        };
+        let clean = digests(&case);
+        let flushing = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .start_handler(|_| crate::fpenv::flush_subnormals_on_this_thread())
+            .build()
+            .unwrap();
+        let flushed = flushing.install(|| {
+            // Negative control: on these threads the data's own sums flush.
+            let lane = Lane::new(Distribution::SubnormalHeavy, 11, 0, 0);
+            let sum = |i: u64| {
+                let (a, b) = (lane.value(i), lane.value(i + 1));
+                std::hint::black_box(std::hint::black_box(a) + std::hint::black_box(b)).to_bits()
+            };
+            let differs = (0..64).any(|i| {
+                let raw = sum(i);
+                let _ieee = crate::fpenv::IeeeMode::enter();
+                raw != sum(i)
+            });
+            assert!(differs, "no sum of the data flushed in this mode");
+            let d = digests(&case);
+            assert!(crate::fpenv::is_altered(), "the thread's mode comes back");
+            d
+        });
+        assert_eq!(flushed, clean);
+    }
 
     /// Rank r of a reduce-scatter holds the all-reduce's shard r and, in
     /// its other shards, its own addends untouched: nothing is

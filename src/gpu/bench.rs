@@ -325,6 +325,7 @@ fn bench_shape<T: ArenaElem>(
     let lanes: Vec<Lane> = (0..w as u32)
         .map(|r| Lane::new(cfg.distribution, cfg.seed, r, 0))
         .collect();
+    let _ieee = crate::fpenv::IeeeMode::enter();
     let sample_ok = |vals: &[f32]| {
         let step = (n / 4096).max(1);
         let mut slots = vec![0f32; w];
