@@ -220,9 +220,15 @@ pub fn fold_pairwise(slots: &[f32]) -> f32 {
 }
 
 /// The mean scale: a correctly rounded f32 reciprocal of W, applied as one
-/// multiply after the sum (exact only for power-of-two W).
+/// multiply after the sum (exact only for power-of-two W). Rounded to
+/// nearest whatever mode the calling thread was left in: the GPU backends
+/// take it from here.
 pub fn mean_scale(world: usize) -> f32 {
-    1.0f32 / world as f32
+    let _ieee = crate::fpenv::IeeeMode::enter();
+    // Through `black_box` both ways, so the division happens inside the
+    // mode, not moved across its change.
+    let w = std::hint::black_box(world as f32);
+    std::hint::black_box(1.0f32 / w)
 }
 
 /// Fold a column of `seq.len()` rows stacked as `[slot][len]` (slot = source
@@ -273,6 +279,26 @@ pub fn reference_fixed(addends: &[&[f32]], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The mean's scale is rounded to nearest on a thread left rounding
+    /// toward zero, and that thread's mode comes back after.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    #[test]
+    fn the_mean_scale_is_rounded_to_nearest_whatever_the_thread_mode() {
+        let want: Vec<u32> = (1..=64).map(|w| mean_scale(w).to_bits()).collect();
+        assert_eq!(want[2], 0x3EAA_AAAB, "1/3 to nearest");
+        std::thread::spawn(move || {
+            crate::fpenv::leave_ieee_mode_on_this_thread();
+            // Negative control: this thread's own 1/3 rounds toward zero.
+            let three = std::hint::black_box(3.0f32);
+            assert_eq!(std::hint::black_box(1.0f32 / three).to_bits(), 0x3EAA_AAAA);
+            let got: Vec<u32> = (1..=64).map(|w| mean_scale(w).to_bits()).collect();
+            assert_eq!(got, want);
+            assert!(crate::fpenv::is_altered());
+        })
+        .join()
+        .unwrap();
+    }
 
     /// Today's roles, written out by hand (docs/REPORT.md, "A group"; the
     /// audit's oracle; the backends' skip reasons). A method that drifted

@@ -28,7 +28,9 @@ fn read() -> u64 {
 fn write(bits: u64) {
     let csr = bits as u32;
     // SAFETY: loads a value read from MXCSR with mode bits changed; the
-    // exception masks are kept, so no trap is enabled.
+    // exception masks are kept, so no trap is enabled. It may touch memory
+    // as far as the compiler knows, so loads of the values to add do not
+    // move across the change of mode.
     unsafe { core::arch::asm!("ldmxcsr [{}]", in(reg) &csr, options(nostack)) };
 }
 
@@ -43,8 +45,9 @@ fn read() -> u64 {
 #[cfg(target_arch = "aarch64")]
 fn write(bits: u64) {
     // SAFETY: writes back FPCR with only mode bits changed; trap enables
-    // are kept as they were.
-    unsafe { core::arch::asm!("msr fpcr, {}", in(reg) bits, options(nomem, nostack)) };
+    // are kept as they were. Not `nomem`: loads of the values to add must
+    // not move across the change of mode.
+    unsafe { core::arch::asm!("msr fpcr, {}", in(reg) bits, options(nostack)) };
 }
 
 /// Whether this thread computes in a mode other than IEEE 754's default
@@ -98,15 +101,16 @@ impl Drop for IeeeMode {
     }
 }
 
-/// Test support: set flush-to-zero (and, on x86-64, denormals-are-zero) on
-/// this thread, as a library that changes the mode would.
+/// Test support: leave IEEE 754's default mode on this thread, as a
+/// library that changes the mode would: flush-to-zero (and, on x86-64,
+/// denormals-are-zero) and rounding toward zero.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[doc(hidden)]
-pub fn flush_subnormals_on_this_thread() {
+pub fn leave_ieee_mode_on_this_thread() {
     #[cfg(target_arch = "x86_64")]
-    write(read() | (1 << 15) | (1 << 6));
+    write(read() | (1 << 15) | (0b11 << 13) | (1 << 6));
     #[cfg(target_arch = "aarch64")]
-    write(read() | (1 << 24));
+    write(read() | (1 << 24) | (0b11 << 22));
 }
 
 #[cfg(all(test, any(target_arch = "x86_64", target_arch = "aarch64")))]
@@ -121,19 +125,27 @@ mod tests {
         black_box(black_box(f32::from_bits(1)) + black_box(f32::from_bits(1))).to_bits()
     }
 
+    /// 1/3 in float32: ...AAAB to nearest, ...AAAA toward zero.
+    fn third() -> u32 {
+        black_box(black_box(1.0f32) / black_box(3.0f32)).to_bits()
+    }
+
     #[test]
     fn the_guard_keeps_subnormals_and_gives_the_mode_back() {
         std::thread::spawn(|| {
             assert!(!is_altered());
             assert_eq!(tiny_sum(), 2);
-            flush_subnormals_on_this_thread();
-            // Negative control: the mode really flushes here.
+            leave_ieee_mode_on_this_thread();
+            // Negative control: the mode really flushes and rounds toward
+            // zero here.
             assert!(is_altered());
             assert_eq!(tiny_sum(), 0);
+            assert_eq!(third(), 0x3EAA_AAAA);
             {
                 let _ieee = IeeeMode::enter();
                 assert!(!is_altered());
                 assert_eq!(tiny_sum(), 2);
+                assert_eq!(third(), 0x3EAA_AAAB);
             }
             assert!(is_altered(), "the caller's mode comes back");
             assert_eq!(tiny_sum(), 0);

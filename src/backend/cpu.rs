@@ -438,10 +438,10 @@ fn fold_stacked(
 mod tests {
     use super::*;
 
-    /// Threads left flushing subnormals (as PyTorch's
-    /// `set_flush_denormal(True)` leaves the thread that called it, and
-    /// any pool that thread starts) get the same digests from the oracle as
-    /// threads in the default mode, and keep their mode after.
+    /// Threads left flushing subnormals and rounding toward zero (as
+    /// PyTorch's `set_flush_denormal(True)` leaves the thread that called
+    /// it, and any pool that thread starts) get the same digests from the
+    /// oracle as threads in the default mode, and keep their mode after.
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     #[test]
     fn the_oracle_ignores_threads_left_flushing_subnormals() {
@@ -464,7 +464,7 @@ mod tests {
         let clean = digests(&case);
         let flushing = rayon::ThreadPoolBuilder::new()
             .num_threads(3)
-            .start_handler(|_| crate::fpenv::flush_subnormals_on_this_thread())
+            .start_handler(|_| crate::fpenv::leave_ieee_mode_on_this_thread())
             .build()
             .unwrap();
         let flushed = flushing.install(|| {
