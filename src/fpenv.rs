@@ -102,15 +102,11 @@ impl Drop for IeeeMode {
 }
 
 /// Test support: leave IEEE 754's default mode on this thread, as a
-/// library that changes the mode would: flush-to-zero (and, on x86-64,
-/// denormals-are-zero) and rounding toward zero.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-#[doc(hidden)]
-pub fn leave_ieee_mode_on_this_thread() {
-    #[cfg(target_arch = "x86_64")]
-    write(read() | (1 << 15) | (0b11 << 13) | (1 << 6));
-    #[cfg(target_arch = "aarch64")]
-    write(read() | (1 << 24) | (0b11 << 22));
+/// library that changes the mode would: every bit the guard clears set,
+/// so subnormals flush and rounding goes toward zero.
+#[cfg(all(test, any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub(crate) fn leave_ieee_mode_on_this_thread() {
+    write(read() | NON_IEEE);
 }
 
 #[cfg(all(test, any(target_arch = "x86_64", target_arch = "aarch64")))]
