@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 pub struct Reader {
     stream: Arc<CudaStream>,
     bufs: [PinnedBuffer; 2],
+    /// Wider chunks for [`Reader::digest_sections`], made on its first use.
+    wide: Option<[PinnedBuffer; 2]>,
     /// The device's NaN flags, one per `CHUNK_ELEMS` chunk (grown on demand).
     nan_flags: Option<DeviceBuffer<u32>>,
     /// Where the last [`Reader::digest`] spent its time.
@@ -48,6 +50,7 @@ impl Reader {
                 PinnedBuffer::alloc(&dev.ctx, chunk)?,
                 PinnedBuffer::alloc(&dev.ctx, chunk)?,
             ],
+            wide: None,
             nan_flags: None,
             last: ReadTimes::default(),
         })
@@ -149,6 +152,18 @@ impl Reader {
         let n = buf.len();
         let mut out = Hashing::new::<T>(n, dtype, policy, keep, chunked)?;
         let mut done = 0;
+        // While the round goes on, another thread pins the files' bytes,
+        // and each of this thread's driver calls can wait behind one of
+        // those pins: with chunks of SECTION_CHUNK, a section needs a
+        // few calls instead of dozens, and the hash seldom waits.
+        let wide = match self.wide.take() {
+            Some(w) => w,
+            None => [
+                PinnedBuffer::alloc(&dev.ctx, SECTION_CHUNK)?,
+                PinnedBuffer::alloc(&dev.ctx, SECTION_CHUNK)?,
+            ],
+        };
+        let narrow = std::mem::replace(&mut self.bufs, wide);
         let fed = (|| {
             dev.bind()?;
             while done < n {
@@ -172,6 +187,7 @@ impl Reader {
             }
             Ok(())
         })();
+        self.wide = Some(std::mem::replace(&mut self.bufs, narrow));
         self.last = out.times();
         fed?;
         Ok(out.finish())
@@ -256,6 +272,10 @@ impl Reader {
         unsafe { self.bufs[k % 2].fill_async(src, &self.stream) }
     }
 }
+
+/// Float32 elements (8 MiB) per pinned chunk when an arena is read back
+/// section by section during its round.
+const SECTION_CHUNK: usize = 1 << 21;
 
 /// Up to which element an arena being reduced is final, once `ready`
 /// has completed (see [`Reader::digest_sections`]).
