@@ -764,6 +764,7 @@ fn rank_copies_are_checked_on_the_device_as_the_host_would() {
         false,
         RankCheck::Device,
         None,
+        None,
     )
     .unwrap();
     let on_host = world::digest_ranks(
@@ -774,6 +775,7 @@ fn rank_copies_are_checked_on_the_device_as_the_host_would() {
         policy,
         false,
         RankCheck::Host,
+        None,
         None,
     )
     .unwrap();
@@ -796,6 +798,7 @@ fn rank_copies_are_checked_on_the_device_as_the_host_would() {
         false,
         RankCheck::Device,
         None,
+        None,
     )
     .unwrap();
     let on_host = world::digest_ranks(
@@ -807,10 +810,31 @@ fn rank_copies_are_checked_on_the_device_as_the_host_would() {
         false,
         RankCheck::Host,
         None,
+        None,
     )
     .unwrap();
     assert_eq!(on_device.differing, vec![(3usize, vec![3usize])]);
     assert_eq!(on_host.differing, on_device.differing);
+    // The device's checks started before the host's digests (as a files'
+    // round does while rank 0 is hashed) find the same.
+    let stream = readers[1].stream().clone();
+    let started =
+        world::DeviceChecks::start(&dev, &stream, &bufs, policy, RankCheck::Device).unwrap();
+    let early = world::digest_ranks(
+        &dev,
+        &mut readers,
+        &bufs,
+        Dtype::F32,
+        policy,
+        false,
+        RankCheck::Device,
+        None,
+        Some(started),
+    )
+    .unwrap();
+    assert_eq!(early.differing, on_device.differing);
+    assert_eq!(early.digests, on_device.digests);
+    assert_eq!(early.chunks, on_device.chunks);
     assert_eq!(on_device.digests, on_host.digests);
     assert_ne!(on_device.digests[3], on_device.digests[0]);
     for r in [0, 1, 2, 4] {
@@ -830,6 +854,7 @@ fn rank_copies_are_checked_on_the_device_as_the_host_would() {
         policy,
         false,
         RankCheck::Device,
+        None,
         None,
     )
     .unwrap();
@@ -1824,6 +1849,7 @@ fn bf16_rank_copies_are_checked_on_the_device_as_the_host_would() {
             policy,
             false,
             how,
+            None,
             None,
         )
         .unwrap()

@@ -320,7 +320,7 @@ impl CudaBackend {
             dtype,
             redistribute: case.collective().is_all_reduce(),
         };
-        let mut rank0 = None;
+        let (mut rank0, mut started) = (None, None);
         match case.addends() {
             Addends::Generated { seed, distribution } => {
                 spec.generate = Some((*distribution, *seed));
@@ -343,7 +343,11 @@ impl CudaBackend {
                 // still arrive (the digest is one sequential stream).
                 let hashed_early = spec.redistribute && self.cfg.rank_check == RankCheck::Device;
                 let reader0 = self.readers.first_mut().filter(|_| hashed_early && n > 0);
-                let (uploaded, reduce_ms, hashed) = files
+                let Reduced {
+                    uploaded,
+                    fold_ms,
+                    rank0: hashed,
+                } = files
                     .reduce(
                         &self.dev,
                         &self.copy,
@@ -360,12 +364,12 @@ impl CudaBackend {
                     })?;
                 self.in_place += files.in_place.into_inner();
                 t.generate_ms += uploaded.duration_since(u).as_secs_f64() * 1e3;
-                t.reduce_ms += reduce_ms;
-                rank0 = hashed.map(|(h, since)| {
+                t.reduce_ms += fold_ms;
+                if let Some((h, since, checks)) = hashed {
                     // Rank 0's digest counts from the end of the upload.
                     t.digest_ms += since.duration_since(uploaded).as_secs_f64() * 1e3;
-                    h
-                });
+                    (rank0, started) = (Some(h), Some(checks));
+                }
             }
         }
         let d = Instant::now();
@@ -393,6 +397,7 @@ impl CudaBackend {
             opts.keep_values,
             self.cfg.rank_check,
             rank0,
+            started,
         )
         .map_err(|e| gpu_failed(case.id(), "digest", e))?;
         t.digest_ms += d.elapsed().as_secs_f64() * 1e3;
@@ -959,16 +964,22 @@ struct FileRound<'a, 'c> {
     in_place: std::sync::atomic::AtomicU64,
 }
 
-/// When the upload and the files' end checks ended, the device ms of the
-/// folds, and rank 0's digest with when it was done (when it was made
-/// during the round).
-type Reduced = (Instant, f64, Option<(world::HashedRank, Instant)>);
+/// A files' round reduced: when the upload and the files' end checks
+/// ended, and the device ms of the folds.
+struct Reduced {
+    uploaded: Instant,
+    fold_ms: f64,
+    /// Rank 0's digest with when it was done, when it was made during the
+    /// round, and the device's checks, started while it was made.
+    rank0: Option<(world::HashedRank, Instant, world::DeviceChecks)>,
+}
 
 impl<'a, 'c> FileRound<'a, 'c> {
     /// Upload every rank's arena from its file a stage at a time, each
     /// shard folded as soon as its stages are in ([`world::run_round_staged`]);
     /// with `reader0`, rank 0's reduced arena is read back and hashed on
-    /// its own thread as its sections become final. The files' end checks
+    /// its own thread as its sections become final, and the device's
+    /// checks start once the last section is folded, beside that hash. The files' end checks
     /// come before anything is returned: a file that changed since its
     /// opening fails the round, whatever was folded.
     #[allow(clippy::too_many_arguments)]
@@ -1041,8 +1052,12 @@ impl<'a, 'c> FileRound<'a, 'c> {
             let done = staged(&sections);
             unpin();
             *kept = pins.into_inner();
-            let (ms, uploaded) = done?;
-            return Ok((uploaded, ms, None));
+            let (fold_ms, uploaded) = done?;
+            return Ok(Reduced {
+                uploaded,
+                fold_ms,
+                rank0: None,
+            });
         };
         let out = std::thread::scope(|scope| {
             let hashing = std::thread::Builder::new()
@@ -1064,12 +1079,30 @@ impl<'a, 'c> FileRound<'a, 'c> {
             let done = staged(&sections);
             // Hung up: a digest still waiting for sections ends now.
             drop(sections);
+            // The arenas are written: the device compares the ranks' copies
+            // and digests rank 0's chunks while the host still hashes it
+            // (rank 0 is hashed early only under the device check).
+            let checks = done.as_ref().ok().map(|_| {
+                world::DeviceChecks::start(
+                    dev,
+                    self.stream,
+                    bufs,
+                    opts.nan_policy,
+                    RankCheck::Device,
+                )
+            });
             unpin();
             let (digest, at) = hashing
                 .join()
                 .map_err(|_| Upload::Gpu(GpuError::panicked("the rank-0 digest thread", None)))?;
-            let (ms, uploaded) = done?;
-            Ok((uploaded, ms, Some((digest?, at))))
+            let (fold_ms, uploaded) = done?;
+            let checks =
+                checks.ok_or_else(|| GpuError::bounds("the device's checks did not start"))??;
+            Ok(Reduced {
+                uploaded,
+                fold_ms,
+                rank0: Some((digest?, at, checks)),
+            })
         });
         *kept = pins.into_inner();
         out

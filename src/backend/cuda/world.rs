@@ -542,6 +542,54 @@ pub fn differing_chunks<T: ArenaElem>(
         .collect())
 }
 
+/// The device's part of an all-reduce's digests: which ranks' copies
+/// differ from rank 0's (under [`RankCheck::Device`]) and rank 0's chunk
+/// digests (when [`host_chunks`] says the device makes them). Started
+/// once the round has written the arenas, so that they run while the host
+/// still hashes rank 0.
+pub struct DeviceChecks {
+    differing: Vec<(usize, Vec<usize>)>,
+    rank_diff_ms: f64,
+    chunks: Option<DeviceChunks>,
+}
+
+impl DeviceChecks {
+    /// The comparison runs on `stream` and is waited for; the chunk
+    /// digests go on their own stream until [`digest_ranks`] takes them.
+    pub fn start<T: ArenaElem>(
+        dev: &Device,
+        stream: &CudaStream,
+        bufs: &WorldBuffers<T>,
+        policy: NanPolicy,
+        check: RankCheck,
+    ) -> Result<Self, GpuError> {
+        let compared = Instant::now();
+        let differing = match check {
+            RankCheck::Host => Vec::new(),
+            RankCheck::Device => differing_chunks(dev, stream, bufs, crate::digest::CHUNK_ELEMS)?
+                .into_iter()
+                .enumerate()
+                .filter(|(_, c)| !c.is_empty())
+                .map(|(r, c)| (r + 1, c))
+                .collect(),
+        };
+        let rank_diff_ms = compared.elapsed().as_secs_f64() * 1e3;
+        // Under the device check rank 0's chunk digests come from the GPU,
+        // in parallel with the host's sequential SHA-256 of the whole arena
+        // (a 16-bit arena's are the host's).
+        let chunks = if host_chunks::<T>(check, bufs.len) {
+            None
+        } else {
+            Some(DeviceChunks::start(dev, &bufs.ranks[0], policy)?)
+        };
+        Ok(DeviceChecks {
+            differing,
+            rank_diff_ms,
+            chunks,
+        })
+    }
+}
+
 /// Rank 0's chunk digests computed on the device, started on their own
 /// stream so they run while the host hashes the arena stream.
 struct DeviceChunks {
@@ -612,7 +660,8 @@ pub fn host_chunks<T: ArenaElem>(check: RankCheck, n: usize) -> bool {
 ///
 /// `rank0`, when given, is rank 0's digest already made while the round
 /// ran ([`Reader::digest_sections`]), with chunk digests when
-/// [`host_chunks`] says the host makes them.
+/// [`host_chunks`] says the host makes them; `started`, the device's
+/// checks started meanwhile (else they start here).
 #[allow(clippy::too_many_arguments)]
 pub fn digest_ranks<T: ArenaElem>(
     dev: &Device,
@@ -623,25 +672,19 @@ pub fn digest_ranks<T: ArenaElem>(
     keep: bool,
     check: RankCheck,
     rank0: Option<HashedRank>,
+    started: Option<DeviceChecks>,
 ) -> Result<RankDigests, GpuError> {
     let world = bufs.ranks.len();
     if readers.is_empty() {
         return Err(GpuError::bounds("no read-back workers"));
     }
     let mut profile = DigestProfile::default();
-    let compared = Instant::now();
-    let mut differing: Vec<(usize, Vec<usize>)> = match check {
-        RankCheck::Host => Vec::new(),
-        RankCheck::Device => {
-            differing_chunks(dev, readers[0].stream(), bufs, crate::digest::CHUNK_ELEMS)?
-                .into_iter()
-                .enumerate()
-                .filter(|(_, c)| !c.is_empty())
-                .map(|(r, c)| (r + 1, c))
-                .collect()
-        }
+    let checks = match started {
+        Some(c) => c,
+        None => DeviceChecks::start(dev, readers[0].stream(), bufs, policy, check)?,
     };
-    profile.rank_diff_ms = compared.elapsed().as_secs_f64() * 1e3;
+    let mut differing = checks.differing;
+    profile.rank_diff_ms = checks.rank_diff_ms;
     let hashed: Vec<usize> = match check {
         RankCheck::Host => (0..world).collect(),
         RankCheck::Device => std::iter::once(0)
@@ -652,16 +695,8 @@ pub fn digest_ranks<T: ArenaElem>(
         .into_iter()
         .filter(|&r| r != 0 || rank0.is_none())
         .collect();
-    // Under the device check rank 0's chunk digests come from the GPU, in
-    // parallel with the host's sequential SHA-256 of the whole arena (a
-    // 16-bit arena's are the host's).
-    let n = bufs.len;
-    let chunked_on_host = host_chunks::<T>(check, n);
-    let device_chunks = if chunked_on_host {
-        None
-    } else {
-        Some(DeviceChunks::start(dev, &bufs.ranks[0], policy)?)
-    };
+    let chunked_on_host = host_chunks::<T>(check, bufs.len);
+    let device_chunks = checks.chunks;
     let mut digests: Vec<Option<crate::digest::Sha256>> = vec![None; world];
     let mut chunks = Vec::new();
     let mut values = None;
