@@ -548,6 +548,7 @@ pub fn differing_chunks<T: ArenaElem>(
 /// once the round has written the arenas, so that they run while the host
 /// still hashes rank 0.
 pub struct DeviceChecks {
+    check: RankCheck,
     differing: Vec<(usize, Vec<usize>)>,
     rank_diff_ms: f64,
     chunks: Option<DeviceChunks>,
@@ -583,6 +584,7 @@ impl DeviceChecks {
             Some(DeviceChunks::start(dev, &bufs.ranks[0], policy)?)
         };
         Ok(DeviceChecks {
+            check,
             differing,
             rank_diff_ms,
             chunks,
@@ -680,7 +682,12 @@ pub fn digest_ranks<T: ArenaElem>(
     }
     let mut profile = DigestProfile::default();
     let checks = match started {
-        Some(c) => c,
+        Some(c) if c.check == check => c,
+        Some(_) => {
+            return Err(GpuError::bounds(
+                "the device's checks were started under the other rank check",
+            ))
+        }
         None => DeviceChecks::start(dev, readers[0].stream(), bufs, policy, check)?,
     };
     let mut differing = checks.differing;
