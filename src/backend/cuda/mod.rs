@@ -368,7 +368,7 @@ impl CudaBackend {
                 if let Some((h, since, checks)) = hashed {
                     // Rank 0's digest counts from the end of the upload.
                     t.digest_ms += since.duration_since(uploaded).as_secs_f64() * 1e3;
-                    (rank0, started) = (Some(h), Some(checks));
+                    (rank0, started) = (Some(h), checks);
                 }
             }
         }
@@ -971,7 +971,7 @@ struct Reduced {
     fold_ms: f64,
     /// Rank 0's digest with when it was done, when it was made during the
     /// round, and the device's checks, started while it was made.
-    rank0: Option<(world::HashedRank, Instant, world::DeviceChecks)>,
+    rank0: Option<(world::HashedRank, Instant, Option<world::DeviceChecks>)>,
 }
 
 impl<'a, 'c> FileRound<'a, 'c> {
@@ -979,9 +979,9 @@ impl<'a, 'c> FileRound<'a, 'c> {
     /// shard folded as soon as its stages are in ([`world::run_round_staged`]);
     /// with `reader0`, rank 0's reduced arena is read back and hashed on
     /// its own thread as its sections become final, and the device's
-    /// checks start once the last section is folded, beside that hash. The files' end checks
-    /// come before anything is returned: a file that changed since its
-    /// opening fails the round, whatever was folded.
+    /// checks start once the last section is folded, beside that hash.
+    /// The files' end checks come before anything is returned: a file that
+    /// changed since its opening fails the round, whatever was folded.
     #[allow(clippy::too_many_arguments)]
     fn reduce<T: WorldElem>(
         &self,
@@ -1082,26 +1082,27 @@ impl<'a, 'c> FileRound<'a, 'c> {
             // The arenas are written: the device compares the ranks' copies
             // and digests rank 0's chunks while the host still hashes it
             // (rank 0 is hashed early only under the device check).
-            let checks = done.as_ref().ok().map(|_| {
-                world::DeviceChecks::start(
-                    dev,
-                    self.stream,
-                    bufs,
-                    opts.nan_policy,
-                    RankCheck::Device,
-                )
-            });
+            let checks = done
+                .is_ok()
+                .then(|| {
+                    world::DeviceChecks::start(
+                        dev,
+                        self.stream,
+                        bufs,
+                        opts.nan_policy,
+                        RankCheck::Device,
+                    )
+                })
+                .transpose();
             unpin();
             let (digest, at) = hashing
                 .join()
                 .map_err(|_| Upload::Gpu(GpuError::panicked("the rank-0 digest thread", None)))?;
             let (fold_ms, uploaded) = done?;
-            let checks =
-                checks.ok_or_else(|| GpuError::bounds("the device's checks did not start"))??;
             Ok(Reduced {
                 uploaded,
                 fold_ms,
-                rank0: Some((digest?, at, checks)),
+                rank0: Some((digest?, at, checks?)),
             })
         });
         *kept = pins.into_inner();
